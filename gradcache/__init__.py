@@ -1,0 +1,11 @@
+"""gradcache: large-batch contrastive learning under limited memory.
+
+GradCache and CachedLoss give the full-batch gradient of a contrastive loss at the memory of one chunk;
+FullBatch and NaiveAccumulation are the reference and the baseline, with the same signature.
+"""
+from gradcache import losses
+from gradcache.baselines import FullBatch, NaiveAccumulation
+from gradcache.cache import CachedLoss, GradCache
+
+__all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "losses"]
+__version__ = "0.1.0"

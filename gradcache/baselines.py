@@ -1,0 +1,178 @@
+"""The two strategies GradCache is measured against; same signature, so a benchmark swaps them in one line."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
+from gradcache.distributed import all_gather_with_grad, gather_sizes, gradient_sync, is_distributed
+from gradcache.inputs import GetEmbedding, SplitFn, encode, split, trim_padding
+from gradcache.precision import autocast_context, full_precision, upcast
+from gradcache.strategy import Encoders, LossFn, Strategy
+
+
+class FullBatch(Strategy):
+    """The reference: one forward over the whole batch, the loss, one backward.
+
+    Memory grows with the batch: every activation of every example is alive at once. `chunk_size` is
+    accepted and ignored, so the three strategies swap in one line.
+
+    Example:
+        >>> strategy = FullBatch([image_tower, text_tower], ClipLoss())
+        >>> loss = strategy.step(images, tokens)
+    """
+
+    def __init__(
+        self,
+        encoders: Encoders,
+        loss_fn: LossFn,
+        chunk_size: int | Sequence[int] | None = None,
+        *,
+        get_embedding: GetEmbedding | None = None,
+        split_fn: SplitFn | None = None,
+        trim_padding: bool = False,
+        autocast_dtype: torch.dtype | None = None,
+        scaler: Any | None = None,
+        gather: bool = True,
+    ) -> None:
+        super().__init__(
+            encoders, loss_fn, None, get_embedding=get_embedding, split_fn=split_fn,
+            trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
+        )
+
+    def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
+        """Forward and backward over the full batch; accumulate into `.grad`; return the detached loss."""
+        self.require_grad_enabled()
+        self.check_inputs(inputs)
+        with autocast_context(self.autocast_dtype, self.device_type()):
+            embeddings = [
+                encode(self.encoder_for(i), trim_padding(v) if self.trim_padding else v, self.get_embedding, f"input {i}")
+                for i, v in enumerate(inputs)
+            ]
+        embeddings = [upcast(e) for e in embeddings]
+        if self.gather:
+            embeddings = [all_gather_with_grad(e) for e in embeddings]  # (N_i * world_size, D)
+        with full_precision():
+            loss = self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs))
+        with running_stats_frozen(self.all_encoders()):  # activation checkpointing re-runs forwards here
+            self.scaled(loss).backward()
+        self.steps_taken += 1
+        return loss.detach()
+
+
+class NaiveAccumulation(Strategy):
+    """Plain gradient accumulation: the loss of each micro-batch within that micro-batch, divided by the number
+    of micro-batches, and a backward per micro-batch.
+
+    NOT equivalent to a large batch for in-batch negatives: each anchor is only contrasted with its own
+    micro-batch (chunk_size - 1 negatives, not N - 1), so the loss is the mean of per-chunk losses and its
+    gradient differs from the full-batch gradient. It is the baseline that shows what GradCache is for.
+    Micro-batch k takes chunk k of every input, so every input must split into the same number of chunks.
+
+    Example:
+        >>> strategy = NaiveAccumulation([image_tower, text_tower], ClipLoss(), chunk_size=64)
+        >>> loss = strategy.step(images, tokens)  # mean of the per-micro-batch losses
+    """
+
+    def __init__(
+        self,
+        encoders: Encoders,
+        loss_fn: LossFn,
+        chunk_size: int | Sequence[int],
+        *,
+        get_embedding: GetEmbedding | None = None,
+        split_fn: SplitFn | None = None,
+        trim_padding: bool = False,
+        autocast_dtype: torch.dtype | None = None,
+        scaler: Any | None = None,
+        gather: bool = True,
+    ) -> None:
+        if chunk_size is None:
+            raise TypeError("chunk_size must be an int (or one int per input), got None.")
+        super().__init__(
+            encoders, loss_fn, chunk_size, get_embedding=get_embedding, split_fn=split_fn,
+            trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
+        )
+
+    def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
+        """Forward and backward per micro-batch; accumulate into `.grad`; return the mean micro-batch loss."""
+        self.require_grad_enabled()
+        self.check_inputs(inputs)
+        chunks = [split(v, self.chunk_size_for(i), self.split_fn) for i, v in enumerate(inputs)]
+        count = self._micro_batch_count(chunks)
+        warn_if_batchnorm_in_chunks(self.all_encoders())
+        encoders = self.all_encoders()
+        losses = []
+        with _gradients_restored_on_error(self._parameters()):
+            for k in range(count):
+                with contextlib.ExitStack() as sync:
+                    for encoder in encoders:  # synchronise once, on the last micro-batch
+                        sync.enter_context(gradient_sync(encoder, enabled=k == count - 1))
+                    with autocast_context(self.autocast_dtype, self.device_type()):
+                        embeddings = [
+                            encode(self.encoder_for(i), trim_padding(c[k]) if self.trim_padding else c[k],
+                                   self.get_embedding, f"input {i}")
+                            for i, c in enumerate(chunks)
+                        ]
+                    embeddings = [upcast(e) for e in embeddings]
+                    if self.gather:
+                        embeddings = [all_gather_with_grad(e) for e in embeddings]  # (chunk * world_size, D)
+                    with full_precision():
+                        loss = self.checked_loss(
+                            self.loss_fn(*embeddings, **loss_kwargs), f" (micro-batch {k + 1} of {count})"
+                        )
+                    with running_stats_frozen(encoders):
+                        self.scaled(loss / count).backward()
+                losses.append(loss.detach())
+        self.steps_taken += 1
+        return torch.stack(losses).mean()
+
+    def _micro_batch_count(self, chunks: list[list[Any]]) -> int:
+        counts = [len(c) for c in chunks]
+        if len(set(counts)) > 1:
+            raise ValueError(
+                f"inputs split into different numbers of micro-batches ({counts}); micro-batch k takes chunk k of "
+                "every input, so give chunk sizes per input that split them into the same number of chunks."
+            )
+        count = counts[0]
+        if self.gather and is_distributed():
+            per_rank = gather_sizes(count, self._device())
+            if len(set(per_rank)) > 1:
+                raise ValueError(
+                    f"ranks hold different numbers of micro-batches ({per_rank}); NaiveAccumulation gathers each "
+                    "micro-batch across ranks, so give every rank the same local batch size."
+                )
+        return count
+
+    def _device(self) -> torch.device:
+        for parameter in self._parameters():
+            return parameter.device
+        return torch.device("cpu")
+
+    def _parameters(self) -> list[nn.Parameter]:
+        modules = self.all_encoders() + ([self.loss_fn] if isinstance(self.loss_fn, nn.Module) else [])
+        unique = {id(p): p for m in modules for p in m.parameters() if p.requires_grad}
+        return list(unique.values())
+
+
+@contextlib.contextmanager
+def _gradients_restored_on_error(parameters: list[nn.Parameter]) -> Iterator[None]:
+    """Accumulate this step into fresh `.grad`s, then add back the ones held before; on an error (a
+    non-finite loss in micro-batch 3 of 4, say) put back exactly the `.grad`s held before the step.
+    Costs nothing when the caller zeroed gradients with set_to_none (the default)."""
+    held = [p.grad for p in parameters]
+    for p in parameters:
+        p.grad = None
+    try:
+        yield
+    except BaseException:
+        for p, grad in zip(parameters, held):
+            p.grad = grad
+        raise
+    for p, grad in zip(parameters, held):
+        if grad is not None:
+            p.grad = grad if p.grad is None else p.grad.add_(grad)

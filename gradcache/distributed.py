@@ -1,0 +1,99 @@
+"""torch.distributed with a single-process fallback: rank, world size, a gather that keeps gradients, and
+the one switch that tells a wrapped encoder whether the coming backward should synchronise gradients."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def gather_sizes(length: int, device: torch.device) -> list[int]:
+    """Every rank's leading dimension, ordered by rank (one small all-gather)."""
+    if not is_distributed():
+        return [length]
+    local = torch.tensor([length], dtype=torch.long, device=device)
+    sizes = [torch.empty_like(local) for _ in range(world_size())]
+    dist.all_gather(sizes, local)
+    return [int(s.item()) for s in sizes]
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """Forward: concatenate every rank's tensor in rank order. Backward: the gradient of the sum over ranks
+    of each rank's loss with respect to this rank's input, i.e. sum the incoming gradients over ranks and
+    keep this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        ctx.sizes = sizes
+        longest = max(sizes)
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        pieces = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(pieces, padded.contiguous())
+        return torch.cat([piece[:size] for piece, size in zip(pieces, sizes)])  # (sum(sizes), ...)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad)  # gradients of every rank's loss, summed
+        start = sum(ctx.sizes[: rank()])
+        return grad[start : start + ctx.sizes[rank()]], None
+
+
+def all_gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate `tensor` from every rank along dim 0, ordered by rank, keeping the autograd graph.
+
+    Ranks may hold different numbers of rows. The backward pass returns to each rank the gradient of
+    sum over ranks of each rank's loss. When every rank computes the same loss over the gathered batch
+    (as the strategies do), that is world_size times the single-process gradient, which DDP's averaging
+    over ranks turns back into exactly the single-process gradient. Without a process group it returns
+    `tensor` unchanged.
+
+    Example:
+        >>> image = all_gather_with_grad(image_tower(images))  # (N * world_size, D)
+        >>> loss = clip_loss(image, all_gather_with_grad(text_tower(**tokens)))
+    """
+    if not is_distributed() or world_size() == 1:
+        return tensor
+    sizes = gather_sizes(tensor.shape[0], tensor.device)
+    return _AllGatherWithGrad.apply(tensor, sizes)
+
+
+def gradient_sync(module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+    """Whether backward passes run inside should synchronise `module`'s gradients across ranks.
+
+    Enabled: leave the caller's choice alone (a caller accumulating over several steps may hold its own
+    `no_sync`). Disabled: DDP's `no_sync()`, or FSDP2's `set_requires_gradient_sync(False)`; a plain module
+    has nothing to synchronise. This is the one place that knows about wrappers.
+    """
+    if enabled:
+        return contextlib.nullcontext()
+    if hasattr(module, "no_sync"):
+        return module.no_sync()
+    if hasattr(module, "set_requires_gradient_sync"):
+        return _fsdp_sync_off(module)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_sync_off(module: nn.Module) -> Iterator[None]:
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)

@@ -1,0 +1,111 @@
+"""Inputs: how long a batch is, how it splits into chunks, how a chunk reaches its encoder.
+
+An input is a tensor, a mapping of tensors (a tokenizer's `input_ids` and `attention_mask`) or a tuple or
+list of tensors; all split along dim 0. Anything else goes through the user's `split_fn` hook.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+SplitFn = Callable[[Any, int], Sequence[Any]]
+GetEmbedding = Callable[[Any], torch.Tensor]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        return [v for v in value.values() if isinstance(v, torch.Tensor)]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+def batch_length(value: Any, name: str) -> int | None:
+    """The number of examples in one input, checking that its tensors agree; None for a custom type."""
+    tensors = _tensors(value)
+    if not tensors:
+        if isinstance(value, (torch.Tensor, Mapping, tuple, list)):
+            raise ValueError(f"{name} holds no tensor; pass a tensor, a mapping or a sequence of tensors.")
+        return None
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError(f"{name} holds a 0-dimensional tensor; every tensor needs a batch dimension (dim 0).")
+    lengths = {t.shape[0] for t in tensors}
+    if len(lengths) > 1:
+        if isinstance(value, Mapping):
+            detail = ", ".join(f"{k}: {v.shape[0]}" for k, v in value.items() if isinstance(v, torch.Tensor))
+        else:
+            detail = ", ".join(str(t.shape[0]) for t in tensors)
+        raise ValueError(f"{name} has tensors of different lengths along dim 0 ({detail}); all must be equal.")
+    return lengths.pop()
+
+
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors in an input or chunk (used to find the devices a chunk runs on)."""
+    return _tensors(value)
+
+
+def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None) -> list[Any]:
+    """Split along dim 0 into chunks of `chunk_size` rows (the last may be shorter); views, no copies."""
+    if isinstance(value, torch.Tensor):
+        return list(value.split(chunk_size))
+    if isinstance(value, Mapping):
+        pieces = {k: v.split(chunk_size) if isinstance(v, torch.Tensor) else None for k, v in value.items()}
+        count = max(len(p) for p in pieces.values() if p is not None)
+        return [
+            {k: (p[i] if p is not None else value[k]) for k, p in pieces.items()} for i in range(count)
+        ]
+    if isinstance(value, (tuple, list)):
+        pieces = [v.split(chunk_size) if isinstance(v, torch.Tensor) else None for v in value]
+        count = max(len(p) for p in pieces if p is not None)
+        return [type(value)(p[i] if p is not None else v for p, v in zip(pieces, value)) for i in range(count)]
+    if split_fn is None:
+        raise TypeError(
+            f"cannot split an input of type {type(value).__name__}; pass a tensor, a mapping or a sequence of "
+            "tensors, or give split_fn=lambda value, chunk_size: [...] that returns its chunks."
+        )
+    return list(split_fn(value, chunk_size))
+
+
+def trim_padding(chunk: Any) -> Any:
+    """Drop the trailing columns that are padding in every row of a mapping chunk with an `attention_mask`.
+
+    Exact only for encoders that ignore masked positions (attention masking and masked pooling); the library
+    cannot check that, so the strategies do this only when asked (`trim_padding=True`).
+    """
+    if not isinstance(chunk, Mapping) or "attention_mask" not in chunk:
+        return chunk
+    mask = chunk["attention_mask"]
+    if mask.dim() != 2:
+        return chunk
+    kept = mask.ne(0).any(dim=0).nonzero()
+    length = int(kept.max()) + 1 if kept.numel() else 1
+    if length == mask.shape[1]:
+        return chunk
+    return {
+        k: v[:, :length] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == mask.shape[1] else v
+        for k, v in chunk.items()
+    }
+
+
+def encode(encoder: nn.Module, chunk: Any, get_embedding: GetEmbedding | None, name: str) -> torch.Tensor:
+    """Run the encoder on a chunk (mapping: keyword arguments; tuple/list: positional; else one argument)."""
+    if isinstance(chunk, Mapping):
+        output = encoder(**chunk)
+    elif isinstance(chunk, (tuple, list)):
+        output = encoder(*chunk)
+    else:
+        output = encoder(chunk)
+    embedding = get_embedding(output) if get_embedding is not None else output
+    if not isinstance(embedding, torch.Tensor) or not embedding.is_floating_point():
+        what = type(embedding).__name__ if not isinstance(embedding, torch.Tensor) else f"a {embedding.dtype} tensor"
+        raise TypeError(
+            f"the encoder of {name} returned {what}, not a floating-point tensor of embeddings; pass "
+            "get_embedding=lambda output: ... that picks the embedding tensor out of the encoder's output."
+        )
+    return embedding

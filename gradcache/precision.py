@@ -1,0 +1,63 @@
+"""The autocast state of a forward pass, recorded so that a re-forward runs under exactly the same one.
+
+Autocast is thread-local and training loops call `backward()` outside their `torch.autocast` block, so the
+second pass of GradCache cannot rely on the ambient state: it re-enters the state recorded in the first pass.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+_DEVICE_TYPES = ("cpu", "cuda")
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class AutocastState:
+    """For each device type: (enabled, dtype), plus the autocast cache flag."""
+
+    devices: tuple[tuple[str, bool, torch.dtype], ...]
+    cache_enabled: bool
+
+    @classmethod
+    def capture(cls) -> AutocastState:
+        return cls(
+            devices=tuple(
+                (d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _DEVICE_TYPES
+            ),
+            cache_enabled=torch.is_autocast_cache_enabled(),
+        )
+
+    @contextlib.contextmanager
+    def apply(self) -> Iterator[None]:
+        """Enter the recorded state, enabling or disabling autocast per device type as it was."""
+        with contextlib.ExitStack() as stack:
+            for device_type, enabled, dtype in self.devices:
+                stack.enter_context(
+                    torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=self.cache_enabled)
+                )
+            yield
+
+
+def autocast_context(dtype: torch.dtype | None, device_type: str) -> contextlib.AbstractContextManager:
+    """`torch.autocast(device_type, dtype)` when a dtype is given, else leave the caller's state alone."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """Autocast off on every device type: the loss and its gradients are computed in float32."""
+    with contextlib.ExitStack() as stack:
+        for device_type in _DEVICE_TYPES:
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
+
+
+def upcast(embedding: torch.Tensor) -> torch.Tensor:
+    """Half-precision embeddings become float32 for the loss; float32 and float64 stay as they are."""
+    return embedding.float() if embedding.dtype in HALF_DTYPES else embedding

@@ -1,0 +1,67 @@
+"""Activation checkpointing of one block, with BatchNorm statistics advanced only by the first pass.
+
+``torch.utils.checkpoint`` re-runs a block's forward during backward. A BatchNorm layer in training
+mode would advance its running statistics a second time on that recomputation; the project rule is
+that only the first pass advances them. During recomputation we switch ``track_running_stats`` off:
+in training mode BatchNorm then normalises with the same batch statistics (so the recomputed
+activations are identical) but leaves the running buffers alone; in eval mode it still reads them.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@contextmanager
+def running_statistics_frozen(module: nn.Module) -> Iterator[None]:
+    """Within the block, BatchNorm layers use their usual statistics but do not update the running ones."""
+    norms = [
+        layer
+        for layer in module.modules()
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats
+    ]
+    for layer in norms:
+        layer.track_running_stats = False
+    try:
+        yield
+    finally:
+        for layer in norms:
+            layer.track_running_stats = True
+
+
+def run_block(block: nn.Module, *args: Any, checkpointed: bool, **kwargs: Any) -> Any:
+    """``block(*args, **kwargs)``, recomputed in backward instead of stored when ``checkpointed``.
+
+    Checkpointing only applies when a graph is being built: under ``torch.no_grad`` (GradCache's
+    first, graph-free pass) there is nothing to save, so the block simply runs.
+    """
+    if not (checkpointed and torch.is_grad_enabled()):
+        return block(*args, **kwargs)
+    return checkpoint(
+        block,
+        *args,
+        use_reentrant=False,
+        context_fn=lambda: (nullcontext(), running_statistics_frozen(block)),
+        **kwargs,
+    )
+
+
+def forward_grad_checkpointing(module: nn.Module, enabled: bool, name: str, required: bool) -> None:
+    """Call ``module.set_grad_checkpointing(enabled)`` for a wrapper that owns ``module`` as ``name``.
+
+    A part that holds the deep blocks (``required``) must support it, or enabling fails loudly rather
+    than silently saving nothing; a shallow part (a projection head) without the method is skipped.
+    """
+    setter = getattr(module, "set_grad_checkpointing", None)
+    if callable(setter):
+        setter(enabled)
+    elif required and enabled:
+        raise TypeError(
+            f"{name} ({type(module).__name__}) has no set_grad_checkpointing(enabled) method; "
+            f"use an encoder from models/ or add one that wraps its blocks in run_block."
+        )

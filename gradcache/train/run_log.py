@@ -1,0 +1,117 @@
+"""What a run leaves in its output folder: `train_log.csv` per step, `eval_log.csv` per evaluation,
+`metrics.json` (the run summary) and `curves.png` (loss and evaluation curves).
+
+On resume the logs are cut back to the checkpoint's step and continued, so a resumed run's logs read as those
+of one uninterrupted run.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+TRAIN_COLUMNS = ["step", "epoch", "loss", "lr", "samples_per_s", "negatives_per_anchor", "temperature",
+                 "elapsed_s"]
+
+
+def _truncate_csv(path: Path, last_step: int) -> None:
+    """Keep the header and the rows with step <= last_step."""
+    if not path.exists():
+        return
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    kept = rows[:1] + [row for row in rows[1:] if row and int(row[0]) <= last_step]
+    with open(path, "w", newline="") as handle:
+        csv.writer(handle).writerows(kept)
+
+
+def read_csv(path: str | os.PathLike) -> list[dict[str, float]]:
+    """The rows of a log as dicts of floats (empty cells become NaN)."""
+    with open(path, newline="") as handle:
+        return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(handle)]
+
+
+class RunLog:
+    """Appends rows to the run's CSV logs and writes its summary; inert when `enabled` is False (rank > 0)."""
+
+    def __init__(self, output_dir: str | os.PathLike, resume_step: int | None = None, enabled: bool = True) -> None:
+        self.output_dir = Path(output_dir)
+        self.enabled = enabled
+        self.train_path = self.output_dir / "train_log.csv"
+        self.eval_path = self.output_dir / "eval_log.csv"
+        if not enabled:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            for path in (self.train_path, self.eval_path):
+                path.unlink(missing_ok=True)
+        else:
+            _truncate_csv(self.train_path, resume_step)
+            _truncate_csv(self.eval_path, resume_step)
+        self._eval_columns: list[str] | None = None
+        if self.eval_path.exists():
+            with open(self.eval_path, newline="") as handle:
+                self._eval_columns = next(csv.reader(handle), None)
+
+    def log_step(self, row: dict[str, Any]) -> None:
+        """One training step; columns TRAIN_COLUMNS (missing ones left empty)."""
+        if not self.enabled:
+            return
+        new = not self.train_path.exists()
+        with open(self.train_path, "a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=TRAIN_COLUMNS, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+    def log_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """One evaluation at `step` (the first call fixes the columns)."""
+        if not self.enabled:
+            return
+        if self._eval_columns is None:
+            self._eval_columns = ["step", *metrics]
+            with open(self.eval_path, "w", newline="") as handle:
+                csv.writer(handle).writerow(self._eval_columns)
+        with open(self.eval_path, "a", newline="") as handle:
+            csv.DictWriter(handle, fieldnames=self._eval_columns, extrasaction="ignore").writerow(
+                {"step": step, **metrics}
+            )
+
+    def write_metrics(self, metrics: dict[str, Any], name: str = "metrics.json") -> Path | None:
+        """The run summary as JSON (written to a temporary file, then renamed)."""
+        if not self.enabled:
+            return None
+        path = self.output_dir / name
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        os.replace(temporary, path)
+        return path
+
+    def plot(self) -> Path | None:
+        """`curves.png`: the training loss per step and each evaluation metric at its steps."""
+        if not self.enabled or not self.train_path.exists():
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        train = read_csv(self.train_path)
+        evals = read_csv(self.eval_path) if self.eval_path.exists() else []
+        figure, (loss_axis, eval_axis) = plt.subplots(1, 2, figsize=(11, 4))
+        loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1)
+        loss_axis.set(xlabel="step", ylabel="loss", title="training loss")
+        for key in (evals[0] if evals else {}):
+            if key != "step":
+                eval_axis.plot([r["step"] for r in evals], [r[key] for r in evals], marker="o", label=key)
+        eval_axis.set(xlabel="step", ylabel="score", title="evaluation (held-out split)")
+        if evals:
+            eval_axis.legend(fontsize=7)
+        figure.tight_layout()
+        path = self.output_dir / "curves.png"
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        return path

@@ -1,0 +1,97 @@
+"""Argument checks shared by every loss: each raises before any state is touched and names the bad input.
+
+Hyperparameters are checked once in ``__init__``; embeddings on every ``forward``. The NaN/inf count is a
+single reduction over (N, D), cheap next to the N x N similarity work of the loss itself.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import torch
+
+__all__ = ["check_tile_size", "check_temperature", "check_finite_number", "check_embeddings", "check_same_rows"]
+
+
+def check_tile_size(tile_size: object) -> int | None:
+    """Return ``tile_size`` if it is None or an int >= 1; raise ValueError naming it otherwise."""
+    if tile_size is None:
+        return None
+    if isinstance(tile_size, bool) or not isinstance(tile_size, int):
+        raise ValueError(
+            f"tile_size must be None (dense) or an int >= 1 (rows per tile), got {tile_size!r} "
+            f"of type {type(tile_size).__name__}"
+        )
+    if tile_size < 1:
+        raise ValueError(f"tile_size must be None (dense) or an int >= 1 (rows per tile), got {tile_size}")
+    return tile_size
+
+
+def check_temperature(temperature: object, name: str = "temperature") -> float:
+    """Return ``temperature`` as a float if it is a finite real number > 0; raise ValueError otherwise."""
+    if isinstance(temperature, bool) or not isinstance(temperature, Real):
+        raise ValueError(f"{name} must be a positive real number such as 0.05, got {temperature!r}")
+    value = float(temperature)
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(
+            f"{name} must be a finite number > 0 (it divides the cosine similarity), got {temperature!r}"
+        )
+    return value
+
+
+def check_finite_number(value: object, name: str) -> float:
+    """Return ``value`` as a float if it is a finite real number; raise ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    return float(value)
+
+
+def check_embeddings(**named: torch.Tensor) -> None:
+    """Check that each named input is a finite, floating (N, D) tensor and that all share the same D.
+
+    Raises:
+        TypeError: an input is not a tensor, or its dtype is not floating point.
+        ValueError: an input is not 2-D, is empty, has NaN/inf entries, or its width differs from the first's.
+    """
+    first_name, first_width = None, None
+    for name, tensor in named.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (N, D), got {type(tensor).__name__}")
+        if not tensor.is_floating_point():
+            raise TypeError(
+                f"{name} must have a floating dtype (float32, float64, bfloat16, float16), got {tensor.dtype}; "
+                f"pass embeddings, not token ids or labels"
+            )
+        if tensor.ndim != 2:
+            raise ValueError(
+                f"{name} must be 2-D (N, D), got shape {tuple(tensor.shape)}; flatten or pool to one row per item"
+            )
+        if tensor.shape[1] == 0:
+            raise ValueError(f"{name} has width 0, got shape {tuple(tensor.shape)}; embeddings need D >= 1")
+        if first_width is None:
+            first_name, first_width = name, tensor.shape[1]
+        elif tensor.shape[1] != first_width:
+            raise ValueError(
+                f"{name} has width {tensor.shape[1]} but {first_name} has width {first_width}; "
+                f"project both to the same embedding size"
+            )
+        with torch.no_grad():
+            bad = int((~torch.isfinite(tensor)).sum())
+        if bad:
+            raise ValueError(f"{name} has {bad} NaN/inf entries (shape {tuple(tensor.shape)})")
+
+
+def check_same_rows(**named: torch.Tensor) -> int:
+    """Return the common row count N of the named (N, D) tensors; raise ValueError if it differs or is 0."""
+    counts = {name: tensor.shape[0] for name, tensor in named.items()}
+    first_name, first_count = next(iter(counts.items()))
+    for name, count in counts.items():
+        if count != first_count:
+            raise ValueError(
+                f"{name} has {count} rows but {first_name} has {first_count}; row i of each must be the pair "
+                f"of row i of the other, so both need the same batch size"
+            )
+    if first_count == 0:
+        raise ValueError(f"{first_name} has 0 rows; the loss needs a batch of at least 1")
+    return first_count

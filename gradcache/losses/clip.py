@@ -1,0 +1,87 @@
+"""CLIP's symmetric contrastive loss with a learned logit scale."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checks import check_embeddings, check_same_rows, check_temperature, check_tile_size
+from .precision import compute_dtype, full_precision, unit_rows
+from .tiled_logsumexp import tiled_logsumexp
+
+__all__ = ["ClipLoss"]
+
+
+class ClipLoss(nn.Module):
+    """Mean of the image-to-text and text-to-image cross-entropies over the batch, pair i the target of row i.
+
+    L = 1/2 (CE(s I T^T, diag) + CE(s T I^T, diag)),  s = exp(logit_scale) = 1 / t, on unit vectors.
+
+    Paper: Radford et al. 2021, "Learning Transferable Visual Models From Natural Language Supervision",
+    https://arxiv.org/abs/2103.00020.
+
+    Args:
+        temperature: initial t > 0; stored as ``logit_scale = log(1 / t)``.
+        learnable: make ``logit_scale`` an ``nn.Parameter`` (else a buffer). Call ``clamp_logit_scale()``
+            after each optimizer step, as CLIP does; clamping inside forward would zero its gradient.
+        tile_size: None for the dense (N, N) logits; an int to compute forward and backward in strips of that
+            many rows, memory O(tile_size * N + N * D), same value and gradients (``logit_scale`` included).
+
+    Shapes (``forward``):
+        image: (N, D); text: (N, D), row i the caption of image i.
+        Returns a 0-dim tensor in float32 (float64 for float64 inputs).
+
+    Raises:
+        ValueError: temperature <= 0, bad tile_size, mismatched N or D, NaN/inf entries.
+        TypeError: a non-tensor or non-floating input.
+
+    Example:
+        >>> loss_fn = ClipLoss(temperature=0.07)
+        >>> image, text = torch.randn(8, 32), torch.randn(8, 32)
+        >>> loss = loss_fn(image, text)
+    """
+
+    logit_scale: torch.Tensor
+
+    def __init__(self, temperature: float = 0.07, learnable: bool = True, tile_size: int | None = None) -> None:
+        super().__init__()
+        temperature = check_temperature(temperature)
+        self.tile_size = check_tile_size(tile_size)
+        self.learnable = bool(learnable)
+        logit_scale = torch.tensor(math.log(1.0 / temperature))
+        if self.learnable:
+            self.logit_scale = nn.Parameter(logit_scale)
+        else:
+            self.register_buffer("logit_scale", logit_scale)
+
+    @property
+    def temperature(self) -> float:
+        """The current temperature, 1 / exp(logit_scale)."""
+        return float(torch.exp(-self.logit_scale.detach()))
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature:.4g}, learnable={self.learnable}, tile_size={self.tile_size}"
+
+    @torch.no_grad()
+    def clamp_logit_scale(self, max_scale: float = 100.0) -> None:
+        """Clamp exp(logit_scale) to at most ``max_scale`` in place (temperature >= 1 / max_scale)."""
+        max_scale = check_temperature(max_scale, name="max_scale")
+        self.logit_scale.clamp_(max=math.log(max_scale))
+
+    def forward(self, image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        check_embeddings(image=image, text=text)
+        n = check_same_rows(image=image, text=text)
+        dtype = compute_dtype(image, text)
+        with full_precision(image.device):
+            images, texts = unit_rows(image, dtype), unit_rows(text, dtype)
+            scale = self.logit_scale.to(dtype).exp()
+            if self.tile_size is None:
+                logits = images @ texts.T * scale  # (N, N), row i: image i against every caption
+                labels = torch.arange(n, device=images.device)
+                return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+            image_lse, text_lse = tiled_logsumexp(images, texts, scale, self.tile_size, with_columns=True)
+            positive_logits = (images * texts).sum(dim=1) * scale  # (N,)
+            return ((image_lse - positive_logits).mean() + (text_lse - positive_logits).mean()) / 2

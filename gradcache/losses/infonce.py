@@ -1,0 +1,94 @@
+"""InfoNCE with in-batch and hard negatives: the loss of dense retrieval (DPR) and sentence embeddings."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checks import check_embeddings, check_same_rows, check_temperature, check_tile_size
+from .precision import compute_dtype, full_precision, unit_rows
+from .tiled_logsumexp import tiled_logsumexp
+
+__all__ = ["InfoNCE"]
+
+
+class InfoNCE(nn.Module):
+    """Cross-entropy of each query against every positive and hard negative in the batch, its own positive the target.
+
+    L = -1/N sum_i log( exp(q_i.p_i / t) / (sum_j exp(q_i.p_j / t) + sum_k exp(q_i.n_k / t)) ), on unit vectors.
+
+    Paper: van den Oord et al. 2018, https://arxiv.org/abs/1807.03748 (with DPR's in-batch and hard negatives,
+    Karpukhin et al. 2020, https://arxiv.org/abs/2004.04906).
+
+    Args:
+        temperature: t > 0; divides the cosine similarity.
+        symmetric: also score each positive against all queries (target: its own query) and average the two
+            directions; hard negatives take part only in the query-to-positive direction.
+        tile_size: None for the dense (N, N * (1 + h)) logits; an int to compute forward and backward in strips
+            of that many queries, memory O(tile_size * N * (1 + h) + N * D), same value and gradients.
+
+    Shapes (``forward``):
+        query: (N, D); positive: (N, D), row i is the positive of query i; negatives: optional (N * h, D),
+        h hard negatives per query, rows i*h .. i*h+h-1 belonging to query i (every query sees all of them).
+        Returns a 0-dim tensor in float32 (float64 for float64 inputs).
+
+    Raises:
+        ValueError: temperature <= 0, bad tile_size, mismatched N or D, NaN/inf entries, or a negatives row
+            count that is not a multiple of N. TypeError: a non-tensor or non-floating input.
+
+    Example:
+        >>> loss_fn = InfoNCE(temperature=0.05)
+        >>> query, positive = torch.randn(8, 32), torch.randn(8, 32)
+        >>> loss = loss_fn(query, positive)
+    """
+
+    def __init__(self, temperature: float = 0.05, symmetric: bool = False, tile_size: int | None = None) -> None:
+        super().__init__()
+        self.temperature = check_temperature(temperature)
+        self.symmetric = bool(symmetric)
+        self.tile_size = check_tile_size(tile_size)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, symmetric={self.symmetric}, tile_size={self.tile_size}"
+
+    def forward(
+        self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        inputs = {"query": query, "positive": positive}
+        if negatives is not None:
+            inputs["negatives"] = negatives
+        check_embeddings(**inputs)
+        n = check_same_rows(query=query, positive=positive)
+        if negatives is not None and negatives.shape[0] % n != 0:
+            raise ValueError(
+                f"negatives has {negatives.shape[0]} rows, not a multiple of the {n} queries; pass h hard "
+                f"negatives per query as an (N * h, D) tensor grouped by query"
+            )
+        dtype = compute_dtype(*inputs.values())
+        with full_precision(query.device):
+            q, p = unit_rows(query, dtype), unit_rows(positive, dtype)
+            candidates = p if negatives is None else torch.cat([p, unit_rows(negatives, dtype)])  # (N * (1 + h), D)
+            scale = 1.0 / self.temperature
+            if self.tile_size is None:
+                return self._dense(q, candidates, scale, n)
+            return self._tiled(q, p, candidates, scale)
+
+    def _dense(self, q: torch.Tensor, candidates: torch.Tensor, scale: float, n: int) -> torch.Tensor:
+        logits = q @ candidates.T * scale  # (N, N * (1 + h)); column i is the positive of row i
+        labels = torch.arange(n, device=q.device)
+        loss = F.cross_entropy(logits, labels)
+        if self.symmetric:
+            # Positive j against all queries: column j of the query-positive block, read as a row.
+            loss = (loss + F.cross_entropy(logits[:, :n].T, labels)) / 2  # (N, N)
+        return loss
+
+    def _tiled(self, q: torch.Tensor, p: torch.Tensor, candidates: torch.Tensor, scale: float) -> torch.Tensor:
+        scale_tensor = torch.tensor(scale, dtype=q.dtype, device=q.device)
+        row_lse, col_lse = tiled_logsumexp(q, candidates, scale_tensor, self.tile_size, with_columns=self.symmetric)
+        positive_logits = (q * p).sum(dim=1) * scale  # (N,)
+        loss = (row_lse - positive_logits).mean()
+        if col_lse is not None:
+            # Columns past N are hard negatives: their column LSE belongs to no direction of the loss.
+            loss = (loss + (col_lse[: q.shape[0]] - positive_logits).mean()) / 2
+        return loss

@@ -1,0 +1,68 @@
+"""NT-Xent, SimCLR's normalised temperature-scaled cross-entropy over the 2N views of N examples."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checks import check_embeddings, check_same_rows, check_temperature, check_tile_size
+from .precision import compute_dtype, full_precision, unit_rows
+from .tiled_logsumexp import tiled_logsumexp
+
+__all__ = ["NTXent"]
+
+
+class NTXent(nn.Module):
+    """Cross-entropy of each of the 2N views against the other 2N - 1, its other view being the target.
+
+    L = -1/(2N) sum_k log( exp(z_k.z_k+ / t) / sum_{j != k} exp(z_k.z_j / t) ), z = [z1; z2] on unit vectors.
+
+    Paper: Chen et al. 2020, "A Simple Framework for Contrastive Learning", https://arxiv.org/abs/2002.05709.
+
+    Args:
+        temperature: t > 0; divides the cosine similarity.
+        tile_size: None for the dense (2N, 2N) logits; an int to compute forward and backward in strips of that
+            many views, memory O(tile_size * 2N + N * D), same value and gradients.
+
+    Shapes (``forward``):
+        z1: (N, D), one view per example; z2: (N, D), row i the other view of row i of ``z1``.
+        Returns a 0-dim tensor in float32 (float64 for float64 inputs).
+
+    Raises:
+        ValueError: temperature <= 0, bad tile_size, mismatched N or D, NaN/inf entries.
+        TypeError: a non-tensor or non-floating input.
+
+    Example:
+        >>> loss_fn = NTXent(temperature=0.5)
+        >>> z1, z2 = torch.randn(8, 32), torch.randn(8, 32)
+        >>> loss = loss_fn(z1, z2)
+    """
+
+    def __init__(self, temperature: float = 0.5, tile_size: int | None = None) -> None:
+        super().__init__()
+        self.temperature = check_temperature(temperature)
+        self.tile_size = check_tile_size(tile_size)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, tile_size={self.tile_size}"
+
+    def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        check_embeddings(z1=z1, z2=z2)
+        n = check_same_rows(z1=z1, z2=z2)
+        dtype = compute_dtype(z1, z2)
+        with full_precision(z1.device):
+            u1, u2 = unit_rows(z1, dtype), unit_rows(z2, dtype)
+            views = torch.cat([u1, u2])  # (2N, D)
+            scale = 1.0 / self.temperature
+            if self.tile_size is None:
+                logits = views @ views.T * scale  # (2N, 2N)
+                self_pairs = torch.eye(2 * n, dtype=torch.bool, device=views.device)
+                logits = logits.masked_fill(self_pairs, float("-inf"))
+                # View k < N pairs with k + N and the other way round.
+                targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(views.device)  # (2N,)
+                return F.cross_entropy(logits, targets)
+            scale_tensor = torch.tensor(scale, dtype=dtype, device=views.device)
+            row_lse, _ = tiled_logsumexp(views, views, scale_tensor, self.tile_size, exclude_diagonal=True)
+            positive_logits = (u1 * u2).sum(dim=1) * scale  # (N,), shared by both views of a pair
+            return (row_lse - torch.cat([positive_logits, positive_logits])).mean()

@@ -1,0 +1,87 @@
+"""SigLIP's pairwise sigmoid loss with a learned temperature and bias."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checks import check_embeddings, check_finite_number, check_same_rows, check_temperature, check_tile_size
+from .precision import compute_dtype, full_precision, unit_rows
+from .tiled_sigmoid import tiled_sigmoid_pair_loss
+
+__all__ = ["SigLipLoss"]
+
+
+class SigLipLoss(nn.Module):
+    """Independent binary classification of every (a_i, b_j) pair: matching on the diagonal, not elsewhere.
+
+    L = -1/N sum_i sum_j log sigmoid(y_ij (a_i.b_j / t + bias)),  y_ij = +1 if i == j else -1, on unit vectors.
+
+    Paper: Zhai et al. 2023, "Sigmoid Loss for Language Image Pre-Training", https://arxiv.org/abs/2303.15343.
+
+    Args:
+        temperature: initial t > 0; stored as ``logit_scale = log(1 / t)`` (the paper's t' = log 10 at t = 0.1).
+        bias: initial bias b (the paper starts at -10 so the many negatives do not dominate early steps).
+        learnable: make ``logit_scale`` and ``bias`` ``nn.Parameter``s (else buffers).
+        tile_size: None for the dense (N, N) logits; an int to compute forward and backward in strips of that
+            many rows, memory O(tile_size * N + N * D), same value and gradients (scale and bias included).
+
+    Shapes (``forward``):
+        a: (N, D), e.g. images; b: (N, D), row i the pair of row i of ``a``.
+        Returns a 0-dim tensor in float32 (float64 for float64 inputs).
+
+    Raises:
+        ValueError: temperature <= 0, non-finite bias, bad tile_size, mismatched N or D, NaN/inf entries.
+        TypeError: a non-tensor or non-floating input.
+
+    Example:
+        >>> loss_fn = SigLipLoss(temperature=0.1, bias=-10.0)
+        >>> a, b = torch.randn(8, 32), torch.randn(8, 32)
+        >>> loss = loss_fn(a, b)
+    """
+
+    logit_scale: torch.Tensor
+    bias: torch.Tensor
+
+    def __init__(
+        self, temperature: float = 0.1, bias: float = -10.0, learnable: bool = True, tile_size: int | None = None
+    ) -> None:
+        super().__init__()
+        temperature = check_temperature(temperature)
+        bias = check_finite_number(bias, "bias")
+        self.tile_size = check_tile_size(tile_size)
+        self.learnable = bool(learnable)
+        logit_scale, bias_tensor = torch.tensor(math.log(1.0 / temperature)), torch.tensor(bias)
+        if self.learnable:
+            self.logit_scale = nn.Parameter(logit_scale)
+            self.bias = nn.Parameter(bias_tensor)
+        else:
+            self.register_buffer("logit_scale", logit_scale)
+            self.register_buffer("bias", bias_tensor)
+
+    @property
+    def temperature(self) -> float:
+        """The current temperature, 1 / exp(logit_scale)."""
+        return float(torch.exp(-self.logit_scale.detach()))
+
+    def extra_repr(self) -> str:
+        return (
+            f"temperature={self.temperature:.4g}, bias={float(self.bias.detach()):.4g}, "
+            f"learnable={self.learnable}, tile_size={self.tile_size}"
+        )
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        check_embeddings(a=a, b=b)
+        n = check_same_rows(a=a, b=b)
+        dtype = compute_dtype(a, b)
+        with full_precision(a.device):
+            ua, ub = unit_rows(a, dtype), unit_rows(b, dtype)
+            scale, bias = self.logit_scale.to(dtype).exp(), self.bias.to(dtype)
+            if self.tile_size is None:
+                logits = ua @ ub.T * scale + bias  # (N, N)
+                labels = 2 * torch.eye(n, dtype=dtype, device=ua.device) - 1  # (N, N): +1 diagonal, -1 elsewhere
+                return -F.logsigmoid(labels * logits).sum() / n
+            return tiled_sigmoid_pair_loss(ua, ub, scale, bias, self.tile_size) / n

@@ -85,10 +85,13 @@ class InfoNCE(nn.Module):
 
     def _tiled(self, q: torch.Tensor, p: torch.Tensor, candidates: torch.Tensor, scale: float) -> torch.Tensor:
         scale_tensor = torch.tensor(scale, dtype=q.dtype, device=q.device)
-        row_lse, col_lse = tiled_logsumexp(q, candidates, scale_tensor, self.tile_size, with_columns=self.symmetric)
         positive_logits = (q * p).sum(dim=1) * scale  # (N,)
-        loss = (row_lse - positive_logits).mean()
-        if col_lse is not None:
-            # Columns past N are hard negatives: their column LSE belongs to no direction of the loss.
-            loss = (loss + (col_lse[: q.shape[0]] - positive_logits).mean()) / 2
+        targets = torch.arange(q.shape[0], device=q.device)
+        # Column j < N is positive j scored against every query; hard negatives have no column term.
+        query_losses, positive_losses = tiled_logsumexp(
+            q, candidates, scale_tensor, positive_logits, targets, self.tile_size, with_columns=self.symmetric
+        )
+        loss = query_losses.mean()
+        if positive_losses is not None:
+            loss = (loss + positive_losses.mean()) / 2
         return loss

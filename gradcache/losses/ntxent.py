@@ -63,6 +63,10 @@ class NTXent(nn.Module):
                 targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(views.device)  # (2N,)
                 return F.cross_entropy(logits, targets)
             scale_tensor = torch.tensor(scale, dtype=dtype, device=views.device)
-            row_lse, _ = tiled_logsumexp(views, views, scale_tensor, self.tile_size, exclude_diagonal=True)
             positive_logits = (u1 * u2).sum(dim=1) * scale  # (N,), shared by both views of a pair
-            return (row_lse - torch.cat([positive_logits, positive_logits])).mean()
+            targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(views.device)  # (2N,)
+            view_losses, _ = tiled_logsumexp(
+                views, views, scale_tensor, torch.cat([positive_logits, positive_logits]), targets, self.tile_size,
+                exclude_diagonal=True,
+            )
+            return view_losses.mean()

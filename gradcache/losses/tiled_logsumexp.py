@@ -1,16 +1,21 @@
-"""Row and column log-sum-exp of scaled similarities, computed strip by strip so no N x M matrix ever exists.
+"""Per-row (and per-column) cross-entropy of scaled similarities, computed in strips: no N x M matrix ever exists.
 
-    row_lse_i = log sum_j exp(s * r_i . c_j),   col_lse_j = log sum_i exp(s * r_i . c_j)
+    row_i = log sum_j exp(l_ij - p_i),   col_j = log sum_i exp(l_ij - p_j),   l_ij = s r_i . c_j
 
-This is the one piece of every softmax contrastive loss that needs the full similarity matrix: the loss is
-``lse - s * (positive pair similarity)``, and the positive term is O(N D) plain autograd. Forward walks over
-strips of ``tile_size`` rows against all M columns: each strip's row LSE is exact, and the column LSE is
-merged across strips with ``logaddexp``. Only the two LSE vectors are saved. Backward recomputes each strip
-and forms the softmax weights from the saved LSEs (Inf-CL, Cheng et al. 2024, https://arxiv.org/abs/2410.17243):
+where p_i = l_{i, t_i} is the positive logit of row i, so row_i is exactly the cross-entropy of row i with
+target t_i, i.e. its log-sum-exp minus its positive logit. Subtracting p_i inside the sum, with the target
+term pinned to exp(0) = 1, keeps float32 as accurate as ``F.cross_entropy``: a small loss stays small
+instead of being the difference of two large, rounded numbers (lse_i ~ s and p_i ~ s at low temperature).
 
-    dL/dlogit_ij = g_i exp(logit_ij - row_lse_i) + h_j exp(logit_ij - col_lse_j)
+Forward walks over strips of ``tile_size`` rows against all M columns: each strip's row values are exact, and
+the column values merge across strips with ``logaddexp``. Only the (N,) outputs are saved. Backward recomputes
+each strip and forms the softmax weights from the saved outputs (Inf-CL, Cheng et al. 2024,
+https://arxiv.org/abs/2410.17243); for upstream gradients g (rows) and h (columns), off-target entries get
 
-for upstream gradients g (rows) and h (columns). Peak memory is a few (tile_size, M) strips plus the inputs.
+    dL/dl_ij = g_i exp(l_ij - p_i - row_i) + h_j exp(l_ij - p_j - col_j),   dL/dp_i = -g_i (1 - e^-row_i) - ...
+
+and target entries get nothing from the strip: their gradient reaches the embeddings through p, which the
+caller computes with ordinary autograd. Peak memory is a few (tile_size, M) strips plus the inputs.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from torch.autograd.function import once_differentiable
 __all__ = ["tiled_logsumexp"]
 
 
-def _strip_logits(
+def _strip(
     rows: torch.Tensor, columns: torch.Tensor, scale: torch.Tensor, start: int, stop: int, exclude_diagonal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosines and logits of rows[start:stop] against every column; the self pair masked to -inf if asked."""
@@ -35,6 +40,20 @@ def _strip_logits(
     return cosine, logits
 
 
+def _row_shifted(logits: torch.Tensor, positive: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """l_ij - p_i with each row's target entry set to exactly 0: (t, M)."""
+    shifted = logits - positive[:, None]  # (t, M)
+    shifted[torch.arange(shifted.shape[0], device=shifted.device), targets] = 0.0
+    return shifted
+
+
+def _column_shifted(logits: torch.Tensor, positive: torch.Tensor, start: int) -> torch.Tensor:
+    """l_ij - p_j over the first N columns, with target entries (start + r, start + r) set to 0: (t, N)."""
+    shifted = logits[:, : positive.shape[0]] - positive[None, :]  # (t, N)
+    shifted.diagonal(offset=start).zero_()
+    return shifted
+
+
 class _TiledLogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -42,87 +61,116 @@ class _TiledLogSumExp(torch.autograd.Function):
         rows: torch.Tensor,
         columns: torch.Tensor,
         scale: torch.Tensor,
+        positive: torch.Tensor,
+        targets: torch.Tensor,
         tile_size: int,
         with_columns: bool,
         exclude_diagonal: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.set_materialize_grads(False)
-        row_lse = rows.new_empty(rows.shape[0])  # (N,)
+        n = rows.shape[0]
+        row_out = rows.new_empty(n)  # (N,)
         # -inf is the identity of logaddexp, so strips merge into it one by one.
-        col_lse = rows.new_full((columns.shape[0] if with_columns else 0,), float("-inf"))  # (M,) or (0,)
-        for start in range(0, rows.shape[0], tile_size):
-            stop = min(start + tile_size, rows.shape[0])
-            _, logits = _strip_logits(rows, columns, scale, start, stop, exclude_diagonal)
-            row_lse[start:stop] = torch.logsumexp(logits, dim=1)
+        column_out = rows.new_full((n if with_columns else 0,), float("-inf"))  # (N,) or (0,)
+        for start in range(0, n, tile_size):
+            stop = min(start + tile_size, n)
+            _, logits = _strip(rows, columns, scale, start, stop, exclude_diagonal)
+            row_out[start:stop] = torch.logsumexp(_row_shifted(logits, positive[start:stop], targets[start:stop]), 1)
             if with_columns:
-                col_lse = torch.logaddexp(col_lse, torch.logsumexp(logits, dim=0))
+                strip_columns = torch.logsumexp(_column_shifted(logits, positive, start), dim=0)  # (N,)
+                column_out = torch.logaddexp(column_out, strip_columns)
             del logits
-        ctx.save_for_backward(rows, columns, scale, row_lse, col_lse)
+        ctx.save_for_backward(rows, columns, scale, positive, targets, row_out, column_out)
         ctx.tile_size, ctx.with_columns, ctx.exclude_diagonal = tile_size, with_columns, exclude_diagonal
-        return row_lse, col_lse
+        return row_out, column_out
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_row: torch.Tensor | None, grad_col: torch.Tensor | None) -> tuple:
-        rows, columns, scale, row_lse, col_lse = ctx.saved_tensors
-        need_rows, need_columns, need_scale = ctx.needs_input_grad[:3]
+    def backward(ctx: Any, grad_row: torch.Tensor | None, grad_column: torch.Tensor | None) -> tuple:
+        rows, columns, scale, positive, targets, row_out, column_out = ctx.saved_tensors
+        need_rows, need_columns, need_scale, need_positive = ctx.needs_input_grad[:4]
         if not ctx.with_columns:
-            grad_col = None
-        if grad_row is None and grad_col is None:
-            return None, None, None, None, None, None
+            grad_column = None
+        if grad_row is None and grad_column is None:
+            return (None,) * 8
+        n = rows.shape[0]
         grad_rows = torch.zeros_like(rows) if need_rows else None
         grad_columns = torch.zeros_like(columns) if need_columns else None
-        grad_scale = torch.zeros((), dtype=rows.dtype, device=rows.device) if need_scale else None
-        for start in range(0, rows.shape[0], ctx.tile_size):
-            stop = min(start + ctx.tile_size, rows.shape[0])
-            cosine, logits = _strip_logits(rows, columns, scale, start, stop, ctx.exclude_diagonal)
-            # weights = dL/dlogits for this strip, built in place to keep at most three (t, M) buffers alive.
+        grad_scale = torch.zeros_like(scale) if need_scale else None
+        for start in range(0, n, ctx.tile_size):
+            stop = min(start + ctx.tile_size, n)
+            cosine, logits = _strip(rows, columns, scale, start, stop, ctx.exclude_diagonal)
+            # weights = dL/dlogits of this strip: softmax probabilities scaled by the upstream gradient.
+            weights = torch.zeros_like(logits)  # (t, M)
             if grad_row is not None:
-                weights = (logits - row_lse[start:stop, None]).exp_().mul_(grad_row[start:stop, None])  # (t, M)
-                if grad_col is not None:
-                    weights.add_(logits.sub_(col_lse[None, :]).exp_().mul_(grad_col[None, :]))
-            else:
-                weights = logits.sub_(col_lse[None, :]).exp_().mul_(grad_col[None, :])  # (t, M)
+                shifted = _row_shifted(logits, positive[start:stop], targets[start:stop])
+                probabilities = shifted.sub_(row_out[start:stop, None]).exp_()
+                # The target's own term is handled through p; zero it after the exp pinned it.
+                probabilities[torch.arange(stop - start, device=rows.device), targets[start:stop]] = 0.0
+                weights += probabilities.mul_(grad_row[start:stop, None])
+                del shifted, probabilities
+            if grad_column is not None:
+                probabilities = _column_shifted(logits, positive, start).sub_(column_out[None, :]).exp_()
+                probabilities.diagonal(offset=start).zero_()
+                weights[:, :n] += probabilities.mul_(grad_column[None, :])
+                del probabilities
             del logits
             if grad_rows is not None:
                 grad_rows[start:stop] = weights @ columns  # (t, D)
             if grad_columns is not None:
                 grad_columns.addmm_(weights.T, rows[start:stop])  # (M, D)
             if grad_scale is not None:
-                # dlogit/dscale = cosine; masked self pairs carry weight 0, so they add nothing.
+                # dl/ds = cosine; target and masked entries carry weight 0, so they add nothing.
                 grad_scale += torch.dot(weights.flatten(), cosine.flatten())
             del cosine, weights
-        # Every logit is scale * cosine, so the embedding gradients share one factor of scale.
+        # Every logit is s * cosine, so the embedding gradients share one factor of s.
         if grad_rows is not None:
             grad_rows.mul_(scale)
         if grad_columns is not None:
             grad_columns.mul_(scale)
-        return grad_rows, grad_columns, grad_scale, None, None, None
+        grad_positive = None
+        if need_positive:
+            # d row_i / d p_i = -(sum of off-target probabilities) = -(1 - exp(-row_i)) = expm1(-row_i).
+            grad_positive = torch.zeros_like(positive)
+            if grad_row is not None:
+                grad_positive += grad_row * torch.expm1(-row_out)
+            if grad_column is not None:
+                grad_positive += grad_column * torch.expm1(-column_out)
+        return grad_rows, grad_columns, grad_scale, grad_positive, None, None, None, None
 
 
 def tiled_logsumexp(
     rows: torch.Tensor,
     columns: torch.Tensor,
     scale: torch.Tensor,
+    positive_logits: torch.Tensor,
+    targets: torch.Tensor,
     tile_size: int,
     *,
     with_columns: bool = False,
     exclude_diagonal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Row (and optionally column) log-sum-exp of ``scale * rows @ columns.T``, in strips of ``tile_size`` rows.
+    """Cross-entropy of each row (and column) of ``scale * rows @ columns.T``, in strips of ``tile_size`` rows.
 
-    lse_i = log sum_j exp(s r_i . c_j); memory O(tile_size * M + (N + M) * D), never (N, M).
+    row_i = log sum_j exp(s r_i.c_j - p_i) = lse_i - p_i; memory O(tile_size * M + (N + M) * D), never (N, M).
 
     Args:
         rows: (N, D) tensor, already normalised and in the compute dtype.
-        columns: (M, D) tensor, same dtype and device as ``rows``; may be ``rows`` itself.
+        columns: (M, D) tensor, same dtype and device; may be ``rows`` itself.
         scale: 0-dim tensor s (1 / temperature); gets a gradient if it requires one.
+        positive_logits: (N,) p_i = s r_i . c_{t_i}, computed by the caller with autograd (gradient flows).
+        targets: (N,) long, t_i = the column of row i's positive.
         tile_size: rows per strip (>= 1; the losses check it).
-        with_columns: also return the column LSE (M,), for symmetric losses.
-        exclude_diagonal: drop the pair (i, i) from both sums, for losses that score a set against itself.
+        with_columns: also return col_j = log sum_i exp(l_ij - p_j) for the first N columns, whose positive is
+            row j; this needs ``targets == arange(N)``.
+        exclude_diagonal: drop the pair (i, i) from every sum, for losses that score a set against itself.
 
     Returns:
-        ``(row_lse, col_lse)``: (N,) and (M,) tensors; ``col_lse`` is None unless ``with_columns``.
+        ``(row, col)``: (N,) tensors; ``col`` is None unless ``with_columns``.
     """
-    row_lse, col_lse = _TiledLogSumExp.apply(rows, columns, scale, tile_size, with_columns, exclude_diagonal)
-    return row_lse, (col_lse if with_columns else None)
+    if with_columns and not torch.equal(targets, torch.arange(rows.shape[0], device=targets.device)):
+        raise ValueError("tiled_logsumexp: with_columns=True needs targets == arange(N) (column j pairs with row j)")
+    row_out, column_out = _TiledLogSumExp.apply(
+        rows, columns, scale, positive_logits, targets, tile_size, with_columns, exclude_diagonal
+    )
+    return row_out, (column_out if with_columns else None)

@@ -1,0 +1,65 @@
+"""Tiled losses equal the dense ones: values and gradients of the embeddings and of the loss parameters."""
+
+import copy
+
+import pytest
+import torch
+
+from .cases import CASE_IDS, CASES, loss_and_grads
+
+# (N, tile_size): N a multiple of the tile, not a multiple, smaller than the tile, tile 1, N = 1.
+SHAPES = [(12, 4), (13, 5), (7, 64), (5, 1), (1, 3)]
+
+
+@pytest.mark.parametrize("n, tile_size", SHAPES)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_tiled_equals_dense_in_float64(case, n, tile_size):
+    dense = case.make(None).double()
+    tiled = case.make(tile_size).double()
+    tiled.load_state_dict(dense.state_dict())
+    inputs = case.inputs(n, 6, seed=n)
+    dense_loss, dense_grads, dense_param_grads = loss_and_grads(dense, inputs)
+    tiled_loss, tiled_grads, tiled_param_grads = loss_and_grads(tiled, inputs)
+
+    assert tiled_loss.dtype == torch.float64
+    torch.testing.assert_close(tiled_loss, dense_loss, rtol=1e-12, atol=1e-14)
+    assert len(tiled_param_grads) == len(dense_param_grads) == len(list(dense.parameters()))
+    for tiled_grad, dense_grad in zip(tiled_grads + tiled_param_grads, dense_grads + dense_param_grads):
+        torch.testing.assert_close(tiled_grad, dense_grad, rtol=1e-12, atol=1e-14)
+
+
+def _error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """Largest absolute difference, relative to the reference's largest magnitude."""
+    return float((value.double() - reference).abs().max() / reference.abs().max().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("temperature", [None, 0.01])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_tiled_float32_is_as_accurate_as_dense_float32(case, temperature):
+    """Against a float64 reference, tiled float32 errs no more than dense float32 (within a small factor)."""
+    n, d, tile_size = 67, 16, 16
+    reference_fn = case.make(None, temperature).double()
+    inputs = case.inputs(n, d, dtype=torch.float64, seed=7)
+    reference = loss_and_grads(reference_fn, inputs)
+    inputs32 = [t.float() for t in inputs]
+    dense_fn, tiled_fn = case.make(None, temperature), case.make(tile_size, temperature)
+    tiled_fn.load_state_dict(dense_fn.state_dict())
+    dense = loss_and_grads(dense_fn, inputs32)
+    tiled = loss_and_grads(tiled_fn, inputs32)
+
+    # Dense float32 can be exact by luck; the floor (a few float32 ulps) keeps the bound meaningful then.
+    floor = 8 * torch.finfo(torch.float32).eps
+    flatten = lambda result: [result[0]] + result[1] + result[2]  # noqa: E731
+    for ref, d32, t32 in zip(flatten(reference), flatten(dense), flatten(tiled)):
+        assert d32.dtype == t32.dtype == torch.float32
+        assert _error(t32, ref) <= 4 * _error(d32, ref) + floor
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_tile_size_is_only_a_memory_knob(case):
+    """Several tile sizes, one answer; and the module copies its tile size, not its state."""
+    inputs = case.inputs(10, 4, seed=3)
+    losses = [loss_and_grads(case.make(tile_size).double(), inputs)[0] for tile_size in (1, 3, 10, 11)]
+    for loss in losses[1:]:
+        torch.testing.assert_close(loss, losses[0], rtol=1e-12, atol=1e-14)
+    assert copy.deepcopy(case.make(3)).tile_size == 3

@@ -1,0 +1,200 @@
+"""Two gloo ranks on CPU: every strategy under DDP against one process on the concatenated global batch."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation
+from gradcache.distributed import all_gather_with_grad
+from gradcache.losses import ClipLoss, NTXent
+from tests.conftest import TokenEncoder, assert_grads_close, mlp, tokens
+from tests.multiprocess import run_on_ranks
+
+GLOBAL = 12  # global batch; rank r holds rows SLICES[r] (uneven case: 7 and 5)
+STRATEGIES = {"gradcache": GradCache, "cached": CachedLoss, "full": FullBatch, "naive": NaiveAccumulation}
+
+
+def two_tower_model():
+    torch.manual_seed(0)
+    return mlp(), TokenEncoder().eval(), ClipLoss(temperature=0.1, learnable=True)  # eval: no dropout
+
+
+def shared_model():
+    torch.manual_seed(1)
+    return mlp(), NTXent(temperature=0.2)
+
+
+def two_tower_batch():
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(GLOBAL, 10, generator=g), tokens(GLOBAL, seed=3)
+
+
+def shared_batch():
+    g = torch.Generator().manual_seed(4)
+    return torch.randn(GLOBAL, 10, generator=g), torch.randn(GLOBAL, 10, generator=g)
+
+
+def rows(value, sl):
+    return {k: v[sl] for k, v in value.items()} if isinstance(value, dict) else value[sl]
+
+
+def grads(*modules):
+    return {f"{i}.{n}": p.grad.clone() for i, m in enumerate(modules) for n, p in m.named_parameters()}
+
+
+def one_step(name, encoders, loss, inputs, chunk_size):
+    strategy = STRATEGIES[name](encoders, loss, chunk_size) if name != "full" else FullBatch(encoders, loss)
+    if name == "cached":
+        value = strategy(*inputs)
+        value.backward()
+        return value.detach()
+    return strategy.step(*inputs)
+
+
+def ddp_worker(rank, world_size, model_name, slices, chunk_size):
+    """On each rank: wrap the towers in DDP, count all-reduce calls, run each strategy on the local slice."""
+    results = {}
+    for name in STRATEGIES:
+        if model_name == "two_tower":
+            image, text, loss = two_tower_model()
+            towers, batch = [image, text], two_tower_batch()
+        else:
+            encoder, loss = shared_model()
+            towers, batch = [encoder], shared_batch()
+        calls = []
+
+        def counting_hook(state, bucket):
+            calls.append(1)
+            return allreduce_hook(state, bucket)
+
+        wrapped = [DistributedDataParallel(t) for t in towers]
+        for w in wrapped:
+            w.register_comm_hook(dist.group.WORLD, counting_hook)
+        local = [rows(b, slices[rank]) for b in batch]
+        encoders = wrapped if model_name == "two_tower" else wrapped[0]
+        value = one_step(name, encoders, loss, local, chunk_size)
+        results[name] = {"loss": value, "grads": grads(*towers, loss), "allreduce_calls": len(calls)}
+    return results
+
+
+def reference(model_name, name, chunk_size):
+    """One process, the concatenated global batch: FullBatch, or for NaiveAccumulation the mean over global
+    micro-batches k, each made of chunk k of every rank."""
+    if model_name == "two_tower":
+        image, text, loss = two_tower_model()
+        modules, encoders, batch = [image, text, loss], [image, text], two_tower_batch()
+    else:
+        encoder, loss = shared_model()
+        modules, encoders, batch = [encoder, loss], encoder, shared_batch()
+    if name != "naive":
+        value = FullBatch(encoders, loss).step(*batch)
+        return value, grads(*modules)
+    half = GLOBAL // 2
+    micro = []
+    for start in range(0, half, chunk_size):
+        idx = torch.cat([torch.arange(start, min(start + chunk_size, half)),
+                         torch.arange(half + start, half + min(start + chunk_size, half))])
+        micro.append([rows(b, idx) for b in batch])
+    values = []
+    for parts in micro:
+        embeddings = [(encoders[i] if isinstance(encoders, list) else encoders)(**p) if isinstance(p, dict)
+                      else (encoders[i] if isinstance(encoders, list) else encoders)(p) for i, p in enumerate(parts)]
+        value = loss(*embeddings)
+        (value / len(micro)).backward()
+        values.append(value.detach())
+    return torch.stack(values).mean(), grads(*modules)
+
+
+def all_cases_worker(rank, world_size):
+    """Every scenario in one pair of processes: starting ranks costs more than running the cases."""
+    half = slice(0, GLOBAL // 2), slice(GLOBAL // 2, GLOBAL)
+    return {
+        "two_tower": ddp_worker(rank, world_size, "two_tower", half, 4),
+        "shared": ddp_worker(rank, world_size, "shared", half, 4),
+        "uneven": uneven_worker(rank, world_size, (slice(0, 7), slice(7, GLOBAL))),
+        "gather": gather_worker(rank, world_size),
+    }
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_on_ranks(all_cases_worker, 2)
+
+
+@pytest.fixture(scope="module")
+def even_runs(ranks):
+    return {m: [r[m] for r in ranks] for m in ("two_tower", "shared")}
+
+
+@pytest.mark.parametrize("model_name", ["two_tower", "shared"])
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_ddp_gradients_equal_single_process_on_the_global_batch(even_runs, model_name, name):
+    want_loss, want = reference(model_name, name, 4)
+    for rank_result in even_runs[model_name]:
+        got = rank_result[name]
+        assert torch.allclose(got["loss"], want_loss, rtol=1e-5), (name, got["loss"], want_loss)
+        assert_grads_close(got["grads"], want, 1e-5)
+        if model_name == "two_tower":  # the learnable temperature: exactly its own gradient, not world_size times it
+            assert torch.allclose(got["grads"]["2.logit_scale"], want["2.logit_scale"], rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_name", ["two_tower", "shared"])
+def test_one_gradient_synchronisation_per_step(even_runs, model_name):
+    """GradCache's second pass runs every chunk but the last under no_sync: as many all-reduce calls as one
+    ordinary DDP step (FullBatch), while NaiveAccumulation also syncs once (on its last micro-batch)."""
+    runs = even_runs[model_name][0]
+    one_ddp_step = runs["full"]["allreduce_calls"]
+    assert one_ddp_step >= 1
+    for name in ("gradcache", "cached", "naive"):
+        assert runs[name]["allreduce_calls"] == one_ddp_step, name
+
+
+def test_uneven_ranks_are_exact_for_gradcache(ranks):
+    """The last batch of an epoch: 7 rows on rank 0 and 5 on rank 1 still give the global-batch gradient."""
+    results = [r["uneven"] for r in ranks]
+    want_loss, want = reference("two_tower", "full", 4)
+    for rank_result in results:
+        assert torch.allclose(rank_result["loss"], want_loss, rtol=1e-5)
+        assert_grads_close(rank_result["grads"], want, 1e-5)
+    assert "different numbers of micro-batches" in results[0]["naive_error"]
+
+
+def uneven_worker(rank, world_size, slices):
+    image, text, loss = two_tower_model()
+    towers = [DistributedDataParallel(image), DistributedDataParallel(text)]
+    local = [rows(b, slices[rank]) for b in two_tower_batch()]
+    value = GradCache(towers, loss, 3).step(*local)
+    result = {"loss": value, "grads": grads(image, text, loss)}
+    try:  # 7 rows make 3 micro-batches of 3 on rank 0, 5 make 2 on rank 1
+        NaiveAccumulation(towers, loss, 3).step(*local)
+    except ValueError as error:
+        result["naive_error"] = str(error)
+    return result
+
+
+def test_all_gather_with_grad_for_a_loss_used_without_gradcache(ranks):
+    results = [r["gather"] for r in ranks]
+    image, text, loss = two_tower_model()
+    batch = two_tower_batch()
+    value = loss(image(batch[0]), text(**batch[1]))
+    value.backward()
+    want = grads(image, text, loss)
+    for got in results:
+        assert torch.allclose(got["loss"], value.detach(), rtol=1e-5)
+        assert_grads_close(got["grads"], want, 1e-5)
+
+
+def gather_worker(rank, world_size):
+    image, text, loss = two_tower_model()
+    towers = [DistributedDataParallel(image), DistributedDataParallel(text)]
+    half = slice(rank * GLOBAL // 2, (rank + 1) * GLOBAL // 2)
+    local = [rows(b, half) for b in two_tower_batch()]
+    value = loss(all_gather_with_grad(towers[0](local[0])), all_gather_with_grad(towers[1](**local[1])))
+    value.backward()
+    return {"loss": value.detach(), "grads": grads(image, text, loss)}

@@ -6,6 +6,7 @@ FullBatch and NaiveAccumulation are the reference and the baseline, with the sam
 from gradcache import losses
 from gradcache.baselines import FullBatch, NaiveAccumulation
 from gradcache.cache import CachedLoss, GradCache
+from gradcache.strategy import NonFiniteLossError
 
-__all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "losses"]
+__all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "NonFiniteLossError", "losses"]
 __version__ = "0.1.0"

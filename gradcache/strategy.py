@@ -15,6 +15,10 @@ LossFn = Callable[..., torch.Tensor]
 Encoders = nn.Module | Sequence[nn.Module]
 
 
+class NonFiniteLossError(ValueError):
+    """The loss of a step is NaN or infinite; raised before any gradient of that step is written."""
+
+
 def _check_chunk_size(chunk_size: Any, name: str = "chunk_size") -> None:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
         raise TypeError(f"{name} must be an int (or one int per input), got {chunk_size!r}.")
@@ -150,7 +154,7 @@ class Strategy:
                 "(reduce with .mean() or .sum())."
             )
         if not torch.isfinite(loss.detach()).all():
-            raise ValueError(
+            raise NonFiniteLossError(
                 f"loss_fn returned a non-finite loss ({loss.item()}) at step {step}{where}; no gradient was "
                 "written. Lower the learning rate, check the inputs for NaN/inf, or use bf16 instead of fp16."
             )

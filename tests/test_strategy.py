@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation
+from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation, NonFiniteLossError
 from gradcache.losses import InfoNCE, NTXent
 from tests.conftest import TokenEncoder, grads_of, mlp, tokens
 
@@ -115,7 +115,8 @@ def test_non_finite_loss_names_the_step_and_leaves_grads(cls):
         run()  # step 1 is finite
         for p in encoder.parameters():
             p.grad = None
-    untouched(run, [encoder], ValueError, "non-finite loss .* at step 2" if cls is not NaiveAccumulation else "micro-batch 2 of 2")
+    untouched(run, [encoder], NonFiniteLossError,
+              "non-finite loss .* at step 2" if cls is not NaiveAccumulation else "micro-batch 2 of 2")
 
 
 def test_loss_that_is_not_a_scalar():

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from .precision import full_precision
+
 __all__ = ["tiled_logsumexp"]
 
 
@@ -68,6 +70,26 @@ class _TiledLogSumExp(torch.autograd.Function):
         exclude_diagonal: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.set_materialize_grads(False)
+        with full_precision(rows.device):
+            row_out, column_out = _TiledLogSumExp._forward(
+                rows, columns, scale, positive, targets, tile_size, with_columns, exclude_diagonal
+            )
+        ctx.save_for_backward(rows, columns, scale, positive, targets, row_out, column_out)
+        ctx.tile_size, ctx.with_columns, ctx.exclude_diagonal = tile_size, with_columns, exclude_diagonal
+        ctx.device = rows.device
+        return row_out, column_out
+
+    @staticmethod
+    def _forward(
+        rows: torch.Tensor,
+        columns: torch.Tensor,
+        scale: torch.Tensor,
+        positive: torch.Tensor,
+        targets: torch.Tensor,
+        tile_size: int,
+        with_columns: bool,
+        exclude_diagonal: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = rows.shape[0]
         row_out = rows.new_empty(n)  # (N,)
         # -inf is the identity of logaddexp, so strips merge into it one by one.
@@ -80,13 +102,17 @@ class _TiledLogSumExp(torch.autograd.Function):
                 strip_columns = torch.logsumexp(_column_shifted(logits, positive, start), dim=0)  # (N,)
                 column_out = torch.logaddexp(column_out, strip_columns)
             del logits
-        ctx.save_for_backward(rows, columns, scale, positive, targets, row_out, column_out)
-        ctx.tile_size, ctx.with_columns, ctx.exclude_diagonal = tile_size, with_columns, exclude_diagonal
         return row_out, column_out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_row: torch.Tensor | None, grad_column: torch.Tensor | None) -> tuple:
+        # A backward called inside autocast must not drop the strips to half precision.
+        with full_precision(ctx.device):
+            return _TiledLogSumExp._backward(ctx, grad_row, grad_column)
+
+    @staticmethod
+    def _backward(ctx: Any, grad_row: torch.Tensor | None, grad_column: torch.Tensor | None) -> tuple:
         rows, columns, scale, positive, targets, row_out, column_out = ctx.saved_tensors
         need_rows, need_columns, need_scale, need_positive = ctx.needs_input_grad[:4]
         if not ctx.with_columns:

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from .precision import full_precision
+
 __all__ = ["tiled_sigmoid_pair_loss"]
 
 
@@ -38,11 +40,12 @@ class _TiledSigmoidPairLoss(torch.autograd.Function):
         ctx: Any, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, tile_size: int
     ) -> torch.Tensor:
         total = torch.zeros((), dtype=a.dtype, device=a.device)
-        for start in range(0, a.shape[0], tile_size):
-            stop = min(start + tile_size, a.shape[0])
-            _, signed = _strip_signed_logits(a, b, scale, bias, start, stop)
-            total += F.softplus(signed).sum()
-            del signed
+        with full_precision(a.device):
+            for start in range(0, a.shape[0], tile_size):
+                stop = min(start + tile_size, a.shape[0])
+                _, signed = _strip_signed_logits(a, b, scale, bias, start, stop)
+                total += F.softplus(signed).sum()
+                del signed
         ctx.save_for_backward(a, b, scale, bias)
         ctx.tile_size = tile_size
         return total
@@ -50,6 +53,12 @@ class _TiledSigmoidPairLoss(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple:
+        # A backward called inside autocast must not drop the strips to half precision.
+        with full_precision(grad_total.device):
+            return _TiledSigmoidPairLoss._backward(ctx, grad_total)
+
+    @staticmethod
+    def _backward(ctx: Any, grad_total: torch.Tensor) -> tuple:
         a, b, scale, bias = ctx.saved_tensors
         need_a, need_b, need_scale, need_bias = ctx.needs_input_grad[:4]
         grad_a = torch.zeros_like(a) if need_a else None

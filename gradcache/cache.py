@@ -102,7 +102,9 @@ class GradCache(Strategy):
         cached = [upcast(e).requires_grad_() for e in embeddings]  # (2) leaves that collect the gradient cache
         replay = _Replay(self, chunks, random_states, autocast_state, [e.dtype for e in embeddings])
         bridged = _ReencodeOnBackward.apply(replay, *cached)
-        return self._loss_over_batch(list(bridged), loss_kwargs)
+        loss = self._loss_over_batch(list(bridged), loss_kwargs)
+        self.steps_taken += 1
+        return loss
 
     # --- the phases --------------------------------------------------------------------------------------
     def _split(self, index: int, value: Any) -> list[Any]:
@@ -130,9 +132,7 @@ class GradCache(Strategy):
         if self.gather:
             embeddings = [all_gather_with_grad(e) for e in embeddings]  # (N_i * world_size, D), rank order
         with full_precision():
-            loss = self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs))
-        self.steps_taken += 1
-        return loss
+            return self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs))
 
     def reencode_and_backward(self, replay: _Replay, cached_gradients: Sequence[torch.Tensor]) -> None:
         """(3) Re-encode chunk by chunk with a graph and back-propagate each chunk's cached gradient.

@@ -38,10 +38,12 @@ class FullBatch(Strategy):
         autocast_dtype: torch.dtype | None = None,
         scaler: Any | None = None,
         gather: bool = True,
+        fsdp_reduce: str = "chunk",
     ) -> None:
         super().__init__(
             encoders, loss_fn, None, get_embedding=get_embedding, split_fn=split_fn,
             trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
+            fsdp_reduce=fsdp_reduce,
         )
 
     def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
@@ -90,12 +92,14 @@ class NaiveAccumulation(Strategy):
         autocast_dtype: torch.dtype | None = None,
         scaler: Any | None = None,
         gather: bool = True,
+        fsdp_reduce: str = "chunk",
     ) -> None:
         if chunk_size is None:
             raise TypeError("chunk_size must be an int (or one int per input), got None.")
         super().__init__(
             encoders, loss_fn, chunk_size, get_embedding=get_embedding, split_fn=split_fn,
             trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
+            fsdp_reduce=fsdp_reduce,
         )
 
     def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
@@ -111,7 +115,7 @@ class NaiveAccumulation(Strategy):
             for k in range(count):
                 with contextlib.ExitStack() as sync:
                     for encoder in encoders:  # synchronise once, on the last micro-batch
-                        sync.enter_context(gradient_sync(encoder, enabled=k == count - 1))
+                        sync.enter_context(gradient_sync(encoder, k == count - 1, self.fsdp_reduce))
                     with autocast_context(self.autocast_dtype, self.device_type()):
                         embeddings = [
                             encode(self.encoder_for(i), trim_padding(c[k]) if self.trim_padding else c[k],

@@ -44,8 +44,8 @@ class GradCache(Strategy):
         encoders: one module shared by every input (SimCLR's two views), or one module per input (CLIP's towers).
         loss_fn: callable taking the embeddings in input order plus `loss_kwargs`, returning a scalar.
         chunk_size: examples per chunk, an int or one per input; a larger chunk than the batch is one chunk.
-        **options: `get_embedding`, `split_fn`, `trim_padding`, `autocast_dtype`, `scaler`, `gather`
-            (see `gradcache.strategy.Strategy`).
+        **options: `get_embedding`, `split_fn`, `trim_padding`, `autocast_dtype`, `scaler`, `gather`,
+            `fsdp_reduce` (see `gradcache.strategy.Strategy`).
 
     Raises:
         ValueError, TypeError: bad options in the constructor; bad inputs, a non-finite or non-scalar loss, or
@@ -69,12 +69,14 @@ class GradCache(Strategy):
         autocast_dtype: torch.dtype | None = None,
         scaler: Any | None = None,
         gather: bool = True,
+        fsdp_reduce: str = "chunk",
     ) -> None:
         if chunk_size is None:
             raise TypeError("chunk_size must be an int (or one int per input), got None.")
         super().__init__(
             encoders, loss_fn, chunk_size, get_embedding=get_embedding, split_fn=split_fn,
             trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
+            fsdp_reduce=fsdp_reduce,
         )
 
     def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
@@ -148,7 +150,7 @@ class GradCache(Strategy):
                 encoder = self.encoder_for(i)
                 offset = 0
                 for k, chunk in enumerate(input_chunks):
-                    with gradient_sync(encoder, enabled=last_chunk[id(encoder)] == (i, k)):
+                    with gradient_sync(encoder, last_chunk[id(encoder)] == (i, k), self.fsdp_reduce):
                         with replay.random_states[i][k].replay(), replay.autocast_state.apply():
                             embedding = encode(encoder, chunk, self.get_embedding, f"input {i}")
                         rows = embedding.shape[0]
@@ -216,11 +218,13 @@ class CachedLoss(nn.Module):
         autocast_dtype: torch.dtype | None = None,
         scaler: Any | None = None,
         gather: bool = True,
+        fsdp_reduce: str = "chunk",
     ) -> None:
         super().__init__()
         self.cache = GradCache(
             encoders, loss_fn, chunk_size, get_embedding=get_embedding, split_fn=split_fn,
             trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
+            fsdp_reduce=fsdp_reduce,
         )
         self.encoders = nn.ModuleList(self.cache.all_encoders())  # so .to(), .parameters() and .train() reach them
         if isinstance(loss_fn, nn.Module):

@@ -74,26 +74,53 @@ def all_gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
     return _AllGatherWithGrad.apply(tensor, sizes)
 
 
-def gradient_sync(module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+FSDP_REDUCE_MODES = ("chunk", "step")
+
+
+def check_fsdp_reduce(fsdp_reduce: object) -> None:
+    """Raise before any state is touched unless `fsdp_reduce` is one of `FSDP_REDUCE_MODES`."""
+    if fsdp_reduce not in FSDP_REDUCE_MODES:
+        raise ValueError(
+            f"fsdp_reduce must be 'chunk' (reduce-scatter after every chunk's backward: gradients stay sharded) "
+            f"or 'step' (one reduce-scatter per step: unsharded gradients are kept between chunks), "
+            f"got {fsdp_reduce!r}."
+        )
+
+
+def gradient_sync(module: nn.Module, enabled: bool, fsdp_reduce: str = "chunk") -> contextlib.AbstractContextManager:
     """Whether backward passes run inside should synchronise `module`'s gradients across ranks.
 
     Enabled: leave the caller's choice alone (a caller accumulating over several steps may hold its own
-    `no_sync`). Disabled: DDP's `no_sync()`, or FSDP2's `set_requires_gradient_sync(False)`; a plain module
+    `no_sync`). Disabled: DDP's `no_sync()` (DDP keeps whole gradients anyway, so holding them costs no
+    memory). For FSDP2 modules (the module itself, or the `fully_shard`ed blocks inside a plain module) it
+    depends on `fsdp_reduce`: "chunk" still reduce-scatters, because FSDP2 with gradient sync off keeps
+    *unsharded* gradients until the sync, which undoes the sharding; "step" turns sync off
+    (`set_requires_gradient_sync(False)`) to communicate once per step at that memory cost. A plain module
     has nothing to synchronise. This is the one place that knows about wrappers.
     """
+    check_fsdp_reduce(fsdp_reduce)
     if enabled:
         return contextlib.nullcontext()
     if hasattr(module, "no_sync"):
         return module.no_sync()
-    if hasattr(module, "set_requires_gradient_sync"):
-        return _fsdp_sync_off(module)
+    sharded = _fsdp_modules(module)
+    if sharded and fsdp_reduce == "step":
+        return _fsdp_sync_off(sharded)
     return contextlib.nullcontext()
 
 
+def _fsdp_modules(module: nn.Module) -> list[nn.Module]:
+    """Every FSDP2 module in `module`'s tree, `module` included (found by the FSDP2 method, not the class,
+    so a torch without FSDP2 imports this file)."""
+    return [m for m in module.modules() if callable(getattr(m, "set_requires_gradient_sync", None))]
+
+
 @contextlib.contextmanager
-def _fsdp_sync_off(module: nn.Module) -> Iterator[None]:
-    module.set_requires_gradient_sync(False)
+def _fsdp_sync_off(modules: list[nn.Module]) -> Iterator[None]:
+    for m in modules:
+        m.set_requires_gradient_sync(False, recurse=False)
     try:
         yield
     finally:
-        module.set_requires_gradient_sync(True)
+        for m in modules:
+            m.set_requires_gradient_sync(True, recurse=False)

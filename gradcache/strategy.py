@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradcache.distributed import check_fsdp_reduce
 from gradcache.inputs import GetEmbedding, SplitFn, batch_length
 from gradcache.precision import HALF_DTYPES
 
@@ -43,6 +44,10 @@ class Strategy:
             `scaler.step(optimizer)` and `scaler.update()`.
         gather: under torch.distributed, compute the loss over the embeddings of every rank (the global batch,
             ordered by rank); False keeps each rank's loss local.
+        fsdp_reduce: for encoders sharded with FSDP2's `fully_shard`, when gradients are reduce-scattered:
+            "chunk" (default) after every chunk's backward, so gradients stay sharded (one reduce-scatter per
+            chunk); "step" once per step, keeping unsharded gradients between chunks (one reduce-scatter, the
+            memory of whole gradients). Plain and DDP encoders always synchronise once per step.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class Strategy:
         autocast_dtype: torch.dtype | None = None,
         scaler: Any | None = None,
         gather: bool = True,
+        fsdp_reduce: str = "chunk",
     ) -> None:
         if isinstance(encoders, nn.Module):
             self.encoders: list[nn.Module] | None = None
@@ -90,6 +96,7 @@ class Strategy:
             raise TypeError(f"scaler must be a torch.amp.GradScaler or None, got {scaler!r}.")
         if not isinstance(gather, bool):
             raise TypeError(f"gather must be True or False, got {gather!r}.")
+        check_fsdp_reduce(fsdp_reduce)
         self.loss_fn = loss_fn
         self.chunk_size = chunk_size
         self.get_embedding = get_embedding
@@ -98,6 +105,7 @@ class Strategy:
         self.autocast_dtype = autocast_dtype
         self.scaler = scaler
         self.gather = gather
+        self.fsdp_reduce = fsdp_reduce
         self.steps_taken = 0
 
     # --- what a step needs -------------------------------------------------------------------------------

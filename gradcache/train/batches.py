@@ -9,6 +9,7 @@ contiguous slice of the global batch, so the ranks' slices, gathered by rank, fo
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
@@ -65,6 +66,11 @@ class AugmentedPairs(Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
+    def __getitems__(self, items: list[tuple[int, int]]) -> list:
+        """A whole batch on one thread: per-image ops are tiny, and a thread pool only adds waiting."""
+        with _one_thread():
+            return [self[item] for item in items]
+
     def __getitem__(self, item: tuple[int, int]):
         epoch, index = item
         image = self.images.images[index]
@@ -73,6 +79,16 @@ class AugmentedPairs(Dataset):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed((self.seed * _EPOCH_STRIDE + epoch) * 10_000_019 + index)
             return self.augmentation(image), self.augmentation(image)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _stack_pairs(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

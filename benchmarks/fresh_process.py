@@ -1,0 +1,108 @@
+"""Run one benchmark point in a fresh Python process and read back its JSON result; measure peak memory there.
+
+Peak memory is a high-water mark, so a process that already ran a larger point would report that one's peak.
+Each point therefore re-invokes its script with ``--point '<json>'``; the child prints one JSON line last.
+On CPU the figure is peak RSS (``ru_maxrss``) above the child's baseline; on CUDA it is
+``torch.cuda.max_memory_allocated``. A memory budget is enforced by a watchdog thread in the child, a time
+budget by the parent's timeout; a point over either is recorded with its status and the sweep goes on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+RESULT_PREFIX = "BENCHMARK_RESULT "
+OVER_MEMORY_EXIT = 3  # the child's exit status when its watchdog saw RSS over the budget
+
+
+def rss_peak_bytes() -> int:
+    """This process's peak resident set size so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _rss_now_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakMemory:
+    """Peak memory of what runs after construction, above the baseline at construction, in bytes."""
+
+    def __init__(self, device: torch.device, budget_bytes: int | None) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            self.baseline = torch.cuda.memory_allocated(device)
+            if budget_bytes:  # a caching-allocator cap, so the point fails as an OOM past the budget
+                total = torch.cuda.get_device_properties(device).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
+        else:
+            self.baseline = rss_peak_bytes()
+            if budget_bytes:
+                threading.Thread(target=self._watch, args=(budget_bytes,), daemon=True).start()
+
+    def _watch(self, budget_bytes: int) -> None:
+        while True:
+            if _rss_now_bytes() - self.baseline > budget_bytes:
+                report({"status": "over_memory_budget"})
+                os._exit(OVER_MEMORY_EXIT)
+            time.sleep(0.01)
+
+    def peak_above_baseline(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device) - self.baseline
+        return rss_peak_bytes() - self.baseline
+
+
+def report(result: dict[str, Any]) -> None:
+    """The child's last line: its result for the parent to parse."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def run_point(script: str, point: dict[str, Any], time_budget_s: float | None) -> dict[str, Any]:
+    """Run ``python script --point JSON`` and return its result dict, or a status saying why there is none."""
+    command = [sys.executable, script, "--point", json.dumps(point)]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=time_budget_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "over_time_budget"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if lines:
+        result = json.loads(lines[-1][len(RESULT_PREFIX):])
+    elif done.returncode in (-9, 137):  # the kernel's OOM killer
+        result = {"status": "oom"}
+    else:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        result = {"status": "error", "error": " | ".join(tail)}
+    result["process_s"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def median_time(function: Any, repeats: int, warmup: int, device: torch.device) -> tuple[float, list[float]]:
+    """Median wall time of ``function()`` over ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        function()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        function()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    ordered = sorted(times)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return median, times

@@ -82,9 +82,6 @@ class ClipLoss(nn.Module):
                 logits = images @ texts.T * scale  # (N, N), row i: image i against every caption
                 labels = torch.arange(n, device=images.device)
                 return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
-            positive_logits = (images * texts).sum(dim=1) * scale  # (N,)
             targets = torch.arange(n, device=images.device)
-            image_losses, text_losses = tiled_logsumexp(
-                images, texts, scale, positive_logits, targets, self.tile_size, with_columns=True
-            )
+            image_losses, text_losses = tiled_logsumexp(images, texts, scale, targets, self.tile_size, with_columns=True)
             return (image_losses.mean() + text_losses.mean()) / 2

@@ -72,7 +72,7 @@ class InfoNCE(nn.Module):
             scale = 1.0 / self.temperature
             if self.tile_size is None:
                 return self._dense(q, candidates, scale, n)
-            return self._tiled(q, p, candidates, scale)
+            return self._tiled(q, candidates, scale)
 
     def _dense(self, q: torch.Tensor, candidates: torch.Tensor, scale: float, n: int) -> torch.Tensor:
         logits = q @ candidates.T * scale  # (N, N * (1 + h)); column i is the positive of row i
@@ -83,13 +83,12 @@ class InfoNCE(nn.Module):
             loss = (loss + F.cross_entropy(logits[:, :n].T, labels)) / 2  # (N, N)
         return loss
 
-    def _tiled(self, q: torch.Tensor, p: torch.Tensor, candidates: torch.Tensor, scale: float) -> torch.Tensor:
+    def _tiled(self, q: torch.Tensor, candidates: torch.Tensor, scale: float) -> torch.Tensor:
         scale_tensor = torch.tensor(scale, dtype=q.dtype, device=q.device)
-        positive_logits = (q * p).sum(dim=1) * scale  # (N,)
         targets = torch.arange(q.shape[0], device=q.device)
         # Column j < N is positive j scored against every query; hard negatives have no column term.
         query_losses, positive_losses = tiled_logsumexp(
-            q, candidates, scale_tensor, positive_logits, targets, self.tile_size, with_columns=self.symmetric
+            q, candidates, scale_tensor, targets, self.tile_size, with_columns=self.symmetric
         )
         loss = query_losses.mean()
         if positive_losses is not None:

@@ -55,18 +55,15 @@ class NTXent(nn.Module):
             u1, u2 = unit_rows(z1, dtype), unit_rows(z2, dtype)
             views = torch.cat([u1, u2])  # (2N, D)
             scale = 1.0 / self.temperature
+            # View k < N pairs with k + N and the other way round.
+            targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(views.device)  # (2N,)
             if self.tile_size is None:
                 logits = views @ views.T * scale  # (2N, 2N)
                 self_pairs = torch.eye(2 * n, dtype=torch.bool, device=views.device)
                 logits = logits.masked_fill(self_pairs, float("-inf"))
-                # View k < N pairs with k + N and the other way round.
-                targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(views.device)  # (2N,)
                 return F.cross_entropy(logits, targets)
             scale_tensor = torch.tensor(scale, dtype=dtype, device=views.device)
-            positive_logits = (u1 * u2).sum(dim=1) * scale  # (N,), shared by both views of a pair
-            targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(views.device)  # (2N,)
             view_losses, _ = tiled_logsumexp(
-                views, views, scale_tensor, torch.cat([positive_logits, positive_logits]), targets, self.tile_size,
-                exclude_diagonal=True,
+                views, views, scale_tensor, targets, self.tile_size, exclude_diagonal=True
             )
             return view_losses.mean()

@@ -36,23 +36,31 @@ def _error(value: torch.Tensor, reference: torch.Tensor) -> float:
 @pytest.mark.parametrize("temperature", [None, 0.01])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_tiled_float32_is_as_accurate_as_dense_float32(case, temperature):
-    """Against a float64 reference, tiled float32 errs no more than dense float32 (within a small factor)."""
+    """Against a float64 reference, tiled float32 errs no more than dense float32 (within a small factor).
+
+    Each error is the worst over three input draws, so one lucky dense rounding does not decide the bound.
+    """
     n, d, tile_size = 67, 16, 16
-    reference_fn = case.make(None, temperature).double()
-    inputs = case.inputs(n, d, dtype=torch.float64, seed=7)
-    reference = loss_and_grads(reference_fn, inputs)
-    inputs32 = [t.float() for t in inputs]
     dense_fn, tiled_fn = case.make(None, temperature), case.make(tile_size, temperature)
     tiled_fn.load_state_dict(dense_fn.state_dict())
-    dense = loss_and_grads(dense_fn, inputs32)
-    tiled = loss_and_grads(tiled_fn, inputs32)
-
-    # Dense float32 can be exact by luck; the floor (a few float32 ulps) keeps the bound meaningful then.
-    floor = 8 * torch.finfo(torch.float32).eps
+    reference_fn = copy.deepcopy(dense_fn).double()
     flatten = lambda result: [result[0]] + result[1] + result[2]  # noqa: E731
-    for ref, d32, t32 in zip(flatten(reference), flatten(dense), flatten(tiled)):
-        assert d32.dtype == t32.dtype == torch.float32
-        assert _error(t32, ref) <= 4 * _error(d32, ref) + floor
+    dense_errors, tiled_errors = None, None
+    for seed in range(3):
+        inputs = case.inputs(n, d, dtype=torch.float64, seed=seed)
+        reference = flatten(loss_and_grads(reference_fn, inputs))
+        dense = flatten(loss_and_grads(dense_fn, [t.float() for t in inputs]))
+        tiled = flatten(loss_and_grads(tiled_fn, [t.float() for t in inputs]))
+        assert all(t.dtype == torch.float32 for t in dense + tiled)
+        dense_seed = [_error(value, ref) for value, ref in zip(dense, reference)]
+        tiled_seed = [_error(value, ref) for value, ref in zip(tiled, reference)]
+        dense_errors = dense_seed if dense_errors is None else list(map(max, dense_errors, dense_seed))
+        tiled_errors = tiled_seed if tiled_errors is None else list(map(max, tiled_errors, tiled_seed))
+
+    # A few float32 ulps of floor keep the bound meaningful where dense happens to be nearly exact.
+    floor = 8 * torch.finfo(torch.float32).eps
+    for dense_error, tiled_error in zip(dense_errors, tiled_errors):
+        assert tiled_error <= 4 * dense_error + floor
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)

@@ -2,9 +2,11 @@
 
 ``torch.utils.checkpoint`` re-runs a block's forward during backward. A BatchNorm layer in training
 mode would advance its running statistics a second time on that recomputation; the project rule is
-that only the first pass advances them. During recomputation we switch ``track_running_stats`` off:
-in training mode BatchNorm then normalises with the same batch statistics (so the recomputed
-activations are identical) but leaves the running buffers alone; in eval mode it still reads them.
+that only the first pass advances them. During recomputation each such layer runs with momentum 0,
+so its update ``(1 - 0) * running + 0 * batch`` rewrites the running buffers with their own values,
+and ``num_batches_tracked`` is put back afterwards. The buffers cannot simply be switched off or
+restored with ``copy_``: BatchNorm's backward saves them, and checkpoint checks that the recomputation
+saves the same tensors, unmodified.
 """
 
 from __future__ import annotations
@@ -19,19 +21,22 @@ from torch.utils.checkpoint import checkpoint
 
 @contextmanager
 def running_statistics_frozen(module: nn.Module) -> Iterator[None]:
-    """Within the block, BatchNorm layers use their usual statistics but do not update the running ones."""
+    """Within the block, training-mode BatchNorm layers normalise as usual but leave their statistics as they were."""
     norms = [
         layer
         for layer in module.modules()
-        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.training and layer.track_running_stats
     ]
+    saved = [(layer.momentum, layer.num_batches_tracked.clone()) for layer in norms]
     for layer in norms:
-        layer.track_running_stats = False
+        layer.momentum = 0.0
     try:
         yield
     finally:
-        for layer in norms:
-            layer.track_running_stats = True
+        with torch.no_grad():
+            for layer, (momentum, batches) in zip(norms, saved):
+                layer.momentum = momentum
+                layer.num_batches_tracked.copy_(batches)
 
 
 def run_block(block: nn.Module, *args: Any, checkpointed: bool, **kwargs: Any) -> Any:

@@ -65,13 +65,21 @@ class HuggingFaceEncoder(nn.Module):
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """Use the model's own activation checkpointing (non-reentrant); active in training mode only."""
+        model = self.model
+        # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (old names deprecated).
+        new_api = hasattr(model, "activation_checkpointing_enable")
         if not enabled:
-            if hasattr(self.model, "gradient_checkpointing_disable"):
-                self.model.gradient_checkpointing_disable()
+            disable = getattr(model, "activation_checkpointing_disable" if new_api else "gradient_checkpointing_disable", None)
+            if disable is not None:
+                disable()
             return
-        if not getattr(self.model, "supports_gradient_checkpointing", False):
-            raise TypeError(f"{type(self.model).__name__} does not support gradient checkpointing.")
-        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise TypeError(f"{type(model).__name__} does not support activation checkpointing.")
+        options = {"use_reentrant": False}
+        if new_api:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 **kwargs: Any) -> torch.Tensor:

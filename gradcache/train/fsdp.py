@@ -1,0 +1,167 @@
+"""Sharding what does not fit, for `torchrun` runs: FSDP2 block by block, CPU offload, sharded checkpoints that
+resume on any number of ranks, and an 8-bit AdamW from bitsandbytes.
+
+Memory per rank for P parameters in float32 with AdamW (4 bytes each for parameter, gradient and two moments):
+DDP holds 16 P; FSDP holds 16 P / world_size plus the gathered parameters of one block at a time (of every
+block while a chunk's forward runs with `reshard_after_forward=False`); CPU offload moves the sharded
+parameters, gradients and optimizer state to CPU memory; 8-bit AdamW stores the two moments in 2 P bytes
+instead of 8 P.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from gradcache.train.checkpoint import CheckpointError, save_checkpoint
+
+BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
+EXTRA_FILE = "extra.pt"  # rank 0's step, arguments and random state, beside the shards
+
+
+def is_block(module: nn.Module, parent: nn.Module | None) -> bool:
+    """The default unit of sharding: an entry of a ModuleList or Sequential that holds parameters (a
+    transformer layer, a ResNet bottleneck, a ConvNet stage, a layer of a projection head)."""
+    return isinstance(parent, BLOCK_CONTAINERS) and any(True for _ in module.parameters())
+
+
+def offload_policy(cpu_offload: bool, device: torch.device | str) -> OffloadPolicy:
+    """`--cpu-offload`: sharded parameters, gradients and optimizer state live in CPU memory, and the optimizer
+    steps on CPU; each block's parameters are copied to `device` when gathered. Pinned memory needs CUDA."""
+    if not cpu_offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=torch.device(device).type == "cuda")
+
+
+def shard_encoder(
+    encoder: nn.Module,
+    *,
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+    block: Callable[[nn.Module, nn.Module | None], bool] = is_block,
+) -> nn.Module:
+    """`fully_shard` every block of `encoder` (outermost blocks only), then `encoder` itself; returns `encoder`.
+
+    Args:
+        encoder: a module on its training device, not yet sharded; build the optimizer AFTER this call.
+        reshard_after_forward: True frees each block's gathered parameters after its forward, so GradCache
+            all-gathers them again for every chunk in both passes; False keeps them gathered from a chunk's
+            forward to its backward (and across the no-grad chunks of phase (1)): fewer all-gathers for the
+            memory of the whole unsharded encoder. See benchmarks/results/sharding.md for measured counts.
+        cpu_offload: see `offload_policy`.
+        block: `block(module, parent) -> bool` picks the units of sharding; the default is `is_block`.
+
+    Raises:
+        ValueError: no process group (run under `torchrun`), or `encoder` is already sharded.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("--fsdp shards across ranks and needs a process group: launch with torchrun "
+                         "(e.g. torchrun --nproc-per-node 2 -m gradcache ... --fsdp).")
+    if callable(getattr(encoder, "set_requires_gradient_sync", None)):
+        raise ValueError(f"{type(encoder).__name__} is already sharded with fully_shard; shard each encoder once.")
+    device = next((p.device for p in encoder.parameters()), torch.device("cpu"))
+    options = dict(reshard_after_forward=reshard_after_forward, offload_policy=offload_policy(cpu_offload, device))
+    for sub in _outermost_blocks(encoder, block):
+        fully_shard(sub, **options)
+    fully_shard(encoder, **options)  # what is left: embeddings, final norms, projections
+    return encoder
+
+
+def _outermost_blocks(module: nn.Module, block: Callable) -> list[nn.Module]:
+    found = []
+    for child in module.children():
+        if block(child, module):
+            found.append(child)  # its inner containers stay inside this unit
+        else:
+            found.extend(_outermost_blocks(child, block))
+    return found
+
+
+# --- sharded checkpoints ----------------------------------------------------------------------------------
+def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 extra: dict[str, Any] | None = None) -> Path:
+    """Every rank writes its shards of `model` and `optimizer` to `folder` (torch.distributed.checkpoint).
+
+    `model` holds everything trained (encoders and loss, e.g. an `nn.ModuleDict`); `optimizer` steps exactly
+    its parameters. Keys are parameter names, not ranks, so `load_sharded` reads it on any number of ranks,
+    one process without a process group included. `extra` (step, arguments; rank 0's copy is written, with the
+    saving `world_size`, to `extra.pt` beside the shards) must hold tensors, numbers, strings and containers.
+    Call on every rank.
+    """
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    distributed = dist.is_available() and dist.is_initialized()
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder), no_dist=not distributed)
+    if not distributed or dist.get_rank() == 0:
+        world_size = dist.get_world_size() if distributed else 1
+        save_checkpoint({**(extra or {}), "world_size": world_size}, Path(folder) / EXTRA_FILE)
+    if distributed:
+        dist.barrier()  # nobody reads the folder before rank 0 has written its extra state
+    return Path(folder)
+
+
+def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Read a `save_sharded` folder into `model` and `optimizer` (sharded or not, any number of ranks) and
+    return its `extra` (with the `world_size` that saved it). Call on every rank, after sharding and after
+    building the optimizer.
+
+    Raises:
+        CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
+    """
+    folder = Path(folder)
+    if not (folder / ".metadata").is_file():
+        hint = (" it is a single-file checkpoint: resume without --fsdp" if folder.is_file()
+                else " give the folder that save_sharded wrote (it holds a .metadata file)")
+        raise CheckpointError(f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint;{hint}")
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    stored = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+    missing = sorted(k for k in model_state if f"model.{k}" not in stored)
+    if missing:
+        raise CheckpointError(f"{str(folder)!r} does not hold parameters {missing[:5]}"
+                              f"{' and more' if len(missing) > 5 else ''}: it was saved from another model")
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+
+
+# --- 8-bit AdamW -------------------------------------------------------------------------------------------
+def adamw_8bit(groups: list[dict[str, Any]], lr: float, device: torch.device | str) -> torch.optim.Optimizer:
+    """AdamW with 8-bit moments (bitsandbytes' `AdamW8bit`, block-wise quantised; tensors under 4096 elements
+    keep 32-bit moments) over parameter `groups` (as `gradcache.train.optim.parameter_groups` builds them).
+
+    Raises:
+        ImportError: bitsandbytes is not installed.
+        ValueError: parameters sharded by FSDP2 (DTensor), which bitsandbytes' kernels do not read.
+        RuntimeError: this bitsandbytes cannot step an 8-bit AdamW on `device` (checked with a 4096-element
+            probe before the optimizer is built); the message names the device and the way out.
+    """
+    if any(isinstance(p, DTensor) for g in groups for p in g["params"]):  # bitsandbytes 0.50 fails mid-step
+        raise ValueError("--optimizer adamw8bit cannot step parameters sharded by --fsdp (DTensor): bitsandbytes' "
+                         "kernels read plain tensors. Use --optimizer adamw with --fsdp (and --cpu-offload to move "
+                         "its state to CPU memory), or 8-bit AdamW without --fsdp.")
+    try:
+        import bitsandbytes
+    except ImportError as error:
+        raise ImportError("--optimizer adamw8bit needs bitsandbytes: pip install bitsandbytes (or choose "
+                          "--optimizer adamw)") from error
+    device = torch.device(device)
+    probe = nn.Parameter(torch.zeros(4096, device=device))
+    probe.grad = torch.ones_like(probe)
+    try:
+        bitsandbytes.optim.AdamW8bit([probe], lr=lr).step()
+    except Exception as error:  # backends fail with RuntimeError, NotImplementedError or their own types
+        raise RuntimeError(
+            f"bitsandbytes {getattr(bitsandbytes, '__version__', '?')} has no 8-bit AdamW for device "
+            f"{device.type!r} ({type(error).__name__}: {error}); it needs a CUDA GPU or a bitsandbytes build with a "
+            f"backend for {device.type!r}. Use --optimizer adamw, or --cpu-offload with --fsdp to save memory."
+        ) from error
+    return bitsandbytes.optim.AdamW8bit([{k: v for k, v in g.items() if k != "adapt"} for g in groups], lr=lr)

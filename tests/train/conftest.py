@@ -1,0 +1,19 @@
+"""Tiny runs of the training program: 64 images at 16 x 16, the smallest models, a couple of steps."""
+import pytest
+
+TINY = {
+    "simclr": ["--train-size", "64", "--test-size", "32", "--image-size", "16", "--batch-size", "16",
+               "--chunk-size", "8", "--steps", "2", "--width", "8", "--hidden-dim", "32", "--projection-dim", "16",
+               "--knn-k", "5", "--warmup", "1", "--quiet"],
+    "clip": ["--train-size", "64", "--test-size", "32", "--image-size", "16", "--batch-size", "16",
+             "--chunk-size", "8", "--steps", "2", "--width", "8", "--projection-dim", "16", "--text-width", "16",
+             "--text-layers", "1", "--text-heads", "2", "--warmup", "1", "--quiet"],
+}
+
+
+@pytest.fixture
+def tiny_args():
+    def build(mode, output_dir, *extra):
+        return ["train", mode, *TINY[mode], "--output-dir", str(output_dir), *extra]
+
+    return build

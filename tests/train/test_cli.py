@@ -1,0 +1,114 @@
+import csv
+import json
+
+import pytest
+import torch
+
+from gradcache.cli import main
+from gradcache.train.checkpoint import load_checkpoint
+
+
+def _losses(folder):
+    with open(folder / "train_log.csv", newline="") as handle:
+        return [(int(row["step"]), row["loss"]) for row in csv.DictReader(handle)]
+
+
+@pytest.mark.parametrize("mode", ["simclr", "clip"])
+@pytest.mark.parametrize("strategy", ["gradcache", "naive", "full"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_smoke_every_mode_strategy_and_precision(tmp_path, tiny_args, mode, strategy, precision, capsys):
+    assert main(tiny_args(mode, tmp_path, "--strategy", strategy, "--precision", precision)) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and metrics["wall_time_s"] > 0 and metrics["peak_memory_mb"] > 0
+    if mode == "simclr":
+        for key in ("knn_top1", "knn_top1_raw_pixels", "knn_top1_random_init"):
+            assert 0 <= metrics[key] <= 100
+    else:
+        for direction in ("image_to_text", "text_to_image"):
+            for k in (1, 5, 10):
+                assert 0 <= metrics[f"{direction}_recall@{k}"] <= 100
+        assert 0 <= metrics["zero_shot_top1"] <= 100
+    rows = _losses(tmp_path)
+    assert [step for step, _ in rows] == [1, 2] and all(float(loss) > 0 for _, loss in rows)
+    with open(tmp_path / "train_log.csv", newline="") as handle:
+        assert {"step", "loss", "lr", "samples_per_s"} <= set(next(csv.reader(handle)))
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 2  # the evaluation is printed
+
+
+def test_gradcache_and_full_batch_train_the_same_model(tmp_path, tiny_args):
+    """GradCache's gradient is the full batch's, so a few steps give the same weights (fp32, GroupNorm)."""
+    for strategy in ("gradcache", "full"):
+        assert main(tiny_args("simclr", tmp_path / strategy, "--strategy", strategy, "--steps", "3")) == 0
+    cached, full = (load_checkpoint(tmp_path / s)["model"] for s in ("gradcache", "full"))
+    for name in cached:
+        torch.testing.assert_close(cached[name], full[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["simclr", "clip"])
+def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_args, monkeypatch, mode):
+    args = ["--steps", "4", "--checkpoint-every", "2", "--train-size", "48"]  # 3 steps per epoch: crosses one
+    assert main(tiny_args(mode, tmp_path / "whole", *args)) == 0
+
+    from gradcache.train.run_log import RunLog
+
+    original = RunLog.log_step
+
+    def crash_after_step_3(self, row):
+        original(self, row)
+        if row["step"] == 3:
+            raise KeyboardInterrupt  # killed after step 3 was logged, the checkpoint holds step 2
+
+    monkeypatch.setattr(RunLog, "log_step", crash_after_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        main(tiny_args(mode, tmp_path / "cut", *args))
+    monkeypatch.setattr(RunLog, "log_step", original)
+    assert load_checkpoint(tmp_path / "cut")["step"] == 2
+    assert main(["train", mode, "--resume", str(tmp_path / "cut"), "--quiet"]) == 0
+    assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
+    whole, resumed = (load_checkpoint(tmp_path / d) for d in ("whole", "cut"))
+    for name in whole["model"]:
+        assert torch.equal(whole["model"][name], resumed["model"][name]), name
+    assert torch.equal(whole["loss"].get("logit_scale", torch.zeros(())),
+                       resumed["loss"].get("logit_scale", torch.zeros(())))
+
+
+def test_eval_subcommand_reproduces_the_final_metrics(tmp_path, tiny_args, capsys):
+    assert main(tiny_args("simclr", tmp_path)) == 0
+    trained = json.loads((tmp_path / "metrics.json").read_text())
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path), "--output-json", str(tmp_path / "again.json")]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["knn_top1"] == pytest.approx(trained["knn_top1"])
+    assert evaluated["knn_top1_raw_pixels"] == trained["knn_top1_raw_pixels"]
+    assert json.loads((tmp_path / "again.json").read_text()) == evaluated
+
+
+def test_batchnorm_statistics_advance_once_with_grad_checkpointing(tmp_path, tiny_args):
+    args = ["--norm", "batch", "--strategy", "full"]
+    assert main(tiny_args("simclr", tmp_path / "plain", *args)) == 0
+    assert main(tiny_args("simclr", tmp_path / "checkpointed", *args, "--grad-checkpointing")) == 0
+    plain, checkpointed = (load_checkpoint(tmp_path / d)["model"] for d in ("plain", "checkpointed"))
+    tracked = [name for name in plain if name.endswith("num_batches_tracked")]
+    assert tracked and all(int(plain[name]) == 4 for name in tracked)  # 2 steps x 2 views, once each
+    for name in plain:
+        if "running" in name or "num_batches" in name:
+            torch.testing.assert_close(checkpointed[name], plain[name], msg=name)
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path, tiny_args, monkeypatch, capsys):
+    from gradcache import losses
+
+    original = losses.NTXent.forward
+    calls = {"count": 0}
+
+    def nan_on_step_3(self, z1, z2):
+        calls["count"] += 1
+        value = original(self, z1, z2)
+        return value * float("nan") if calls["count"] > 2 else value  # full strategy: one call per step
+
+    monkeypatch.setattr(losses.NTXent, "forward", nan_on_step_3)
+    status = main(tiny_args("simclr", tmp_path, "--strategy", "full", "--steps", "4", "--checkpoint-every", "2"))
+    assert status == 1
+    assert "non-finite at step 3" in capsys.readouterr().err
+    assert load_checkpoint(tmp_path)["step"] == 2

@@ -41,9 +41,8 @@ class HuggingFaceEncoder(nn.Module):
         TypeError: ``path_or_model`` is neither a path nor an ``nn.Module``.
 
     Example:
-        >>> encoder = HuggingFaceEncoder("/models/my-bert", pooling="mean")
-        >>> encoder(input_ids, attention_mask).shape
-        torch.Size([B, encoder.out_dim])
+        >>> encoder = HuggingFaceEncoder("/data/tiny-bert", pooling="mean")  # written by save_pretrained
+        >>> features = encoder(input_ids, attention_mask)  # (B, encoder.out_dim)
     """
 
     def __init__(self, path_or_model: str | os.PathLike | nn.Module, pooling: str = "mean") -> None:
@@ -69,9 +68,9 @@ class HuggingFaceEncoder(nn.Module):
         # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (old names deprecated).
         new_api = hasattr(model, "activation_checkpointing_enable")
         if not enabled:
-            disable = getattr(model, "activation_checkpointing_disable" if new_api else "gradient_checkpointing_disable", None)
-            if disable is not None:
-                disable()
+            name = "activation_checkpointing_disable" if new_api else "gradient_checkpointing_disable"
+            if hasattr(model, name):
+                getattr(model, name)()
             return
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise TypeError(f"{type(model).__name__} does not support activation checkpointing.")

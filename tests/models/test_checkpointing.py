@@ -63,7 +63,8 @@ def _count_block_calls(model: nn.Module) -> list[int]:
     """Count calls of the blocks run_block wraps. Pre-hooks, because checkpoint stops a recomputation as
     soon as it has every saved tensor back, before forward hooks would fire."""
     calls: list[int] = []
-    blocks = [m for m in model.modules() if type(m).__name__ in {"BasicBlock", "EncoderBlock", "TransformerEncoderLayer"}]
+    block_types = {"BasicBlock", "EncoderBlock", "TransformerEncoderLayer"}
+    blocks = [m for m in model.modules() if type(m).__name__ in block_types]
     blocks += [stage for m in model.modules() if isinstance(m, ConvNet) for stage in m.stages]
     for block in blocks:
         block.register_forward_pre_hook(lambda *_: calls.append(1))

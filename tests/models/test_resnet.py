@@ -58,7 +58,8 @@ def test_small_stem_keeps_resolution_for_small_images():
     assert standard.net.conv1.kernel_size == (7, 7)
     sizes = {}
     for name, encoder in (("small", small), ("standard", standard)):
-        encoder.net.layer4[-1].register_forward_hook(lambda _m, _i, out, name=name: sizes.__setitem__(name, out.shape[-1]))
+        last_block = encoder.net.layer4[-1]
+        last_block.register_forward_hook(lambda _m, _i, out, name=name: sizes.__setitem__(name, out.shape[-1]))
         with torch.no_grad():
             encoder.eval()(torch.randn(1, 3, 16, 16))
     assert sizes == {"small": 2, "standard": 1}

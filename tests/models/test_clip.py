@@ -1,5 +1,3 @@
-# Named test_clip_model.py, not test_clip.py: tests/losses/ may hold a test_clip.py, and pytest's default
-# import mode needs distinct basenames.
 import pytest
 import torch
 from torch import nn

@@ -83,5 +83,8 @@ class ClipLoss(nn.Module):
                 labels = torch.arange(n, device=images.device)
                 return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
             targets = torch.arange(n, device=images.device)
-            image_losses, text_losses = tiled_logsumexp(images, texts, scale, targets, self.tile_size, with_columns=True)
+            # Row i: image i against every caption; column j: caption j against every image.
+            image_losses, text_losses = tiled_logsumexp(
+                images, texts, scale, targets, self.tile_size, with_columns=True
+            )
             return (image_losses.mean() + text_losses.mean()) / 2

@@ -98,19 +98,21 @@ def _backward(
         else:
             weights = torch.zeros_like(logits)
         if grad_column is not None:
-            block = logits[:, :n].sub_(column_max[None, :]).exp_().mul_((grad_column / column_sum)[None, :])  # (t, N)
+            column_factor = grad_column / column_sum  # (N,)
+            block = logits[:, :n].sub_(column_max[None, :]).exp_().mul_(column_factor[None, :])  # (t, N)
             block.diagonal(offset=start).sub_(grad_column[start:stop])
             weights[:, :n] += block
         del logits
-        row_part = weights @ columns  # (t, D): dL/d(scaled row)
-        if grad_rows is not None:
-            grad_rows[start:stop] = row_part * scale
         if grad_columns is not None:
             grad_columns.addmm_(weights.T, scaled_rows[start:stop])  # (M, D)
-        if grad_scale is not None:
-            # dL/ds = sum_ij w_ij r_i . c_j = sum_i r_i . (w @ C)_i: O(t D), no (t, M) product needed.
-            grad_scale += (rows[start:stop] * row_part).sum()
-        del weights, row_part
+        if grad_rows is not None or grad_scale is not None:
+            row_part = weights @ columns  # (t, D): dL/d(scaled row)
+            if grad_rows is not None:
+                grad_rows[start:stop] = row_part * scale
+            if grad_scale is not None:
+                # dL/ds = sum_ij w_ij r_i . c_j = sum_i r_i . (w @ C)_i: O(t D), no (t, M) product needed.
+                grad_scale += (rows[start:stop] * row_part).sum()
+        del weights
     return grad_rows, grad_columns, grad_scale, None, None, None, None
 
 

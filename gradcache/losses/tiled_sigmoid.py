@@ -7,7 +7,8 @@ statistics at all, only the inputs; backward recomputes each (tile_size, N) stri
 
     d total / d z_ij = -y_ij sigmoid(-y_ij z_ij).
 
-Peak memory is a few (tile_size, N) strips plus the inputs; the (N, N) logits never exist.
+Peak memory is two or three (tile_size, N) strips plus the inputs; the (N, N) logits never exist. As in
+``tiled_logsumexp``, s is folded into the rows and d total / ds = sum_i a_i . (dz @ B)_i costs O(t D).
 """
 
 from __future__ import annotations
@@ -24,14 +25,50 @@ __all__ = ["tiled_sigmoid_pair_loss"]
 
 
 def _strip_signed_logits(
-    a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, start: int, stop: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cosines of a[start:stop] against all of b, and -y * logits for the same strip."""
-    cosine = a[start:stop] @ b.T  # (t, N)
-    signed = cosine * scale + bias  # (t, N)
+    scaled_a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, start: int, stop: int
+) -> torch.Tensor:
+    """-y * logits for rows start..stop of a against all of b: (t, N)."""
+    signed = (scaled_a[start:stop] @ b.T).add_(bias)  # (t, N)
     # Matching pairs (row start + r, column start + r) have y = +1, so their sign flips.
     signed.diagonal(offset=start).neg_()
-    return cosine, signed
+    return signed
+
+
+def _forward(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, tile_size: int) -> torch.Tensor:
+    scaled_a = a * scale  # (N, D)
+    total = torch.zeros((), dtype=a.dtype, device=a.device)
+    for start in range(0, a.shape[0], tile_size):
+        stop = min(start + tile_size, a.shape[0])
+        total += F.softplus(_strip_signed_logits(scaled_a, b, bias, start, stop)).sum()
+    return total
+
+
+def _backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    a, b, scale, bias = ctx.saved_tensors
+    need_a, need_b, need_scale, need_bias = ctx.needs_input_grad[:4]
+    scaled_a = a * scale  # (N, D)
+    grad_a = torch.zeros_like(a) if need_a else None
+    grad_b = torch.zeros_like(b) if need_b else None
+    grad_scale = torch.zeros_like(scale) if need_scale else None
+    grad_bias = torch.zeros_like(bias) if need_bias else None
+    for start in range(0, a.shape[0], ctx.tile_size):
+        stop = min(start + ctx.tile_size, a.shape[0])
+        # d softplus(-y z) / dz = -y sigmoid(-y z): sigmoid of the signed logit, negated on the diagonal.
+        weights = _strip_signed_logits(scaled_a, b, bias, start, stop).sigmoid_()  # (t, N)
+        weights.diagonal(offset=start).neg_()
+        weights.mul_(grad_total)
+        if grad_b is not None:
+            grad_b.addmm_(weights.T, scaled_a[start:stop])  # (N, D)
+        if grad_a is not None or grad_scale is not None:
+            row_part = weights @ b  # (t, D): d total / d(scaled row)
+            if grad_a is not None:
+                grad_a[start:stop] = row_part * scale
+            if grad_scale is not None:
+                grad_scale += (a[start:stop] * row_part).sum()
+        if grad_bias is not None:
+            grad_bias += weights.sum()
+        del weights
+    return grad_a, grad_b, grad_scale, grad_bias, None
 
 
 class _TiledSigmoidPairLoss(torch.autograd.Function):
@@ -39,54 +76,18 @@ class _TiledSigmoidPairLoss(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, tile_size: int
     ) -> torch.Tensor:
-        total = torch.zeros((), dtype=a.dtype, device=a.device)
         with full_precision(a.device):
-            for start in range(0, a.shape[0], tile_size):
-                stop = min(start + tile_size, a.shape[0])
-                _, signed = _strip_signed_logits(a, b, scale, bias, start, stop)
-                total += F.softplus(signed).sum()
-                del signed
+            total = _forward(a, b, scale, bias, tile_size)
         ctx.save_for_backward(a, b, scale, bias)
-        ctx.tile_size = tile_size
+        ctx.tile_size, ctx.device = tile_size, a.device
         return total
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple:
         # A backward called inside autocast must not drop the strips to half precision.
-        with full_precision(grad_total.device):
-            return _TiledSigmoidPairLoss._backward(ctx, grad_total)
-
-    @staticmethod
-    def _backward(ctx: Any, grad_total: torch.Tensor) -> tuple:
-        a, b, scale, bias = ctx.saved_tensors
-        need_a, need_b, need_scale, need_bias = ctx.needs_input_grad[:4]
-        grad_a = torch.zeros_like(a) if need_a else None
-        grad_b = torch.zeros_like(b) if need_b else None
-        grad_scale = torch.zeros_like(scale) if need_scale else None
-        grad_bias = torch.zeros_like(bias) if need_bias else None
-        for start in range(0, a.shape[0], ctx.tile_size):
-            stop = min(start + ctx.tile_size, a.shape[0])
-            cosine, signed = _strip_signed_logits(a, b, scale, bias, start, stop)
-            # d softplus(-y z) / dz = -y sigmoid(-y z): sigmoid of the signed logit, negated on the diagonal.
-            weights = signed.sigmoid_()  # (t, N)
-            weights.diagonal(offset=start).neg_()
-            weights.mul_(grad_total)
-            if grad_a is not None:
-                grad_a[start:stop] = weights @ b  # (t, D)
-            if grad_b is not None:
-                grad_b.addmm_(weights.T, a[start:stop])  # (N, D)
-            if grad_scale is not None:
-                grad_scale += torch.dot(weights.flatten(), cosine.flatten())
-            if grad_bias is not None:
-                grad_bias += weights.sum()
-            del cosine, weights, signed
-        # Each logit is scale * cosine + bias, so the embedding gradients share one factor of scale.
-        if grad_a is not None:
-            grad_a.mul_(scale)
-        if grad_b is not None:
-            grad_b.mul_(scale)
-        return grad_a, grad_b, grad_scale, grad_bias, None
+        with full_precision(ctx.device):
+            return _backward(ctx, grad_total)
 
 
 def tiled_sigmoid_pair_loss(

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
-from gradcache.distributed import all_gather_with_grad, gradient_sync
+from gradcache.distributed import all_gather_with_grad, check_same_chunk_counts, gradient_sync
 from gradcache.inputs import GetEmbedding, SplitFn, encode, split, tensors_of, trim_padding
 from gradcache.precision import AutocastState, autocast_context, full_precision, upcast
 from gradcache.random_state import RandomState
@@ -91,6 +91,7 @@ class GradCache(Strategy):
         self.check_inputs(inputs)
         building = torch.is_grad_enabled()
         chunks = [self._split(i, value) for i, value in enumerate(inputs)]
+        check_same_chunk_counts([self.encoder_for(i) for i in range(len(chunks))], [len(c) for c in chunks])
         if building:
             warn_if_batchnorm_in_chunks(self.all_encoders())
 

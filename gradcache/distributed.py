@@ -3,7 +3,7 @@ the one switch that tells a wrapped encoder whether the coming backward should s
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -107,6 +107,33 @@ def gradient_sync(module: nn.Module, enabled: bool, fsdp_reduce: str = "chunk") 
     if sharded and fsdp_reduce == "step":
         return _fsdp_sync_off(sharded)
     return contextlib.nullcontext()
+
+
+def check_same_chunk_counts(encoders: Sequence[nn.Module], chunk_counts: Sequence[int]) -> None:
+    """Under FSDP2 every rank must run as many chunk passes through each encoder as every other rank.
+
+    An FSDP2 module's forward all-gathers its parameters and its backward reduce-scatters its gradients: both are
+    collectives, so a rank with one chunk fewer (7 rows and 5 rows in chunks of 2) would leave the others waiting
+    or mix up collectives. DDP and plain encoders need nothing, and this costs nothing there; under FSDP2 it is
+    one small all-gather per step. `encoders[i]` encodes input i, split into `chunk_counts[i]` chunks.
+
+    Raises:
+        ValueError: on every rank alike (so none is left waiting), naming each rank's chunk counts.
+    """
+    if not is_distributed() or world_size() == 1 or not any(_fsdp_modules(e) for e in encoders):
+        return
+    device = next((p.device for e in encoders for p in e.parameters()), torch.device("cpu"))
+    local = torch.tensor(list(chunk_counts), dtype=torch.long, device=device)
+    every = [torch.empty_like(local) for _ in range(world_size())]
+    dist.all_gather(every, local)
+    per_rank = [c.tolist() for c in every]  # [rank][input]
+    if any(counts != per_rank[0] for counts in per_rank):
+        raise ValueError(
+            f"ranks split their inputs into different numbers of chunks (per rank, per input: {per_rank}); with "
+            "encoders sharded by fully_shard every chunk's forward and backward is a collective, so every rank "
+            "must run as many. Give every rank the same local batch size (drop the last, uneven batch) or a "
+            "chunk_size that splits every rank's batch into the same number of chunks."
+        )
 
 
 def _fsdp_modules(module: nn.Module) -> list[nn.Module]:

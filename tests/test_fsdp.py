@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from gradcache import FullBatch
+from gradcache import FullBatch, GradCache
 from tests.conftest import assert_grads_close
 from tests.multiprocess import _free_port, _worker
 from tests.test_distributed import GLOBAL, STRATEGIES, reference, rows, shared_batch, shared_model
@@ -106,6 +106,31 @@ def strategy_worker(rank, model_name, reshard_after_forward=True, names=tuple(ST
     return results
 
 
+def variants_worker(rank):
+    """Ranks with 7 and 5 rows (an epoch's last batch); towers whose blocks are sharded but whose root is not."""
+    results = {}
+    image, text, loss = two_tower_model()
+    shard(image), shard(text)
+    local = [rows(b, slice(0, 7) if rank == 0 else slice(7, GLOBAL)) for b in two_tower_batch()]
+    try:  # chunks of 2: 4 chunks on rank 0, 3 on rank 1
+        one_step("gradcache", [image, text], loss, local, "chunk")
+    except ValueError as error:
+        results["uneven_error"] = str(error)
+    value = GradCache([image, text], loss, 4).step(*local)  # chunks of 4: 2 chunks on each rank
+    results["uneven"] = {"loss": value, "grads": full_grads(image, text, loss)}
+    for name, mode in (("full", "chunk"), ("gradcache", "step")):
+        image, text, loss = two_tower_model()
+        for tower in (image, text):
+            for child in tower.children():
+                if any(True for _ in child.parameters()):
+                    fully_shard(child)
+        local = [rows(b, slice(rank * GLOBAL // 2, (rank + 1) * GLOBAL // 2)) for b in two_tower_batch()]
+        with counted(*COLLECTIVES) as counts:
+            value = one_step(name, [image, text], loss, local, mode)
+        results["blocks_only", name] = {"loss": value, "grads": full_grads(image, text, loss), **counts}
+    return results
+
+
 def all_cases_worker(rank, world_size, folder):
     from tests.train.test_fsdp import train_worker
 
@@ -113,6 +138,7 @@ def all_cases_worker(rank, world_size, folder):
         "two_tower": strategy_worker(rank, "two_tower"),
         "shared": strategy_worker(rank, "shared"),
         "gathered": strategy_worker(rank, "two_tower", False, ("gradcache", "full"), ("chunk",)),
+        "variants": variants_worker(rank),
         "train": train_worker(rank, world_size, folder),
     }
 
@@ -179,6 +205,29 @@ def test_reshard_after_forward_false_gathers_less_and_stays_exact(ranks):
     want_loss, want = reference("two_tower", "gradcache", CHUNK)
     for rank_result in ranks:
         got = rank_result["gathered"]["gradcache", "chunk"]
+        assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
+        assert_grads_close(got["grads"], want, 1e-5)
+
+
+def test_uneven_ranks_need_the_same_number_of_chunks_under_fsdp(ranks):
+    """Every chunk's forward is a collective under FSDP2: 4 chunks against 3 is refused on every rank before any
+    gradient is written; 7 and 5 rows in 2 chunks each are exact."""
+    for rank_result in ranks:
+        assert "different numbers of chunks (per rank, per input: [[4, 4], [3, 3]])" in rank_result["variants"]["uneven_error"]
+    want_loss, want = reference("two_tower", "gradcache", CHUNK)
+    for rank_result in ranks:
+        got = rank_result["variants"]["uneven"]
+        assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
+        assert_grads_close(got["grads"], want, 1e-5)
+
+
+def test_sharded_blocks_inside_a_plain_module_are_found(ranks):
+    """fully_shard on the blocks only: gradient_sync still finds them, so "step" reduces once per step."""
+    runs = ranks[0]["variants"]
+    assert runs["blocks_only", "gradcache"]["reduce_scatter_single"] == runs["blocks_only", "full"]["reduce_scatter_single"]
+    want_loss, want = reference("two_tower", "gradcache", CHUNK)
+    for rank_result in ranks:
+        got = rank_result["variants"]["blocks_only", "gradcache"]
         assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
         assert_grads_close(got["grads"], want, 1e-5)
 

@@ -10,6 +10,7 @@ instead of 8 P.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,19 +94,38 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
 
     `model` holds everything trained (encoders and loss, e.g. an `nn.ModuleDict`); `optimizer` steps exactly
     its parameters. Keys are parameter names, not ranks, so `load_sharded` reads it on any number of ranks,
-    one process without a process group included. `extra` (step, arguments; rank 0's copy is written, with the
-    saving `world_size`, to `extra.pt` beside the shards) must hold tensors, numbers, strings and containers.
-    Call on every rank.
+    one process without a process group included. `extra` (step, arguments, scheduler; rank 0's copy is written,
+    with the saving `world_size`, to `extra.pt` beside the shards) must load with `weights_only=True`.
+    The shards go to `<folder>.partial`, which rank 0 then swaps in, so a crash mid-save leaves the previous
+    checkpoint whole. Call on every rank, with a folder every rank can reach.
     """
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    folder = Path(folder)
+    partial, old = folder.with_name(folder.name + ".partial"), folder.with_name(folder.name + ".old")
     distributed = dist.is_available() and dist.is_initialized()
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder), no_dist=not distributed)
-    if not distributed or dist.get_rank() == 0:
-        world_size = dist.get_world_size() if distributed else 1
-        save_checkpoint({**(extra or {}), "world_size": world_size}, Path(folder) / EXTRA_FILE)
+    leader = not distributed or dist.get_rank() == 0
+    if leader:
+        shutil.rmtree(partial, ignore_errors=True)  # what a crashed save left
     if distributed:
-        dist.barrier()  # nobody reads the folder before rank 0 has written its extra state
-    return Path(folder)
+        dist.barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), no_dist=not distributed)
+    if leader:
+        world_size = dist.get_world_size() if distributed else 1
+        save_checkpoint({**(extra or {}), "world_size": world_size}, partial / EXTRA_FILE)
+        shutil.rmtree(old, ignore_errors=True)
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(partial, folder)  # between the two renames, load_sharded falls back to <folder>.old
+        shutil.rmtree(old, ignore_errors=True)
+    if distributed:
+        dist.barrier()  # nobody reads the folder before it is whole
+    return folder
+
+
+def sharded_extra(folder: str | os.PathLike) -> dict[str, Any]:
+    """The `extra` of a `save_sharded` folder, without a model: what `--resume` needs to rebuild the run."""
+    folder = _resolve_sharded(Path(folder))
+    return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
 
 
 def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -116,11 +136,7 @@ def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     Raises:
         CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
     """
-    folder = Path(folder)
-    if not (folder / ".metadata").is_file():
-        hint = (" it is a single-file checkpoint: resume without --fsdp" if folder.is_file()
-                else " give the folder that save_sharded wrote (it holds a .metadata file)")
-        raise CheckpointError(f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint;{hint}")
+    folder = _resolve_sharded(Path(folder))
     model_state, optimizer_state = get_state_dict(model, optimizer)
     stored = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
     missing = sorted(k for k in model_state if f"model.{k}" not in stored)
@@ -133,10 +149,24 @@ def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
 
 
+def _resolve_sharded(folder: Path) -> Path:
+    """`folder`, or its `.old` copy where a save stopped between its two renames."""
+    old = folder.with_name(folder.name + ".old")
+    if not folder.exists() and (old / EXTRA_FILE).is_file():
+        folder = old
+    if not (folder / ".metadata").is_file() or not (folder / EXTRA_FILE).is_file():
+        hint = (" it is a single-file checkpoint: resume without --fsdp" if folder.is_file()
+                else " give the folder that save_sharded wrote (it holds .metadata and extra.pt)")
+        raise CheckpointError(f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint;{hint}")
+    return folder
+
+
 # --- 8-bit AdamW -------------------------------------------------------------------------------------------
-def adamw_8bit(groups: list[dict[str, Any]], lr: float, device: torch.device | str) -> torch.optim.Optimizer:
+def adamw_8bit(groups: list[dict[str, Any]], lr: float, device: torch.device | str | None = None
+               ) -> torch.optim.Optimizer:
     """AdamW with 8-bit moments (bitsandbytes' `AdamW8bit`, block-wise quantised; tensors under 4096 elements
-    keep 32-bit moments) over parameter `groups` (as `gradcache.train.optim.parameter_groups` builds them).
+    keep 32-bit moments) over parameter `groups` (as `gradcache.train.optim.parameter_groups` builds them), on
+    `device` (default: that of the first parameter).
 
     Raises:
         ImportError: bitsandbytes is not installed.
@@ -153,7 +183,8 @@ def adamw_8bit(groups: list[dict[str, Any]], lr: float, device: torch.device | s
     except ImportError as error:
         raise ImportError("--optimizer adamw8bit needs bitsandbytes: pip install bitsandbytes (or choose "
                           "--optimizer adamw)") from error
-    device = torch.device(device)
+    params = [p for g in groups for p in g["params"]]
+    device = torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
     probe = nn.Parameter(torch.zeros(4096, device=device))
     probe.grad = torch.ones_like(probe)
     try:

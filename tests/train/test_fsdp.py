@@ -16,7 +16,7 @@ from torch import nn
 from gradcache import GradCache
 from gradcache.losses import ClipLoss
 from gradcache.train.checkpoint import CheckpointError
-from gradcache.train.fsdp import adamw_8bit, load_sharded, offload_policy, save_sharded, shard_encoder
+from gradcache.train.fsdp import adamw_8bit, load_sharded, offload_policy, save_sharded, shard_encoder, sharded_extra
 from gradcache.train.optim import build_optimizer, parameter_groups
 
 GLOBAL, CHUNK = 12, 2
@@ -128,6 +128,26 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(runs, tmp_pat
         load_sharded(tmp_path / "last.pt", model, optimizer_for(model))
 
 
+def test_a_save_replaces_the_previous_checkpoint_whole(tmp_path):
+    """One process, no process group: a second save over the first, a crashed save's leftovers ignored, and the
+    `.old` copy read where a save stopped between its two renames."""
+    folder = tmp_path / "last"
+    model = build(seed=0)
+    optimizer = optimizer_for(model)
+    train(model, optimizer, [0])
+    save_sharded(folder, model, optimizer, extra={"step": 1})
+    (tmp_path / "last.partial").mkdir()  # as a crash in the middle of the next save leaves it
+    train(model, optimizer, [1])
+    save_sharded(folder, model, optimizer, extra={"step": 2})
+    assert sharded_extra(folder) == {"step": 2, "world_size": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+    folder.rename(tmp_path / "last.old")
+    fresh = build(seed=1)
+    fresh_optimizer = optimizer_for(fresh)
+    assert load_sharded(folder, fresh, fresh_optimizer)["step"] == 2
+    assert train(fresh, fresh_optimizer, [2]) == pytest.approx(train(model, optimizer, [2]), rel=1e-6)
+
+
 def test_sharding_needs_a_process_group():
     with pytest.raises(ValueError, match="torchrun"):
         shard_encoder(nn.Linear(2, 2))
@@ -167,6 +187,6 @@ def test_8bit_adamw_names_the_unsupported_device(monkeypatch):
 def test_8bit_adamw_gets_the_groups_without_their_lars_flag(monkeypatch):
     monkeypatch.setitem(sys.modules, "bitsandbytes", _fake_bitsandbytes(torch.optim.SGD.step))
     layer = nn.Linear(2, 2)
-    optimizer = adamw_8bit(parameter_groups([layer], 0.1), lr=1e-3, device="cpu")
+    optimizer = adamw_8bit(parameter_groups([layer], 0.1), lr=1e-3)  # the parameters' device
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
     assert all("adapt" not in g for g in optimizer.param_groups)

@@ -38,6 +38,7 @@ class PeakMemory:
 
     def __init__(self, device: torch.device, budget_bytes: int | None) -> None:
         self.device = device
+        self._stopped = threading.Event()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -50,8 +51,12 @@ class PeakMemory:
             if budget_bytes:
                 threading.Thread(target=self._watch, args=(budget_bytes,), daemon=True).start()
 
+    def stop(self) -> None:
+        """End the watchdog, so a caller that measures in-process (a test) keeps its process."""
+        self._stopped.set()
+
     def _watch(self, budget_bytes: int) -> None:
-        while True:
+        while not self._stopped.is_set():
             if _rss_now_bytes() - self.baseline > budget_bytes:
                 report({"status": "over_memory_budget"})
                 os._exit(OVER_MEMORY_EXIT)

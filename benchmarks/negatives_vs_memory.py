@@ -48,7 +48,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), help="comma-separated subset")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per point (the median is reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each point")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each point (0: torch's default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--memory-budget-gb", type=float, default=6.0, help="a point above this is stopped")
     parser.add_argument("--time-budget-s", type=float, default=300.0, help="a point longer than this is stopped")
@@ -60,7 +60,8 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def measure_point(point: dict[str, Any]) -> dict[str, Any]:
     """In the fresh process: peak memory and median step time of one strategy at one batch."""
-    torch.set_num_threads(point["threads"])
+    if point["threads"]:  # 0 keeps torch's default (an in-process caller such as a test)
+        torch.set_num_threads(point["threads"])
     device = torch.device(point["device"])
     _make_step(point, build_workload({**point, "batch": 2}, device), chunk=1)()  # load kernels before the baseline
     budget = int(point["memory_budget_gb"] * 2**30) if point["memory_budget_gb"] else None
@@ -72,6 +73,7 @@ def measure_point(point: dict[str, Any]) -> dict[str, Any]:
     if point["strategy"] == "gradcache":
         result["nograd_forward_s"], _ = median_time(lambda: workload.encode_without_grad(point["chunk"]),
                                                     point["steps"], point["warmup"], device)
+    memory.stop()
     return result
 
 

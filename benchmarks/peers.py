@@ -49,7 +49,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tile-size", type=int, default=256, help="(b) rows per tile of our tiled ClipLoss")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per point (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each point")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each point (0: torch's default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--memory-budget-gb", type=float, default=6.0, help="a point above this is stopped")
     parser.add_argument("--time-budget-s", type=float, default=300.0, help="a point longer than this is stopped")
@@ -70,14 +70,17 @@ def peer_version(side: str) -> str | None:
 
 
 def measure_point(point: dict[str, Any]) -> dict[str, Any]:
-    torch.set_num_threads(point["threads"])
+    if point["threads"]:  # 0 keeps torch's default (an in-process caller such as a test)
+        torch.set_num_threads(point["threads"])
     device = torch.device(point["device"])
     build_step({**point, "batch": 4, "mini_batch": 2}, device)()  # load kernels before the baseline
     budget = int(point["memory_budget_gb"] * 2**30) if point["memory_budget_gb"] else None
     memory = PeakMemory(device, budget)
     step = build_step(point, device)
     step_s, _ = median_time(step, point["steps"], point["warmup"], device)
-    return {"status": "ok", "peak_mb": memory.peak_above_baseline() / MB, "step_s": step_s}
+    peak_mb = memory.peak_above_baseline() / MB
+    memory.stop()
+    return {"status": "ok", "peak_mb": peak_mb, "step_s": step_s}
 
 
 def sweep(args: argparse.Namespace, script: str) -> list[dict[str, Any]]:

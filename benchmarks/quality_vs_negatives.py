@@ -52,7 +52,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the trainer's)")
     parser.add_argument("--eval-every", type=int, default=0, help="kNN every N steps (0: at start and end)")
     parser.add_argument("--knn-k", type=int, default=20, help="kNN neighbours")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--runs-dir", default=None, help="keep the run folders here (default: a temp folder)")
     parser.add_argument("--output-dir", default=str(RESULTS_DIR), help="where the CSV and PNG go")
@@ -118,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     if set(strategies) - set(STRATEGIES):
         raise ValueError(f"--strategies={args.strategies!r}; choose from {list(STRATEGIES)}.")
-    torch.set_num_threads(args.threads)
+    if args.threads:  # 0 keeps torch's default (an in-process caller such as a test)
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:

@@ -13,8 +13,10 @@ probability by ~1e-5). Backward recomputes each strip and forms the softmax from
 
     dL/dl_ij = g_i (exp(l_ij - max_i) / sum_i - [j = t_i]) + h_j (exp(l_ij - max^col_j) / sum^col_j - [i = j])
 
-Peak memory: two or three (tile_size, M) strips plus the inputs. The scale is folded into the rows (O(N D))
-so each strip costs one matmul, and dL/ds = sum_i r_i . (dL/dl @ C)_i reuses the row-gradient matmul.
+Peak memory: two or three (tile_size, M) strips plus the inputs. Each strip is (r @ C^T) * s, rounded exactly
+as the dense losses round their logits, so in float32 tiled and dense err alike (scaling the rows first instead
+would save one pass but round every logit differently, and at s = 100 that rounding is the whole error budget).
+dL/ds = sum_i r_i . (dL/dl @ C)_i reuses the row-gradient matmul: O(t D), no (t, M) product.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ __all__ = ["tiled_logsumexp"]
 
 
 def _strip_logits(
-    scaled_rows: torch.Tensor, columns: torch.Tensor, start: int, stop: int, exclude_diagonal: bool
+    rows: torch.Tensor, columns: torch.Tensor, scale: torch.Tensor, start: int, stop: int, exclude_diagonal: bool
 ) -> torch.Tensor:
     """Logits of rows[start:stop] against every column; the self pair masked to -inf if asked."""
-    logits = scaled_rows[start:stop] @ columns.T  # (t, M)
+    logits = (rows[start:stop] @ columns.T).mul_(scale)  # (t, M)
     if exclude_diagonal:
         # Row start + r meets itself in column start + r: the strip's diagonal at offset ``start``.
         logits.diagonal(offset=start).fill_(float("-inf"))
@@ -51,7 +53,6 @@ def _forward(
 ) -> tuple[torch.Tensor, ...]:
     """Row and column losses, then each direction's max and sum of exp(l - max); columns empty unless asked."""
     n = rows.shape[0]
-    scaled_rows = rows * scale  # (N, D)
     row_loss, row_max, row_sum = rows.new_empty(n), rows.new_empty(n), rows.new_empty(n)  # (N,)
     n_columns = n if with_columns else 0
     column_max = rows.new_full((n_columns,), float("-inf"))  # (N,): -inf rescales the empty sum to 0
@@ -59,7 +60,7 @@ def _forward(
     column_target = rows.new_empty(n_columns)  # (N,): l_jj
     for start in range(0, n, tile_size):
         stop = min(start + tile_size, n)
-        logits = _strip_logits(scaled_rows, columns, start, stop, exclude_diagonal)  # (t, M)
+        logits = _strip_logits(rows, columns, scale, start, stop, exclude_diagonal)  # (t, M)
         strip_rows = torch.arange(stop - start, device=rows.device)
         strip_max = logits.amax(dim=1)  # (t,)
         row_max[start:stop] = strip_max
@@ -82,13 +83,13 @@ def _backward(
     rows, columns, scale, targets, row_max, row_sum, column_max, column_sum = ctx.saved_tensors
     need_rows, need_columns, need_scale = ctx.needs_input_grad[:3]
     n = rows.shape[0]
-    scaled_rows = rows * scale  # (N, D)
+    scaled_rows = rows * scale  # (N, D): d logits / d columns, one row per strip row
     grad_rows = torch.zeros_like(rows) if need_rows else None
     grad_columns = torch.zeros_like(columns) if need_columns else None
     grad_scale = torch.zeros_like(scale) if need_scale else None
     for start in range(0, n, ctx.tile_size):
         stop = min(start + ctx.tile_size, n)
-        logits = _strip_logits(scaled_rows, columns, start, stop, ctx.exclude_diagonal)  # (t, M)
+        logits = _strip_logits(rows, columns, scale, start, stop, ctx.exclude_diagonal)  # (t, M)
         # weights = dL/dlogits of this strip: softmax minus one-hot, times the upstream gradient.
         if grad_row is not None:
             row_factor = grad_row[start:stop] / row_sum[start:stop]  # (t,)

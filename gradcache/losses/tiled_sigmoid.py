@@ -8,7 +8,8 @@ statistics at all, only the inputs; backward recomputes each (tile_size, N) stri
     d total / d z_ij = -y_ij sigmoid(-y_ij z_ij).
 
 Peak memory is two or three (tile_size, N) strips plus the inputs; the (N, N) logits never exist. As in
-``tiled_logsumexp``, s is folded into the rows and d total / ds = sum_i a_i . (dz @ B)_i costs O(t D).
+``tiled_logsumexp``, logits are rounded as the dense loss rounds them, and d total / ds = sum_i a_i . (dz @ B)_i
+costs O(t D).
 """
 
 from __future__ import annotations
@@ -25,28 +26,27 @@ __all__ = ["tiled_sigmoid_pair_loss"]
 
 
 def _strip_signed_logits(
-    scaled_a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, start: int, stop: int
+    a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, start: int, stop: int
 ) -> torch.Tensor:
     """-y * logits for rows start..stop of a against all of b: (t, N)."""
-    signed = (scaled_a[start:stop] @ b.T).add_(bias)  # (t, N)
+    signed = (a[start:stop] @ b.T).mul_(scale).add_(bias)  # (t, N)
     # Matching pairs (row start + r, column start + r) have y = +1, so their sign flips.
     signed.diagonal(offset=start).neg_()
     return signed
 
 
 def _forward(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, tile_size: int) -> torch.Tensor:
-    scaled_a = a * scale  # (N, D)
     total = torch.zeros((), dtype=a.dtype, device=a.device)
     for start in range(0, a.shape[0], tile_size):
         stop = min(start + tile_size, a.shape[0])
-        total += F.softplus(_strip_signed_logits(scaled_a, b, bias, start, stop)).sum()
+        total += F.softplus(_strip_signed_logits(a, b, scale, bias, start, stop)).sum()
     return total
 
 
 def _backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     a, b, scale, bias = ctx.saved_tensors
     need_a, need_b, need_scale, need_bias = ctx.needs_input_grad[:4]
-    scaled_a = a * scale  # (N, D)
+    scaled_a = a * scale  # (N, D): d logits / d b, one row per strip row
     grad_a = torch.zeros_like(a) if need_a else None
     grad_b = torch.zeros_like(b) if need_b else None
     grad_scale = torch.zeros_like(scale) if need_scale else None
@@ -54,7 +54,7 @@ def _backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, 
     for start in range(0, a.shape[0], ctx.tile_size):
         stop = min(start + ctx.tile_size, a.shape[0])
         # d softplus(-y z) / dz = -y sigmoid(-y z): sigmoid of the signed logit, negated on the diagonal.
-        weights = _strip_signed_logits(scaled_a, b, bias, start, stop).sigmoid_()  # (t, N)
+        weights = _strip_signed_logits(a, b, scale, bias, start, stop).sigmoid_()  # (t, N)
         weights.diagonal(offset=start).neg_()
         weights.mul_(grad_total)
         if grad_b is not None:

@@ -38,15 +38,15 @@ def _error(value: torch.Tensor, reference: torch.Tensor) -> float:
 def test_tiled_float32_is_as_accurate_as_dense_float32(case, temperature):
     """Against a float64 reference, tiled float32 errs no more than dense float32 (within a small factor).
 
-    Each error is the worst over three input draws, so one lucky dense rounding does not decide the bound.
+    Each error is the worst over four input draws, so one lucky dense rounding does not decide the bound.
     """
-    n, d, tile_size = 67, 16, 16
+    n, d, tile_size = 41, 16, 16  # three strips, the last one partial
     dense_fn, tiled_fn = case.make(None, temperature), case.make(tile_size, temperature)
     tiled_fn.load_state_dict(dense_fn.state_dict())
     reference_fn = copy.deepcopy(dense_fn).double()
     flatten = lambda result: [result[0]] + result[1] + result[2]  # noqa: E731
     dense_errors, tiled_errors = None, None
-    for seed in range(3):
+    for seed in range(4):
         inputs = case.inputs(n, d, dtype=torch.float64, seed=seed)
         reference = flatten(loss_and_grads(reference_fn, inputs))
         dense = flatten(loss_and_grads(dense_fn, [t.float() for t in inputs]))

@@ -11,8 +11,8 @@ unseen here: it is one bucketed all-reduce per step, see tests/test_distributed.
     python benchmarks/sharding.py                      # width 1536, depth 4, batch 512, chunk 64; 1, 2, 4 ranks
     python benchmarks/sharding.py --world-sizes 1 2 --repeats 2
 
-Ranks share the machine's cores (threads per rank = cores / world size), so on a 2-core machine 4 ranks time
-contention, not scaling. Results: benchmarks/results/sharding.{csv,png}.
+Ranks share the machine's cores (threads per rank = cores / world size unless --threads), so on a 2-core
+machine 4 ranks time contention, not scaling. Results: benchmarks/results/sharding.{csv,png}.
 """
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=512, help="global batch, split over ranks (default: 512)")
     parser.add_argument("--chunk", type=int, default=64, help="GradCache chunk size (default: 64)")
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per point (default: 2)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank; 0: cores / world size (default: 0)")
     parser.add_argument("--name", default="sharding", help="file stem under benchmarks/results (default: sharding)")
     return parser
 
@@ -91,7 +93,7 @@ def _count_collectives():
 
 def _rank(rank: int, world_size: int, port: int, folder: str, config: tuple, args: argparse.Namespace) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world_size))
     ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD: big blocks go back to the OS when freed
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     name, wrapper, strategy_name, fsdp_reduce, reshard = config

@@ -47,7 +47,8 @@ class Strategy:
         fsdp_reduce: for encoders sharded with FSDP2's `fully_shard`, when gradients are reduce-scattered:
             "chunk" (default) after every chunk's backward, so gradients stay sharded (one reduce-scatter per
             chunk); "step" once per step, keeping unsharded gradients between chunks (one reduce-scatter, the
-            memory of whole gradients). Plain and DDP encoders always synchronise once per step.
+            memory of whole gradients). Plain and DDP encoders always synchronise once per step. Measured
+            trade: benchmarks/results/sharding.md.
     """
 
     def __init__(

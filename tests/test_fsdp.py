@@ -178,7 +178,8 @@ def test_fsdp_gradients_equal_single_process_on_the_global_batch(ranks, name, mo
 
 # backward passes per step that reduce in "chunk" mode: 3 chunks per rank; the shared encoder of SimCLR runs a
 # backward per chunk of each view in GradCache (6) and one per micro-batch of both views in NaiveAccumulation (3)
-BACKWARDS = {"two_tower": {"gradcache": 3, "cached": 3, "naive": 3}, "shared": {"gradcache": 6, "cached": 6, "naive": 3}}
+BACKWARDS = {"two_tower": {"gradcache": 3, "cached": 3, "naive": 3},
+             "shared": {"gradcache": 6, "cached": 6, "naive": 3}}
 
 
 @pytest.mark.parametrize("model_name", ["two_tower", "shared"])
@@ -213,7 +214,8 @@ def test_uneven_ranks_need_the_same_number_of_chunks_under_fsdp(ranks):
     """Every chunk's forward is a collective under FSDP2: 4 chunks against 3 is refused on every rank before any
     gradient is written; 7 and 5 rows in 2 chunks each are exact."""
     for rank_result in ranks:
-        assert "different numbers of chunks (per rank, per input: [[4, 4], [3, 3]])" in rank_result["variants"]["uneven_error"]
+        message = rank_result["variants"]["uneven_error"]
+        assert "different numbers of chunks (per rank, per input: [[4, 4], [3, 3]])" in message
     want_loss, want = reference("two_tower", "gradcache", CHUNK)
     for rank_result in ranks:
         got = rank_result["variants"]["uneven"]
@@ -224,7 +226,8 @@ def test_uneven_ranks_need_the_same_number_of_chunks_under_fsdp(ranks):
 def test_sharded_blocks_inside_a_plain_module_are_found(ranks):
     """fully_shard on the blocks only: gradient_sync still finds them, so "step" reduces once per step."""
     runs = ranks[0]["variants"]
-    assert runs["blocks_only", "gradcache"]["reduce_scatter_single"] == runs["blocks_only", "full"]["reduce_scatter_single"]
+    once = runs["blocks_only", "full"]["reduce_scatter_single"]
+    assert runs["blocks_only", "gradcache"]["reduce_scatter_single"] == once
     want_loss, want = reference("two_tower", "gradcache", CHUNK)
     for rank_result in ranks:
         got = rank_result["variants"]["blocks_only", "gradcache"]

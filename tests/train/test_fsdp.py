@@ -75,7 +75,8 @@ def train_worker(rank: int, world_size: int, folder: str) -> dict:
         refusal = None
     except ValueError as error:
         refusal = str(error)
-    sharded_units = [type(m).__name__ for m in model["image"] if callable(getattr(m, "set_requires_gradient_sync", None))]
+    sharded_units = [type(m).__name__ for m in model["image"]
+                     if callable(getattr(m, "set_requires_gradient_sync", None))]
     return {"first": first, "continued": continued, "resumed": resumed, "extra": extra,
             "offloaded": offloaded_losses, "adamw8bit": refusal, "sharded_units": sharded_units}
 

@@ -122,7 +122,9 @@ def check_same_chunk_counts(encoders: Sequence[nn.Module], chunk_counts: Sequenc
     """
     if not is_distributed() or world_size() == 1 or not any(_fsdp_modules(e) for e in encoders):
         return
-    device = next((p.device for e in encoders for p in e.parameters()), torch.device("cpu"))
+    # NCCL reads only CUDA tensors, even where CPU offload keeps the parameters in CPU memory
+    nccl = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     local = torch.tensor(list(chunk_counts), dtype=torch.long, device=device)
     every = [torch.empty_like(local) for _ in range(world_size())]
     dist.all_gather(every, local)

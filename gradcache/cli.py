@@ -62,8 +62,9 @@ def _default_train_argv(argv: list[str]) -> list[str]:
 
 
 def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from gradcache.train.loop import TrainingDiverged, train
+    from gradcache.train.loop import TrainingDiverged, init_distributed_if_launched, train
 
+    init_distributed_if_launched(args.device)
     args, checkpoint, data = resolve_run_options(args, explicit_options(get_args_parser(), argv))
     try:
         summary = train(args, checkpoint, data)

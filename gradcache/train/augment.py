@@ -36,15 +36,15 @@ def simclr_augmentation(
     """
     if not 0 < crop_scale[0] <= crop_scale[1] <= 1:
         raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {crop_scale}")
-    if jitter_strength < 0:
-        raise ValueError(f"jitter_strength must be >= 0, got {jitter_strength}")
+    if not 0 <= jitter_strength <= 2.5:
+        raise ValueError(f"jitter_strength must be in [0, 2.5] (hue shift 0.2 s at most 0.5), got {jitter_strength}")
     blur_kernel = max(3, int(0.1 * image_size) // 2 * 2 + 1)  # odd, ~10% of the side
     strength = 0.8 * jitter_strength
     return v2.Compose([
         v2.ToDtype(torch.float32, scale=True),  # float first: colour ops on float skip uint8 round trips
         v2.RandomResizedCrop(image_size, scale=crop_scale, antialias=True),
         v2.RandomHorizontalFlip(),
-        v2.RandomApply([v2.ColorJitter(strength, strength, strength, min(0.5, 0.2 * jitter_strength))], p=0.8),
+        v2.RandomApply([v2.ColorJitter(strength, strength, strength, 0.2 * jitter_strength)], p=0.8),
         v2.RandomGrayscale(p=0.2),
         v2.RandomApply([v2.GaussianBlur(blur_kernel, sigma=(0.1, 2.0))], p=blur_probability),
         v2.Normalize(MEAN, STD),

@@ -21,7 +21,7 @@ from gradcache.train.image_set import DataSplits
 from gradcache.train.optim import LR_SCALINGS, OPTIMIZERS
 from gradcache.train.recipe import PRECISIONS, STRATEGIES, build_model, load_data, model_signature
 
-RUN_LOCAL = {"device", "output_dir", "quiet", "workers", "resume", "checkpoint_every", "eval_every"}
+RUN_LOCAL = {"device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every", "eval_every"}
 
 # Per-mode defaults: the SimCLR ones are the tuned default run (`gradcache train`, a few CPU minutes).
 MODE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -53,7 +53,12 @@ def add_train_options(parser: argparse.ArgumentParser, mode: str) -> None:
         data.add_argument("--csv-separator", default=None, help="CSV separator (default: tab for .tsv, else comma)")
     else:
         data.add_argument("--crop-min-scale", type=float, default=0.25, help="smallest area of the random crop")
-    data.add_argument("--workers", type=int, default=0, help="data loader worker processes (0: in the main one)")
+        data.add_argument("--jitter-strength", type=float, default=1.0, help="colour jitter strength s (SimCLR: "
+                          "brightness, contrast, saturation 0.8 s, hue 0.2 s)")
+    data.add_argument("--workers", type=int, default=1, help="data loader worker processes (0: in the main one); "
+                      "augmenting in a worker overlaps it with the encoders")
+    data.add_argument("--threads", type=int, default=None, help="torch threads of the training process on CPU "
+                      "(default: CPU cores minus --workers, at least 1)")
 
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="convnet", choices=["convnet", "resnet18", "resnet34", "resnet50",
@@ -132,7 +137,7 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, naming the option, the value and the fix."""
-    _positive(args, "batch_size", "chunk_size", "steps", "epochs", "image_size", "train_size", "test_size",
+    _positive(args, "threads", "batch_size", "chunk_size", "steps", "epochs", "image_size", "train_size", "test_size",
               "checkpoint_every", "knn_k", "base_batch_size", "width", "projection_dim")
     if args.tile_size is not None and args.tile_size < 1:
         raise UsageError(f"--tile-size must be at least 1 (or omitted for the dense loss), got {args.tile_size}")
@@ -154,6 +159,9 @@ def check_options(args: argparse.Namespace) -> None:
         raise UsageError("--warmup, --weight-decay, --workers and --eval-every must not be negative")
     if args.mode == "simclr" and not 0 < args.crop_min_scale <= 1:
         raise UsageError(f"--crop-min-scale must be in (0, 1], got {args.crop_min_scale}")
+    if args.mode == "simclr" and not 0 <= args.jitter_strength <= 2.5:
+        raise UsageError(f"--jitter-strength must be in [0, 2.5] (hue shift 0.2 s at most 0.5), got "
+                         f"{args.jitter_strength}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: CUDA is not available here; use --device cpu")
     if args.model == "vit_tiny" and args.image_size % 4:

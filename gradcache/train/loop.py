@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,21 @@ def _distributed() -> tuple[int, int]:
     return 0, 1
 
 
+def init_distributed_if_launched(device: str) -> None:
+    """Under `torchrun` (WORLD_SIZE > 1 in the environment) join the process group: NCCL on CUDA, else gloo."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+
+
+def _device_of(name: str) -> torch.device:
+    """`--device cuda` under torchrun means this process's GPU, cuda:LOCAL_RANK."""
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and dist.is_initialized():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    return device
+
+
 def total_steps(args: argparse.Namespace, train_size: int) -> int:
     """`--steps`, or `--epochs` full passes over the training images (partial last batches dropped)."""
     return args.steps if args.steps is not None else args.epochs * (train_size // args.batch_size)
@@ -73,7 +89,9 @@ def train(args: argparse.Namespace, checkpoint: dict[str, Any] | None = None,
           data: DataSplits | None = None) -> dict[str, Any]:
     """Run (or, given `checkpoint`, continue) training; return the run summary also written to metrics.json."""
     rank, world_size = _distributed()
-    device = torch.device(args.device)
+    device = _device_of(args.device)
+    if device.type == "cpu":
+        _set_threads(args.threads or max(1, (os.cpu_count() or 1) - args.workers))
     data = data if data is not None else load_data(args)
     steps = total_steps(args, len(data.train))
     output_dir = Path(args.output_dir)
@@ -109,8 +127,8 @@ def train(args: argparse.Namespace, checkpoint: dict[str, Any] | None = None,
         restore_random_state(checkpoint["random_state"])  # last, after everything that could draw numbers
 
     sampler = StepSampler(len(data.train), args.batch_size, args.seed, start_step, steps, rank, world_size)
-    augmentation = simclr_augmentation(args.image_size, crop_scale=(args.crop_min_scale, 1.0)) \
-        if args.mode == "simclr" else None
+    augmentation = simclr_augmentation(args.image_size, crop_scale=(args.crop_min_scale, 1.0),
+                                       jitter_strength=args.jitter_strength) if args.mode == "simclr" else None
     batches = training_batches(data.train, sampler, augmentation, tokenizer, args.workers)
     negatives = 2 * args.batch_size - 2 if args.mode == "simclr" else args.batch_size - 1
 
@@ -178,6 +196,12 @@ def train(args: argparse.Namespace, checkpoint: dict[str, Any] | None = None,
         log.write_metrics(summary)
         log.plot()
     return summary
+
+
+def _set_threads(count: int) -> None:
+    """Leave the cores that data workers use to them: oversubscribed CPU thread pools mostly wait."""
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

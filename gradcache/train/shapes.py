@@ -31,7 +31,7 @@ COLOURS = {
     "white": (0.95, 0.95, 0.95),
     "black": (0.08, 0.08, 0.08),
 }
-SIZES = [("small", 0.22, 0.32), ("medium", 0.32, 0.44), ("large", 0.44, 0.58)]  # radius bounds, unit = half width
+SIZES = [("small", 0.34, 0.44), ("medium", 0.44, 0.56), ("large", 0.56, 0.7)]  # radius bounds, unit = half width
 ROWS = ["top", "middle", "bottom"]
 COLUMNS = ["left", "center", "right"]
 _SUPERSAMPLE = 2

@@ -4,10 +4,11 @@ import pytest
 TINY = {
     "simclr": ["--train-size", "64", "--test-size", "32", "--image-size", "16", "--batch-size", "16",
                "--chunk-size", "8", "--steps", "2", "--width", "8", "--hidden-dim", "32", "--projection-dim", "16",
-               "--knn-k", "5", "--warmup", "1", "--quiet"],
+               "--knn-k", "5", "--warmup", "1", "--quiet",
+               "--workers", "0"],
     "clip": ["--train-size", "64", "--test-size", "32", "--image-size", "16", "--batch-size", "16",
              "--chunk-size", "8", "--steps", "2", "--width", "8", "--projection-dim", "16", "--text-width", "16",
-             "--text-layers", "1", "--text-heads", "2", "--warmup", "1", "--quiet"],
+             "--text-layers", "1", "--text-heads", "2", "--warmup", "1", "--quiet", "--workers", "0"],
 }
 
 

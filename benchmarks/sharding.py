@@ -11,8 +11,9 @@ unseen here: it is one bucketed all-reduce per step, see tests/test_distributed.
     python benchmarks/sharding.py                      # width 1536, depth 4, batch 512, chunk 64; 1, 2, 4 ranks
     python benchmarks/sharding.py --world-sizes 1 2 --repeats 2
 
-Ranks share the machine's cores (threads per rank = cores / world size unless --threads), so on a 2-core
-machine 4 ranks time contention, not scaling. Results: benchmarks/results/sharding.{csv,png}.
+One torch thread per rank by default: on a shared machine multi-threaded matrix products slowed down most
+(a 1-rank full-batch step took 4.8 s with 2 threads, 2.1 s with 1). Ranks share the machine's cores, so on a
+2-core machine 4 ranks time contention, not scaling. Results: benchmarks/results/sharding.{csv,png}.
 """
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=512, help="global batch, split over ranks (default: 512)")
     parser.add_argument("--chunk", type=int, default=64, help="GradCache chunk size (default: 64)")
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per point (default: 2)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads per rank; 0: cores / world size (default: 0)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per rank; 0: cores / world size (default: 1, see the module docstring)")
     parser.add_argument("--name", default="sharding", help="file stem under benchmarks/results (default: sharding)")
     return parser
 

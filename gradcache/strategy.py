@@ -48,7 +48,8 @@ class Strategy:
             "chunk" (default) after every chunk's backward, so gradients stay sharded (one reduce-scatter per
             chunk); "step" once per step, keeping unsharded gradients between chunks (one reduce-scatter, the
             memory of whole gradients). Plain and DDP encoders always synchronise once per step. Measured
-            trade: benchmarks/results/sharding.md.
+            trade: benchmarks/results/sharding.md. Under FSDP2 every chunk's forward and backward is a
+            collective, so every rank must split its inputs into as many chunks (checked, ValueError).
     """
 
     def __init__(

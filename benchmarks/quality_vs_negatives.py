@@ -30,7 +30,7 @@ from report import RESULTS_DIR, machine_context, print_table, write_csv
 
 STRATEGIES = ("full", "naive", "gradcache")  # the training program's names for FullBatch, Naive, GradCache
 COLUMNS = ["strategy", "batch", "chunk", "seed", "step", "knn_top1", "negatives_per_anchor", "final", "steps",
-           "train_size", "test_size", "width", "lr", "run_wall_s", "peak_memory_mb", "knn_top1_random_init",
+           "train_size", "test_size", "width", "image_size", "lr", "run_wall_s", "peak_memory_mb", "knn_top1_random_init",
            "knn_top1_raw_pixels", "device", "threads", "cpu_count", "loadavg_1m", "loadavg_5m", "torch_version",
            "gradcache_version", "python_version", "timestamp_utc"]
 SUMMARY = ["strategy", "batch", "negatives_per_anchor", "seeds", "knn_top1_mean", "knn_top1_min", "knn_top1_max",
@@ -49,6 +49,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-size", type=int, default=256, help="built-in shapes: training images")
     parser.add_argument("--test-size", type=int, default=128, help="built-in shapes: held-out images for kNN")
     parser.add_argument("--width", type=int, default=16, help="ConvNet width (GroupNorm)")
+    parser.add_argument("--image-size", type=int, default=32, help="side of the rendered shapes")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the trainer's)")
     parser.add_argument("--eval-every", type=int, default=0, help="kNN every N steps (0: at start and end)")
     parser.add_argument("--knn-k", type=int, default=20, help="kNN neighbours")
@@ -66,7 +67,7 @@ def train_one(args: argparse.Namespace, strategy: str, batch: int, seed: int, ru
     folder = runs / f"{strategy}-b{batch}-c{chunk}-s{seed}"
     argv = ["train", "simclr", "--data", "shapes", "--model", "convnet", "--norm", "group", "--width",
             str(args.width), "--strategy", strategy, "--batch-size", str(batch), "--chunk-size", str(chunk),
-            "--steps", str(args.steps), "--seed", str(seed), "--train-size", str(args.train_size), "--test-size",
+            "--steps", str(args.steps), "--seed", str(seed), "--image-size", str(args.image_size), "--train-size", str(args.train_size), "--test-size",
             str(args.test_size), "--eval-every", str(args.eval_every), "--knn-k", str(args.knn_k), "--device",
             args.device, "--output-dir", str(folder), "--checkpoint-every", str(args.steps), "--quiet"]
     if args.lr is not None:
@@ -82,7 +83,7 @@ def train_one(args: argparse.Namespace, strategy: str, batch: int, seed: int, ru
     seen = chunk if strategy == "naive" else batch
     shared = {"strategy": strategy, "batch": batch, "chunk": chunk, "seed": seed, "steps": args.steps,
               "negatives_per_anchor": 2 * seen - 2, "train_size": args.train_size, "test_size": args.test_size,
-              "width": args.width, "lr": args.lr if args.lr is not None else "default", "run_wall_s": round(wall, 1),
+              "width": args.width, "image_size": args.image_size, "lr": args.lr if args.lr is not None else "default", "run_wall_s": round(wall, 1),
               **{key: metrics.get(key) for key in ("peak_memory_mb", "knn_top1_random_init", "knn_top1_raw_pixels")},
               **machine_context(args.threads, args.device)}
     return [{**shared, "step": int(row["step"]), "knn_top1": float(row["knn_top1"]),

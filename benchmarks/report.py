@@ -68,7 +68,8 @@ def plot_lines(path: Path, rows: Sequence[dict[str, Any]], x: str, panels: Seque
     for axis, (column, label) in zip(axes[0], panels):
         for name in names:
             points = sorted((row[x], row[column]) for row in rows
-                            if row[group] == name and isinstance(row.get(column), (int, float)))
+                            if row[group] == name and isinstance(row.get(column), (int, float))
+                            and (row[column] > 0 or not log_y))  # a 0 MiB peak has no place on a log axis
             if points:
                 style = "--" if "loss" in str(name) else "-"
                 axis.plot(*zip(*points), style, marker="o", label=str(name))

@@ -60,7 +60,7 @@ class FullBatch(Strategy):
             embeddings = [all_gather_with_grad(e) for e in embeddings]  # (N_i * world_size, D)
         with full_precision():
             loss = self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs))
-        with running_stats_frozen(self.all_encoders()):  # activation checkpointing re-runs forwards here
+        with running_stats_frozen(self.all_encoders()), full_precision():  # checkpointing re-runs forwards here
             self.scaled(loss).backward()
         self.steps_taken += 1
         return loss.detach()
@@ -129,7 +129,7 @@ class NaiveAccumulation(Strategy):
                         loss = self.checked_loss(
                             self.loss_fn(*embeddings, **loss_kwargs), f" (micro-batch {k + 1} of {count})"
                         )
-                    with running_stats_frozen(encoders):
+                    with running_stats_frozen(encoders), full_precision():
                         self.scaled(loss / count).backward()
                 losses.append(loss.detach())
         self.steps_taken += 1

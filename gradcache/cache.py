@@ -83,7 +83,8 @@ class GradCache(Strategy):
         """Forward and backward over the full batch; accumulate into `.grad`; return the detached loss."""
         self.require_grad_enabled()
         loss = self.loss(*inputs, **loss_kwargs)
-        self.scaled(loss).backward()  # runs (3) when it reaches the cached embeddings
+        with full_precision():  # backward outside any caller's autocast, as PyTorch asks; (3) re-enters its own
+            self.scaled(loss).backward()  # runs (3) when it reaches the cached embeddings
         return loss.detach()
 
     def loss(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:

@@ -29,8 +29,19 @@ def _worker(rank: int, world_size: int, port: int, folder: str, fn: Callable, ar
         dist.destroy_process_group()
 
 
-def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any) -> list[Any]:
+def default_start_method() -> str:
+    """Fork where the platform has it: the ranks inherit the imported modules instead of importing torch again
+    (about 10 s a start on 2 cores); spawn elsewhere."""
+    return "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+
+
+def run_on_ranks(
+    fn: Callable[..., Any], world_size: int = 2, *args: Any, start_method: str | None = None
+) -> list[Any]:
     """`fn(rank, world_size, *args)` on each rank under a gloo process group; returns each rank's result."""
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_worker, args=(world_size, _free_port(), folder, fn, args), nprocs=world_size, join=True)
+        mp.start_processes(
+            _worker, args=(world_size, _free_port(), folder, fn, args), nprocs=world_size, join=True,
+            start_method=start_method or default_start_method(),
+        )
         return [torch.load(os.path.join(folder, f"rank{r}.pt")) for r in range(world_size)]

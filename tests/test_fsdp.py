@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import os
 import shutil
 import tempfile
 
@@ -19,13 +18,12 @@ import torch
 import torch._dynamo  # noqa: F401  imported once here, inherited by the forked ranks
 import torch.distributed as dist
 import torch.distributed.checkpoint  # noqa: F401
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from gradcache import FullBatch, GradCache
 from tests.conftest import assert_grads_close
-from tests.multiprocess import _free_port, _worker
+from tests.multiprocess import run_on_ranks
 from tests.test_distributed import GLOBAL, STRATEGIES, reference, rows, shared_batch, shared_model
 from tests.test_distributed import two_tower_batch, two_tower_model
 
@@ -148,10 +146,7 @@ def fsdp_runs() -> tuple[list[dict], str]:
     """Each rank's results, and the folder the ranks wrote checkpoints to (removed when pytest exits)."""
     folder = tempfile.mkdtemp(prefix="gradcache-fsdp-")
     atexit.register(shutil.rmtree, folder, True)
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    mp.start_processes(_worker, args=(2, _free_port(), folder, all_cases_worker, (folder,)), nprocs=2, join=True,
-                       start_method=method)  # tests.multiprocess's worker: gloo on loopback, one thread per rank
-    return [torch.load(os.path.join(folder, f"rank{r}.pt")) for r in range(2)], folder
+    return run_on_ranks(all_cases_worker, 2, folder), folder  # forked: gloo on loopback, one thread per rank
 
 
 @pytest.fixture(scope="module")

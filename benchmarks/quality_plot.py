@@ -47,6 +47,10 @@ def plot_quality(path: Path, rows: Sequence[dict[str, Any]], summary: Sequence[d
             for negatives, row in points:
                 finals.annotate(f"b{row['batch']}", (negatives, row["knn_top1_mean"]), fontsize=7,
                                 textcoords="offset points", xytext=(4, 4))
+    raw = [float(row["knn_top1_raw_pixels"]) for row in rows if row.get("knn_top1_raw_pixels") not in (None, "")]
+    if raw:  # what kNN on the pixels themselves reaches: a learned encoder should end above it
+        for axis in (curves, finals):
+            axis.axhline(statistics.fmean(raw), color="grey", linestyle=":", label="kNN on raw pixels")
     curves.set_xlabel("optimizer step")
     curves.set_ylabel("kNN top-1 (%)")
     curves.legend(fontsize=7)

@@ -24,6 +24,7 @@ def simclr_augmentation(
     crop_scale: tuple[float, float] = (0.25, 1.0),
     jitter_strength: float = 0.5,
     blur_probability: float = 0.5,
+    channel_permutation: float = 0.0,
 ) -> v2.Compose:
     """One random view of a (3, H, W) uint8 image: crop, flip, jitter, greyscale, blur, then normalise.
 
@@ -33,6 +34,9 @@ def simclr_augmentation(
             keep more, or a small shape can be cropped out entirely).
         jitter_strength: SimCLR's s: brightness, contrast, saturation 0.8 s and hue 0.2 s.
         blur_probability: chance of a Gaussian blur with sigma in [0.1, 2.0].
+        channel_permutation: chance of a random permutation of the RGB channels after the jitter. Hue jitter
+            shifts every colour of an image alike, so the relation of foreground to background colour survives it
+            and becomes the easiest cue for telling images apart; permuting channels breaks that relation.
     """
     if not 0 < crop_scale[0] <= crop_scale[1] <= 1:
         raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {crop_scale}")
@@ -45,6 +49,7 @@ def simclr_augmentation(
         v2.RandomResizedCrop(image_size, scale=crop_scale, antialias=True),
         v2.RandomHorizontalFlip(),
         v2.RandomApply([v2.ColorJitter(strength, strength, strength, 0.2 * jitter_strength)], p=0.8),
+        v2.RandomApply([v2.RandomChannelPermutation()], p=channel_permutation),
         v2.RandomGrayscale(p=0.2),
         v2.RandomApply([v2.GaussianBlur(blur_kernel, sigma=(0.1, 2.0))], p=blur_probability),
         v2.Normalize(MEAN, STD),

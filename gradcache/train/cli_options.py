@@ -25,12 +25,12 @@ RUN_LOCAL = {"device", "output_dir", "quiet", "workers", "threads", "resume", "c
 
 # Per-mode defaults: the SimCLR ones are the tuned default run (`gradcache train`, a few CPU minutes).
 MODE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "simclr": dict(temperature=0.2, lr=2e-3, steps=None, batch_size=256, chunk_size=64, train_size=8192,
+    "simclr": dict(temperature=0.1, lr=2e-3, steps=None, batch_size=256, chunk_size=64, train_size=8192,
                    test_size=2048, projection_dim=128),
     "clip": dict(temperature=0.07, lr=2e-3, steps=None, batch_size=256, chunk_size=64, train_size=8192,
                  test_size=2048, projection_dim=128),
 }
-DEFAULT_EPOCHS = {"simclr": 4, "clip": 8}
+DEFAULT_EPOCHS = {"simclr": 5, "clip": 4}
 
 
 class UsageError(ValueError):
@@ -55,6 +55,8 @@ def add_train_options(parser: argparse.ArgumentParser, mode: str) -> None:
         data.add_argument("--crop-min-scale", type=float, default=0.25, help="smallest area of the random crop")
         data.add_argument("--jitter-strength", type=float, default=1.0, help="colour jitter strength s (SimCLR: "
                           "brightness, contrast, saturation 0.8 s, hue 0.2 s)")
+        data.add_argument("--channel-permutation", type=float, default=1.0, help="chance of permuting the RGB "
+                          "channels of a view (breaks colour relations that hue jitter keeps)")
     data.add_argument("--workers", type=int, default=1, help="data loader worker processes (0: in the main one); "
                       "augmenting in a worker overlaps it with the encoders")
     data.add_argument("--threads", type=int, default=None, help="torch threads of the training process on CPU "
@@ -63,8 +65,9 @@ def add_train_options(parser: argparse.ArgumentParser, mode: str) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="convnet", choices=["convnet", "resnet18", "resnet34", "resnet50",
                                                                "vit_tiny"], help="image encoder")
-    model.add_argument("--width", type=int, default=32, help="convnet: channels of the first stage")
-    model.add_argument("--norm", default="group", choices=["group", "batch"], help="convnet/resnet normalisation")
+    model.add_argument("--width", type=int, default=16, help="convnet: channels of the first stage")
+    model.add_argument("--norm", default="batch", choices=["group", "batch"], help="convnet/resnet normalisation "
+                       "(batch: per-chunk statistics under gradcache/naive; the GroupNorm convnet learns far slower)")
     model.add_argument("--projection-dim", type=int, default=d["projection_dim"], help="embedding size of the loss")
     if mode == "simclr":
         model.add_argument("--hidden-dim", type=int, default=512, help="projection head hidden width")
@@ -159,6 +162,8 @@ def check_options(args: argparse.Namespace) -> None:
         raise UsageError("--warmup, --weight-decay, --workers and --eval-every must not be negative")
     if args.mode == "simclr" and not 0 < args.crop_min_scale <= 1:
         raise UsageError(f"--crop-min-scale must be in (0, 1], got {args.crop_min_scale}")
+    if args.mode == "simclr" and not 0 <= args.channel_permutation <= 1:
+        raise UsageError(f"--channel-permutation is a probability in [0, 1], got {args.channel_permutation}")
     if args.mode == "simclr" and not 0 <= args.jitter_strength <= 2.5:
         raise UsageError(f"--jitter-strength must be in [0, 2.5] (hue shift 0.2 s at most 0.5), got "
                          f"{args.jitter_strength}")

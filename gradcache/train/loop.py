@@ -128,7 +128,8 @@ def train(args: argparse.Namespace, checkpoint: dict[str, Any] | None = None,
 
     sampler = StepSampler(len(data.train), args.batch_size, args.seed, start_step, steps, rank, world_size)
     augmentation = simclr_augmentation(args.image_size, crop_scale=(args.crop_min_scale, 1.0),
-                                       jitter_strength=args.jitter_strength) if args.mode == "simclr" else None
+                                       jitter_strength=args.jitter_strength,
+                                       channel_permutation=args.channel_permutation) if args.mode == "simclr" else None
     batches = training_batches(data.train, sampler, augmentation, tokenizer, args.workers)
     negatives = 2 * args.batch_size - 2 if args.mode == "simclr" else args.batch_size - 1
 

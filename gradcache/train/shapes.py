@@ -1,9 +1,10 @@
 """Procedurally rendered shapes with captions: the built-in data set, deterministic given a seed, no download.
 
 Each image holds one shape of eight classes (circle, square, triangle, star, cross, ring, crescent, heart) with
-a random colour, size, position and rotation, over a random two-colour gradient background, plus pixel noise.
-The caption names the attributes ("a large red star in the top left on a blue background"), giving about
-12,000 distinct captions, so the same source serves SimCLR (the class is the label that kNN evaluation scores)
+a random colour, size, position and rotation, over a random background (a dark, grey or light tone with a
+random tint and a shading gradient), plus pixel noise.
+The caption names the attributes ("a large red star in the top left on a dark background"), giving about
+5,000 distinct captions, so the same source serves SimCLR (the class is the label that kNN evaluation scores)
 and CLIP (image-caption pairs whose retrieval is not trivial).
 
 Rendering is vectorised: every shape is an implicit function `inside(x, y)` of coordinates in the shape's own
@@ -31,6 +32,10 @@ COLOURS = {
     "white": (0.95, 0.95, 0.95),
     "black": (0.08, 0.08, 0.08),
 }
+# Background tones: a grey level range, lightly tinted. Backgrounds vary in tone, tint and shading but are never
+# saturated: a saturated background colour covers most pixels and is the easiest cue for telling images apart, so
+# contrastive training would learn it instead of the shape (feature suppression, Chen et al. 2021).
+TONES = [("dark", 0.08, 0.3), ("grey", 0.4, 0.6), ("light", 0.7, 0.92)]
 SIZES = [("small", 0.34, 0.44), ("medium", 0.44, 0.56), ("large", 0.56, 0.7)]  # radius bounds, unit = half width
 ROWS = ["top", "middle", "bottom"]
 COLUMNS = ["left", "center", "right"]
@@ -75,8 +80,14 @@ def render_shapes(count: int, image_size: int = 32, seed: int = 0, noise: float 
     names = list(COLOURS)
     palette = torch.tensor([COLOURS[n] for n in names])  # (C, 3)
     foreground = torch.randint(len(names), (count,), generator=generator)
-    # two background colours, each different from the foreground colour, for a gradient
-    background = (foreground + torch.randint(1, len(names), (count,), generator=generator)) % len(names)
+    # a background tone far enough in RGB from the foreground colour for the shape to stay visible
+    mids = torch.tensor([(low + high) / 2 for _, low, high in TONES])  # (T,)
+    visible = (palette[:, None, :] - mids[None, :, None]).norm(dim=2) >= 0.35  # (C, T)
+    scores = torch.rand(count, len(TONES), generator=generator).masked_fill(~visible[foreground], -1.0)
+    background = scores.argmax(1)
+    tone_low = torch.tensor([t[1] for t in TONES])[background]
+    tone_high = torch.tensor([t[2] for t in TONES])[background]
+    level = tone_low + (tone_high - tone_low) * torch.rand(count, generator=generator)
     size_bin = torch.randint(len(SIZES), (count,), generator=generator)
     low = torch.tensor([s[1] for s in SIZES])[size_bin]
     high = torch.tensor([s[2] for s in SIZES])[size_bin]
@@ -102,8 +113,8 @@ def render_shapes(count: int, image_size: int = 32, seed: int = 0, noise: float 
 
     jitter = lambda: (torch.rand(count, 3, generator=generator) - 0.5) * 0.16  # noqa: E731
     fg_rgb = (palette[foreground] + jitter()).clamp(0, 1)[:, :, None, None]  # (B, 3, 1, 1)
-    bg_a = (palette[background] + jitter()).clamp(0, 1)[:, :, None, None]
-    bg_b = (bg_a * uniform(0.55, 0.85)[:, None, None, None]).clamp(0, 1)  # a darker shade of the same colour
+    bg_a = (level[:, None] + jitter()).clamp(0, 1)[:, :, None, None]  # grey level with a light tint
+    bg_b = (bg_a * uniform(0.8, 0.95)[:, None, None, None]).clamp(0, 1)  # a slightly darker shade
     direction = uniform(0.0, 2 * math.pi)
     axis_small = (torch.arange(image_size) + 0.5) / image_size * 2 - 1
     gy, gx = torch.meshgrid(axis_small, axis_small, indexing="ij")
@@ -117,10 +128,10 @@ def render_shapes(count: int, image_size: int = 32, seed: int = 0, noise: float 
     row = ((centre[:, 1] + 1) / 2 * 3).long().clamp(0, 2)
     column = ((centre[:, 0] + 1) / 2 * 3).long().clamp(0, 2)
     captions = [
-        _caption(SIZES[s][0], names[f], SHAPE_NAMES[k], ROWS[r], COLUMNS[c], names[b])
+        _caption(SIZES[s][0], names[f], SHAPE_NAMES[k], ROWS[r], COLUMNS[c], b)
         for s, f, k, r, c, b in zip(
             size_bin.tolist(), foreground.tolist(), shapes.tolist(), row.tolist(), column.tolist(),
-            background.tolist(),
+            [TONES[b][0] for b in background.tolist()],
         )
     ]
     prompts = [[f"a {size} {colour} {shape}" for size, _, _ in SIZES for colour in names] for shape in SHAPE_NAMES]

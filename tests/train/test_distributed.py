@@ -26,7 +26,7 @@ def _rank(rank, world_size, port, argv):
 
 
 def test_two_processes_match_one_process(tmp_path, tiny_args):
-    args = ["--strategy", "gradcache", "--steps", "2"]
+    args = ["--strategy", "gradcache", "--steps", "2", "--norm", "group"]  # BatchNorm buffers are per rank
     mp.spawn(_rank, args=(2, _free_port(), tiny_args("simclr", tmp_path / "two", *args)), nprocs=2)
     assert main(tiny_args("simclr", tmp_path / "one", *args)) == 0
     two, one = (load_checkpoint(tmp_path / d) for d in ("two", "one"))

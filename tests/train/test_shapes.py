@@ -1,6 +1,6 @@
 import torch
 
-from gradcache.train.shapes import COLOURS, SHAPE_NAMES, load_shapes, render_shapes
+from gradcache.train.shapes import COLOURS, SHAPE_NAMES, TONES, load_shapes, render_shapes
 
 
 def test_same_seed_same_bytes_and_captions():
@@ -19,13 +19,13 @@ def test_caption_names_the_class_and_a_colour():
     for label, caption in zip(shapes.labels.tolist(), shapes.captions):
         words = caption.split()
         assert SHAPE_NAMES[label] == words[3]
-        assert words[2] in COLOURS and words[-2] in COLOURS and words[2] != words[-2]
+        assert words[2] in COLOURS and words[-2] in {name for name, _, _ in TONES}
 
 
 def test_not_trivial_every_class_and_many_distinct_captions():
     shapes = render_shapes(600, 16, seed=1)
     assert set(shapes.labels.tolist()) == set(range(len(SHAPE_NAMES)))
-    assert len(set(shapes.captions)) > 400
+    assert len(set(shapes.captions)) > 350
     # the images vary in colour, not just in shape: the per-image mean colour is spread out
     assert shapes.images.float().mean((2, 3)).std(0).min() > 20
 

@@ -120,9 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = Path(args.output_dir)
     write_csv(output / f"{args.name}.csv", rows, COLUMNS)
     clip = [row for row in rows if row["comparison"] == "clip_loss" and row["status"] == "ok"]
-    plot_lines(output / f"{args.name}_clip_loss.png", clip, "batch",
-               [("peak_mb", "peak memory above baseline (MiB)"), ("step_s", "forward + backward (s, median)")],
-               "side", f"CLIP loss alone, D={args.embed_dim}, {args.device}, {args.threads} threads")
+    if clip:  # none when the sweep was limited to the text comparison (--max-pairs below --min-pairs)
+        plot_lines(output / f"{args.name}_clip_loss.png", clip, "batch",
+                   [("peak_mb", "peak memory above baseline (MiB)"), ("step_s", "forward + backward (s, median)")],
+                   "side", f"CLIP loss alone, D={args.embed_dim}, {args.device}, {args.threads} threads")
     print_table(rows, TABLE)
     skipped = sorted({row["side"] for row in rows if str(row["status"]).startswith("skipped (")})
     if skipped:

@@ -26,8 +26,9 @@ from workloads import LOSS_ONLY, STRATEGIES, TASKS, build_workload, input_bytes,
 
 MB = 2**20
 DEFAULT_STRATEGIES = [*STRATEGIES, LOSS_ONLY]
+INTERLEAVED = "interleaved"  # opt-in: Naive, GradCache and the no-grad forward timed in turn in one process
 COLUMNS = ["task", "model", "image_size", "strategy", "batch", "chunk", "negatives_per_anchor", "status",
-           "peak_mb", "input_mb", "step_s", "nograd_forward_s", "extra_over_nograd", "steps", "warmup",
+           "peak_mb", "input_mb", "step_s", "naive_step_s", "nograd_forward_s", "extra_over_nograd", "steps", "warmup",
            "process_s", "error", "device", "threads", "cpu_count", "loadavg_1m", "loadavg_5m", "torch_version",
            "gradcache_version", "python_version", "timestamp_utc"]
 TABLE = ["strategy", "batch", "negatives_per_anchor", "status", "peak_mb", "step_s", "extra_over_nograd"]
@@ -45,7 +46,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-batch", type=int, default=64, help="first batch of the doubling sweep")
     parser.add_argument("--max-batch", type=int, default=512, help="last batch of the doubling sweep")
     parser.add_argument("--batch", type=int, default=None, help="one batch only (overrides the sweep)")
-    parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), help="comma-separated subset")
+    parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                        help=f"comma-separated subset; '{INTERLEAVED}' times Naive, GradCache and the no-grad forward "
+                             "in turn in one process (the robust ratio on a loaded machine)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per point (the median is reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each point (0: torch's default)")
@@ -63,10 +66,16 @@ def measure_point(point: dict[str, Any]) -> dict[str, Any]:
     if point["threads"]:  # 0 keeps torch's default (an in-process caller such as a test)
         torch.set_num_threads(point["threads"])
     device = torch.device(point["device"])
-    _make_step(point, build_workload({**point, "batch": 2}, device), chunk=1)()  # load kernels before the baseline
+    warm = {**point, "strategy": "gradcache" if point["strategy"] == INTERLEAVED else point["strategy"]}
+    _make_step(warm, build_workload({**warm, "batch": 2}, device), chunk=1)()  # load kernels before the baseline
     budget = int(point["memory_budget_gb"] * 2**30) if point["memory_budget_gb"] else None
     memory = PeakMemory(device, budget)
     workload = build_workload(point, device)
+    if point["strategy"] == INTERLEAVED:
+        result = {"status": "ok", **_interleaved_times(point, workload, device)}
+        result.update(peak_mb=memory.peak_above_baseline() / MB, input_mb=input_bytes(workload) / MB)
+        memory.stop()
+        return result
     step_s, _ = median_time(_make_step(point, workload, point["chunk"]), point["steps"], point["warmup"], device)
     result = {"status": "ok", "peak_mb": memory.peak_above_baseline() / MB, "step_s": step_s,
               "input_mb": input_bytes(workload) / MB}
@@ -75,6 +84,22 @@ def measure_point(point: dict[str, Any]) -> dict[str, Any]:
                                                     point["steps"], point["warmup"], device)
     memory.stop()
     return result
+
+
+def _interleaved_times(point: dict[str, Any], workload: Any, device: torch.device) -> dict[str, float]:
+    """Naive step, GradCache step and no-grad forward timed round-robin, so a change of machine load hits all
+    three alike; the ratio is the median over rounds of (GradCache - Naive) / no-grad forward."""
+    chunk = point["chunk"]
+    runs = [_make_step({**point, "strategy": "naive"}, workload, chunk),
+            _make_step({**point, "strategy": "gradcache"}, workload, chunk),
+            lambda: workload.encode_without_grad(chunk)]
+    rounds = [[median_time(run, 1, point["warmup"] if index == 0 else 0, device)[0] for run in runs]
+              for index in range(point["steps"])]
+    naive, cached, forward = ([times[i] for times in rounds] for i in range(3))
+    ratios = sorted((c - n) / f for n, c, f in zip(naive, cached, forward))
+    median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
+    return {"naive_step_s": median(naive), "step_s": median(cached), "nograd_forward_s": median(forward),
+            "extra_over_nograd": ratios[len(ratios) // 2]}
 
 
 def _make_step(point: dict[str, Any], workload: Any, chunk: int) -> Callable[[], None]:
@@ -94,15 +119,16 @@ def _make_step(point: dict[str, Any], workload: Any, chunk: int) -> Callable[[],
 def sweep(args: argparse.Namespace, script: str) -> list[dict[str, Any]]:
     """Every (batch, strategy) point in its own process; a strategy over a budget skips larger batches."""
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
-    unknown = sorted(set(strategies) - set(DEFAULT_STRATEGIES))
+    unknown = sorted(set(strategies) - {*DEFAULT_STRATEGIES, INTERLEAVED})
     if unknown:
-        raise ValueError(f"--strategies has unknown {unknown}; choose from {DEFAULT_STRATEGIES}.")
+        raise ValueError(f"--strategies has unknown {unknown}; choose from {[*DEFAULT_STRATEGIES, INTERLEAVED]}.")
     batches = [args.batch] if args.batch else _doubling(args.min_batch, args.max_batch)
     failed: dict[str, str] = {}
     rows = []
     for batch in batches:
         for strategy in strategies:
-            chunk = min(args.chunk, batch) if strategy in ("naive", "gradcache", "gradcache_tiled") else batch
+            chunked = strategy in ("naive", "gradcache", "gradcache_tiled", INTERLEAVED)
+            chunk = min(args.chunk, batch) if chunked else batch
             point = {"task": args.task, "model": args.model, "image_size": args.image_size, "strategy": strategy,
                      "batch": batch, "chunk": chunk, "text_length": args.text_length, "tile_size": args.tile_size,
                      "steps": args.steps, "warmup": args.warmup, "threads": args.threads, "device": args.device,

@@ -29,6 +29,14 @@ def test_clip_points_measure_with_two_towers() -> None:
         assert ("nograd_forward_s" in result) == (strategy == "gradcache")
 
 
+def test_interleaved_point_times_naive_gradcache_and_the_forward_in_one_process() -> None:
+    result = bench.measure_point({**TINY, "strategy": bench.INTERLEAVED, "steps": 1})
+    assert result["status"] == "ok"
+    assert min(result["naive_step_s"], result["step_s"], result["nograd_forward_s"]) > 0
+    expected = (result["step_s"] - result["naive_step_s"]) / result["nograd_forward_s"]  # one round: its own ratio
+    assert result["extra_over_nograd"] == pytest.approx(expected)
+
+
 def test_sweep_writes_csv_columns_and_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_csv) -> None:
     monkeypatch.setattr(bench, "run_point", _in_process)
     assert bench.main([*TINY_FLAGS, "--output-dir", str(tmp_path), "--name", "sweep"]) == 0

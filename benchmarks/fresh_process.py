@@ -56,8 +56,9 @@ class PeakMemory:
         self._stopped.set()
 
     def _watch(self, budget_bytes: int) -> None:
+        start = _rss_now_bytes()  # current RSS, not the high-water mark: it is what the polls compare against
         while not self._stopped.is_set():
-            if _rss_now_bytes() - self.baseline > budget_bytes:
+            if _rss_now_bytes() - start > budget_bytes:
                 report({"status": "over_memory_budget"})
                 os._exit(OVER_MEMORY_EXIT)
             time.sleep(0.01)

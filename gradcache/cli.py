@@ -73,7 +73,8 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
         return 1
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
-        print(f"wrote {args.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, last.pt",
+        checkpoint_name = "last.dcp" if args.fsdp else "last.pt"
+        print(f"wrote {args.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, {checkpoint_name}",
               file=sys.stderr)
     return 0
 

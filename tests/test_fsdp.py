@@ -130,6 +130,7 @@ def variants_worker(rank):
 
 
 def all_cases_worker(rank, world_size, folder):
+    from tests.train.test_cli_fsdp import cli_worker
     from tests.train.test_fsdp import train_worker
 
     return {
@@ -138,6 +139,7 @@ def all_cases_worker(rank, world_size, folder):
         "gathered": strategy_worker(rank, "two_tower", False, ("gradcache", "full"), ("chunk",)),
         "variants": variants_worker(rank),
         "train": train_worker(rank, world_size, folder),
+        "cli": cli_worker(rank, world_size, folder),
     }
 
 

@@ -21,7 +21,9 @@ from gradcache.train.image_set import DataSplits
 from gradcache.train.optim import LR_SCALINGS, OPTIMIZERS
 from gradcache.train.recipe import PRECISIONS, STRATEGIES, build_model, load_data, model_signature
 
-RUN_LOCAL = {"device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every", "eval_every"}
+# --cpu-offload only moves where the shards live, so a resumed run may turn it on or off.
+RUN_LOCAL = {"device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every", "eval_every",
+             "cpu_offload"}
 
 # Per-mode defaults: the SimCLR ones are the tuned default run (`gradcache train`, a few CPU minutes).
 MODE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -107,6 +109,15 @@ def add_train_options(parser: argparse.ArgumentParser, mode: str) -> None:
     run.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
                      help="encoders under autocast in bf16/fp16 (fp16 with a gradient scaler)")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    shard = parser.add_argument_group("sharding (torchrun)")
+    shard.add_argument("--fsdp", action="store_true", help="shard each encoder block by block with FSDP2 instead "
+                       "of DDP; checkpoints become last.dcp (one shard per rank, resumable on any number of ranks); "
+                       "without torchrun, a one-process gloo group is started")
+    shard.add_argument("--fsdp-reduce", default="chunk", choices=["chunk", "step"], help="--fsdp: reduce-scatter "
+                       "gradients after every chunk (chunk: sharded gradients) or once per step (step: whole "
+                       "gradients between chunks, fewer collectives)")
+    shard.add_argument("--cpu-offload", action="store_true", help="--fsdp: keep sharded parameters, gradients "
+                       "and optimizer state in CPU memory; the optimizer steps on CPU")
     run.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and augmentation")
 
     output = parser.add_argument_group("output")
@@ -167,10 +178,29 @@ def check_options(args: argparse.Namespace) -> None:
     if args.mode == "simclr" and not 0 <= args.jitter_strength <= 2.5:
         raise UsageError(f"--jitter-strength must be in [0, 2.5] (hue shift 0.2 s at most 0.5), got "
                          f"{args.jitter_strength}")
+    _check_sharding(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: CUDA is not available here; use --device cpu")
     if args.model == "vit_tiny" and args.image_size % 4:
         raise UsageError(f"--model vit_tiny needs --image-size divisible by its patch size 4, got {args.image_size}")
+
+
+def _check_sharding(args: argparse.Namespace) -> None:
+    """--cpu-offload needs --fsdp; 8-bit AdamW needs bitsandbytes and plain (unsharded) parameters."""
+    if args.cpu_offload and not args.fsdp:
+        raise UsageError("--cpu-offload moves FSDP shards to CPU memory and needs --fsdp; add --fsdp or drop "
+                         "--cpu-offload")
+    if args.optimizer != "adamw8bit":
+        return
+    if args.fsdp:
+        raise UsageError("--optimizer adamw8bit cannot step parameters sharded by --fsdp (bitsandbytes reads plain "
+                         "tensors); use --optimizer adamw with --fsdp (and --cpu-offload to move its state to CPU "
+                         "memory), or adamw8bit without --fsdp")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as error:
+        raise UsageError("--optimizer adamw8bit needs bitsandbytes: pip install bitsandbytes (or choose "
+                         "--optimizer adamw)") from error
 
 
 def _divisor_below(number: int, limit: int) -> int:
@@ -179,7 +209,19 @@ def _divisor_below(number: int, limit: int) -> int:
 
 def _merge_resume(args: argparse.Namespace, explicit: set[str]) -> tuple[argparse.Namespace, dict]:
     """The checkpoint's options, with the run-local ones taken from the command line; mismatches refused."""
-    checkpoint = load_checkpoint(args.resume)
+    sharded = sharded_checkpoint(args.resume)
+    if sharded is not None:
+        from gradcache.train.fsdp import sharded_extra  # torch.distributed.checkpoint: only for these runs
+
+        checkpoint = {**sharded_extra(sharded), "sharded": str(sharded)}  # the shards load once sharding is set up
+        if "args" not in checkpoint:
+            raise CheckpointError(f"--resume {args.resume} is a sharded checkpoint without the run's options; "
+                                  "it was not written by gradcache train")
+    else:
+        checkpoint = load_checkpoint(args.resume)
+    if "fsdp" in explicit and sharded is None:
+        raise CheckpointError(f"--resume {args.resume} is a single-file checkpoint (last.pt) of a run without "
+                              "--fsdp; resume it without --fsdp, or start a new run with --fsdp")
     stored = checkpoint["args"]
     if stored.get("mode") != args.mode:
         raise CheckpointError(f"{args.resume} is a {stored.get('mode')} checkpoint; resume it with "
@@ -195,12 +237,26 @@ def _merge_resume(args: argparse.Namespace, explicit: set[str]) -> tuple[argpars
     for key in RUN_LOCAL:
         setattr(merged, key, getattr(args, key))
     if merged.output_dir is None:
-        merged.output_dir = str(resolve_checkpoint(args.resume).parent)
+        merged.output_dir = str((sharded or resolve_checkpoint(args.resume)).parent)
+    if sharded is not None and not merged.fsdp:
+        raise CheckpointError(f"--resume {args.resume} is a sharded checkpoint but its run has no --fsdp; "
+                              "it was not written by gradcache train")
+    if sharded is not None:
+        return merged, checkpoint  # the parameter names are checked by load_sharded before anything is written
     try:  # a checkpoint of an older or foreign model fails here, before anything is written
         build_model(merged).load_state_dict(checkpoint["model"])
     except (RuntimeError, KeyError, ValueError, TypeError) as error:
         raise CheckpointError(f"--resume {args.resume} does not fit the model it names: {error}") from error
     return merged, checkpoint
+
+
+def sharded_checkpoint(path: str) -> Path | None:
+    """The `last.dcp` folder that `path` names (the folder itself, or a run folder holding it), else None."""
+    path = Path(path)
+    for candidate in (path, path / "last.dcp", path / "last.dcp.old"):  # .old: a save stopped between renames
+        if candidate.is_dir() and (candidate / ".metadata").is_file():
+            return path / "last.dcp" if candidate.name == "last.dcp.old" else candidate
+    return None
 
 
 def resolve_run_options(args: argparse.Namespace,
@@ -217,7 +273,7 @@ def resolve_run_options(args: argparse.Namespace,
     output = Path(args.output_dir)
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output-dir {output} exists and is not a folder; choose another path")
-    if checkpoint is None and any((output / name).exists() for name in ("last.pt", "train_log.csv")):
+    if checkpoint is None and any((output / name).exists() for name in ("last.pt", "last.dcp", "train_log.csv")):
         raise UsageError(f"--output-dir {output} already holds a run; pass --resume {output} to continue it, "
                          "or choose another --output-dir")
     data = load_data(args)

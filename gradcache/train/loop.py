@@ -9,6 +9,11 @@
 
 Rank 0 alone writes files under torch.distributed; the encoders are wrapped in DDP and each rank encodes its
 contiguous slice of the global batch, the core gathering the embeddings so the loss sees all of them.
+
+With `--fsdp` each encoder is sharded block by block (FSDP2) instead, the optimizer is built over the shards,
+every rank writes its shards to `last.dcp` (resumable on any number of ranks; the random state saved is rank
+0's, which every rank restores, as with `last.pt`), and every rank runs the evaluations, whose forwards gather
+the shards. Without torchrun, `--fsdp` starts a one-process gloo group (NCCL on CUDA) and ends it afterwards.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +34,7 @@ from tqdm import tqdm
 
 from gradcache.train.augment import simclr_augmentation
 from gradcache.train.batches import StepSampler, training_batches
-from gradcache.train.checkpoint import capture_random_state, restore_random_state, save_checkpoint
+from gradcache.train.checkpoint import CheckpointError, capture_random_state, restore_random_state, save_checkpoint
 from gradcache.train.image_set import DataSplits
 from gradcache.train.optim import build_optimizer, scaled_learning_rate
 from gradcache.train.recipe import (
@@ -85,9 +92,42 @@ def _arguments(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
 
 
+@contextmanager
+def _process_group_for(args: argparse.Namespace) -> Iterator[None]:
+    """`--fsdp` without torchrun: a one-process group (FSDP2 needs one even on one rank), ended on the way out."""
+    if not args.fsdp or dist.is_initialized():
+        yield
+        return
+    backend = "cpu:gloo,cuda:nccl" if args.device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextmanager
+def _gathered(model: nn.Module, sharded: bool) -> Iterator[None]:
+    """Every FSDP unit of `model` unsharded (evaluation calls methods such as `embed`, which the forward hooks of
+    the root unit do not see); a collective, so every rank enters it."""
+    units = [m for m in model.modules() if callable(getattr(m, "set_requires_gradient_sync", None))] if sharded else []
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+
+
 def train(args: argparse.Namespace, checkpoint: dict[str, Any] | None = None,
           data: DataSplits | None = None) -> dict[str, Any]:
     """Run (or, given `checkpoint`, continue) training; return the run summary also written to metrics.json."""
+    with _process_group_for(args):
+        return _train(args, checkpoint, data)
+
+
+def _train(args: argparse.Namespace, checkpoint: dict[str, Any] | None, data: DataSplits | None) -> dict[str, Any]:
     rank, world_size = _distributed()
     device = _device_of(args.device)
     if device.type == "cpu":
@@ -101,19 +141,35 @@ def train(args: argparse.Namespace, checkpoint: dict[str, Any] | None = None,
     loss_fn = build_loss(args).to(device)
     tokenizer = build_tokenizer(args)
     lr = scaled_learning_rate(args.lr, args.batch_size, args.base_batch_size, args.lr_scaling)
+    encoders = encoders_of(model, args.mode)
+    if args.fsdp:
+        from gradcache.train.fsdp import load_sharded, save_sharded, shard_encoder
+
+        for encoder in [encoders] if isinstance(encoders, nn.Module) else encoders:
+            shard_encoder(encoder, cpu_offload=args.cpu_offload)
+        wrapped = encoders
+    else:
+        wrapped = _wrap(encoders, device, world_size) if isinstance(encoders, nn.Module) else [
+            _wrap(e, device, world_size) for e in encoders]
+    # after sharding: the optimizer must hold the sharded parameters, not the ones fully_shard replaced
     optimizer = build_optimizer(args.optimizer, [model, loss_fn], lr, args.weight_decay, args.momentum)
     scheduler = warmup_cosine(optimizer, min(args.warmup, steps), steps)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
-    encoders = encoders_of(model, args.mode)
-    wrapped = _wrap(encoders, device, world_size) if isinstance(encoders, nn.Module) else [
-        _wrap(e, device, world_size) for e in encoders]
     strategy = build_strategy(args, wrapped, loss_fn, scaler)
+    trained = nn.ModuleDict({"model": model, "loss": loss_fn})  # what a sharded checkpoint holds
 
     start_step, elapsed_before, baselines = 0, 0.0, {}
-    if checkpoint is not None:
+    if checkpoint is not None and "sharded" in checkpoint:
+        if not args.fsdp:
+            raise CheckpointError(f"{checkpoint['sharded']} is a sharded checkpoint: resume it with --fsdp")
+        checkpoint = load_sharded(checkpoint["sharded"], trained, optimizer)  # refuses another model's shards
+    elif checkpoint is not None and args.fsdp:
+        raise CheckpointError("a single-file checkpoint (last.pt) cannot resume an --fsdp run; resume without --fsdp")
+    elif checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         loss_fn.load_state_dict(checkpoint["loss"])
         optimizer.load_state_dict(checkpoint["optimizer"])
+    if checkpoint is not None:
         scheduler.load_state_dict(checkpoint["scheduler"])
         scaler.load_state_dict(checkpoint["scaler"])
         start_step, elapsed_before = checkpoint["step"], checkpoint["elapsed_s"]
@@ -134,20 +190,34 @@ def train(args: argparse.Namespace, checkpoint: dict[str, Any] | None = None,
     negatives = 2 * args.batch_size - 2 if args.mode == "simclr" else args.batch_size - 1
 
     def state(step: int) -> dict[str, Any]:
+        """The checkpoint without the trained tensors (which `save` adds, or shards)."""
         epoch, within = sampler.position(step)
         return {
             "args": _arguments(args), "signature": model_signature(args), "step": step, "epoch": epoch,
-            "batch_in_epoch": within, "total_steps": steps, "model": model.state_dict(),
-            "loss": loss_fn.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "batch_in_epoch": within, "total_steps": steps, "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(), "random_state": capture_random_state(), "baselines": baselines,
             "elapsed_s": elapsed_before + time.perf_counter() - started,
         }
 
-    last_saved = output_dir / "last.pt" if checkpoint is not None else None
+    def save(step: int) -> Path | None:
+        if args.fsdp:  # every rank writes its shards
+            return save_sharded(output_dir / "last.dcp", trained, optimizer, extra=state(step))
+        if rank != 0:
+            return last_saved
+        return save_checkpoint({**state(step), "model": model.state_dict(), "loss": loss_fn.state_dict(),
+                                "optimizer": optimizer.state_dict()}, output_dir / "last.pt")
+
+    def evaluate() -> dict[str, float]:
+        with _gathered(model, args.fsdp):
+            return evaluate_model(args, model, data, tokenizer, device)
+
+    evaluating = args.fsdp or rank == 0  # sharded forwards are collectives: every rank takes part
+    last_saved = output_dir / ("last.dcp" if args.fsdp else "last.pt") if checkpoint is not None else None
     started = time.perf_counter()
     progress = tqdm(total=steps, initial=start_step, disable=args.quiet or rank != 0 or not sys.stderr.isatty(),
                     desc=f"{args.mode} {args.strategy}", dynamic_ncols=True)
     model.train()
+    loss = None  # a resume of a finished run trains no step
     for step, inputs in enumerate(batches, start=start_step):
         step_started = time.perf_counter()
         inputs = [_to_device(value, device) for value in inputs]
@@ -177,21 +247,21 @@ def train(args: argparse.Namespace, checkpoint: dict[str, Any] | None = None,
         progress.update(1)
         progress.set_postfix(loss=row["loss"][:6], lr=row["lr"], samples_s=row["samples_per_s"], negatives=negatives)
         done = step + 1
-        if rank == 0 and (done % args.checkpoint_every == 0 or done == steps):
-            last_saved = save_checkpoint(state(done), output_dir / "last.pt")
-        if rank == 0 and args.eval_every and done % args.eval_every == 0 and done != steps:
-            log.log_eval(done, evaluate_model(args, model, data, tokenizer, device))
+        if done % args.checkpoint_every == 0 or done == steps:
+            last_saved = save(done)
+        if evaluating and args.eval_every and done % args.eval_every == 0 and done != steps:
+            log.log_eval(done, evaluate())
     progress.close()
     wall_time = elapsed_before + time.perf_counter() - started
     summary: dict[str, Any] = {}
+    final = evaluate() if evaluating else {}
     if rank == 0:
-        final = evaluate_model(args, model, data, tokenizer, device)
         log.log_eval(steps, final)
         summary = {**final, **baselines, "steps": steps, "wall_time_s": round(wall_time, 2),
                    "peak_memory_mb": round(peak_memory_mb(device), 1), "train_size": len(data.train),
                    "test_size": len(data.test), "skipped_images": len(data.train.skipped),
                    "batch_size": args.batch_size, "negatives_per_anchor": negatives, "strategy": args.strategy,
-                   "final_loss": float(loss), "data": data.name}
+                   "final_loss": None if loss is None else float(loss), "data": data.name}
         if args.mode == "clip":
             summary["temperature"] = loss_fn.temperature
         log.write_metrics(summary)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-OPTIMIZERS = ("adamw", "sgd", "lars", "lamb")
+OPTIMIZERS = ("adamw", "sgd", "lars", "lamb", "adamw8bit")
 LR_SCALINGS = ("linear", "sqrt", "none")
 
 
@@ -129,4 +129,8 @@ def build_optimizer(name: str, modules: Iterable[nn.Module], lr: float, weight_d
         return LARS(groups, lr=lr, momentum=momentum)
     if name == "lamb":
         return LAMB(groups, lr=lr)
+    if name == "adamw8bit":
+        from gradcache.train.fsdp import adamw_8bit  # imports torch.distributed.checkpoint: only when asked
+
+        return adamw_8bit(groups, lr)
     raise ValueError(f"--optimizer {name!r} is not one of {', '.join(OPTIMIZERS)}")

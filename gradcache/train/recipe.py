@@ -100,6 +100,7 @@ def build_strategy(args: argparse.Namespace, encoders: nn.Module | list[nn.Modul
         encoders, loss, None if args.strategy == "full" else args.chunk_size,
         trim_padding=args.mode == "clip",  # TextEncoder ignores masked positions, so trimming is exact
         autocast_dtype=PRECISIONS[args.precision], scaler=scaler,
+        fsdp_reduce=getattr(args, "fsdp_reduce", "chunk"),  # checkpoints from before --fsdp lack it
     )
 
 

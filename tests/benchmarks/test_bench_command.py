@@ -2,23 +2,17 @@
 arguments, and a checkout without the scripts exits 2 with a message."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
 from gradcache import bench
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gradcache")
-    bench.register(parser.add_subparsers(dest="subcommand"))
-    return parser
+from gradcache.cli import main
 
 
 def _run(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    return args.command(args, argv)
+    """Through the installed CLI's entry point, as `gradcache bench ...` runs."""
+    return main(argv)
 
 
 def test_every_benchmark_script_is_found_in_the_checkout() -> None:

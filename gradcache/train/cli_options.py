@@ -68,8 +68,9 @@ def add_train_options(parser: argparse.ArgumentParser, mode: str) -> None:
     model.add_argument("--model", default="convnet", choices=["convnet", "resnet18", "resnet34", "resnet50",
                                                                "vit_tiny"], help="image encoder")
     model.add_argument("--width", type=int, default=16, help="convnet: channels of the first stage")
-    model.add_argument("--norm", default="batch", choices=["group", "batch"], help="convnet/resnet normalisation "
-                       "(batch: per-chunk statistics under gradcache/naive; the GroupNorm convnet learns far slower)")
+    model.add_argument("--norm", default="group", choices=["group", "batch"], help="convnet/resnet normalisation "
+                       "(group: per-example, exact under gradcache; the convnet standardises its conv weights with it; "
+                       "batch: per-chunk statistics under gradcache/naive)")
     model.add_argument("--projection-dim", type=int, default=d["projection_dim"], help="embedding size of the loss")
     if mode == "simclr":
         model.add_argument("--hidden-dim", type=int, default=512, help="projection head hidden width")

@@ -50,3 +50,21 @@ def test_forward_is_the_mean_of_the_last_stage():
 def test_bad_arguments_raise_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ConvNet(**kwargs)
+
+
+def test_group_norm_convnet_standardises_its_conv_weights():
+    """W' = (W - mean) / std per output channel, against F.conv2d with W' computed here."""
+    import torch.nn.functional as F
+
+    from models.convnet import StandardizedConv2d
+
+    torch.manual_seed(0)
+    net = ConvNet(width=8, norm="group")
+    assert all(isinstance(s[0], StandardizedConv2d) for s in net.stages)
+    assert not any(isinstance(s[0], StandardizedConv2d) for s in ConvNet(width=8, norm="batch").stages)
+    conv = net.stages[0][0]
+    w = conv.weight
+    standardised = (w - w.mean(dim=(1, 2, 3), keepdim=True)) / (w.std(dim=(1, 2, 3), keepdim=True) + 1e-5)
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.allclose(conv(x), F.conv2d(x, standardised, padding=1), atol=1e-5)
+    assert not torch.allclose(conv(x), F.conv2d(x, w, padding=1), atol=1e-3)

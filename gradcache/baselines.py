@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
-from gradcache.distributed import all_gather_with_grad, gather_sizes, gradient_sync, is_distributed
-from gradcache.inputs import GetEmbedding, SplitFn, encode, split, trim_padding
-from gradcache.precision import autocast_context, full_precision, upcast
+from gradcache.distributed import gather_sizes, gradient_sync, is_distributed
+from gradcache.inputs import GetEmbedding, SplitFn, split
+from gradcache.precision import full_precision
 from gradcache.strategy import Encoders, LossFn, Strategy
 
 
@@ -50,16 +50,7 @@ class FullBatch(Strategy):
         """Forward and backward over the full batch; accumulate into `.grad`; return the detached loss."""
         self.require_grad_enabled()
         self.check_inputs(inputs)
-        with autocast_context(self.autocast_dtype, self.device_type()):
-            embeddings = [
-                encode(self.encoder_for(i), trim_padding(v) if self.trim_padding else v, self.get_embedding, f"input {i}")
-                for i, v in enumerate(inputs)
-            ]
-        embeddings = [upcast(e) for e in embeddings]
-        if self.gather:
-            embeddings = [all_gather_with_grad(e) for e in embeddings]  # (N_i * world_size, D)
-        with full_precision():
-            loss = self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs))
+        loss = self.loss_over(self.embed(inputs), loss_kwargs)
         with running_stats_frozen(self.all_encoders()), full_precision():  # checkpointing re-runs forwards here
             self.scaled(loss).backward()
         self.steps_taken += 1
@@ -116,19 +107,8 @@ class NaiveAccumulation(Strategy):
                 with contextlib.ExitStack() as sync:
                     for encoder in encoders:  # synchronise once, on the last micro-batch
                         sync.enter_context(gradient_sync(encoder, k == count - 1, self.fsdp_reduce))
-                    with autocast_context(self.autocast_dtype, self.device_type()):
-                        embeddings = [
-                            encode(self.encoder_for(i), trim_padding(c[k]) if self.trim_padding else c[k],
-                                   self.get_embedding, f"input {i}")
-                            for i, c in enumerate(chunks)
-                        ]
-                    embeddings = [upcast(e) for e in embeddings]
-                    if self.gather:
-                        embeddings = [all_gather_with_grad(e) for e in embeddings]  # (chunk * world_size, D)
-                    with full_precision():
-                        loss = self.checked_loss(
-                            self.loss_fn(*embeddings, **loss_kwargs), f" (micro-batch {k + 1} of {count})"
-                        )
+                    embeddings = self.embed([c[k] for c in chunks])  # micro-batch k: chunk k of every input
+                    loss = self.loss_over(embeddings, loss_kwargs, f" (micro-batch {k + 1} of {count})")
                     with running_stats_frozen(encoders), full_precision():
                         self.scaled(loss / count).backward()
                 losses.append(loss.detach())

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
-from gradcache.distributed import all_gather_with_grad, check_same_chunk_counts, gradient_sync
+from gradcache.distributed import check_same_chunk_counts, gradient_sync
 from gradcache.inputs import GetEmbedding, SplitFn, encode, split, tensors_of, trim_padding
 from gradcache.precision import AutocastState, autocast_context, full_precision, upcast
 from gradcache.random_state import RandomState
@@ -101,12 +101,12 @@ class GradCache(Strategy):
             embeddings, random_states = self._encode_without_graph(chunks, record=building)  # (1)
 
         if not building:  # evaluation: the loss and nothing else
-            return self._loss_over_batch([upcast(e) for e in embeddings], loss_kwargs)
+            return self.loss_over([upcast(e) for e in embeddings], loss_kwargs)
 
         cached = [upcast(e).requires_grad_() for e in embeddings]  # (2) leaves that collect the gradient cache
         replay = _Replay(self, chunks, random_states, autocast_state, [e.dtype for e in embeddings])
         bridged = _ReencodeOnBackward.apply(replay, *cached)
-        loss = self._loss_over_batch(list(bridged), loss_kwargs)
+        loss = self.loss_over(list(bridged), loss_kwargs)
         self.steps_taken += 1
         return loss
 
@@ -130,13 +130,6 @@ class GradCache(Strategy):
                 embeddings.append(torch.cat(pieces))  # (N_i, D)
                 random_states.append(states)
         return embeddings, random_states
-
-    def _loss_over_batch(self, embeddings: list[torch.Tensor], loss_kwargs: dict[str, Any]) -> torch.Tensor:
-        """(2) The loss over the full batch, every rank's embeddings included, in float32."""
-        if self.gather:
-            embeddings = [all_gather_with_grad(e) for e in embeddings]  # (N_i * world_size, D), rank order
-        with full_precision():
-            return self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs))
 
     def reencode_and_backward(self, replay: _Replay, cached_gradients: Sequence[torch.Tensor]) -> None:
         """(3) Re-encode chunk by chunk with a graph and back-propagate each chunk's cached gradient.

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from gradcache.distributed import check_fsdp_reduce
-from gradcache.inputs import GetEmbedding, SplitFn, batch_length
-from gradcache.precision import HALF_DTYPES
+from gradcache.distributed import all_gather_with_grad
+from gradcache.inputs import GetEmbedding, SplitFn, batch_length, encode, trim_padding
+from gradcache.precision import HALF_DTYPES, autocast_context, full_precision, upcast
 
 LossFn = Callable[..., torch.Tensor]
 Encoders = nn.Module | Sequence[nn.Module]
@@ -169,6 +170,23 @@ class Strategy:
                 "written. Lower the learning rate, check the inputs for NaN/inf, or use bf16 instead of fp16."
             )
         return loss.reshape(())
+
+    def embed(self, values: Sequence[Any]) -> list[torch.Tensor]:
+        """Each input (or its micro-batch) through its encoder in one forward, under the autocast option;
+        half-precision embeddings come back as float32 for the loss."""
+        with autocast_context(self.autocast_dtype, self.device_type()):
+            embeddings = [
+                encode(self.encoder_for(i), trim_padding(v) if self.trim_padding else v, self.get_embedding, f"input {i}")
+                for i, v in enumerate(values)
+            ]
+        return [upcast(e) for e in embeddings]
+
+    def loss_over(self, embeddings: list[torch.Tensor], loss_kwargs: dict[str, Any], where: str = "") -> torch.Tensor:
+        """The loss over every rank's embeddings (when gathering), in float32 with autocast off, checked."""
+        if self.gather:
+            embeddings = [all_gather_with_grad(e) for e in embeddings]  # (N_i * world_size, D), rank order
+        with full_precision():
+            return self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs), where)
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler is not None else loss

@@ -15,7 +15,13 @@ from collections.abc import Callable, Sequence
 
 from gradcache.bench import register as _register_bench
 from gradcache.train.checkpoint import CheckpointError
-from gradcache.train.cli_options import UsageError, add_train_options, explicit_options, resolve_run_options
+from gradcache.train.cli_options import (
+    UsageError,
+    add_train_options,
+    explicit_options,
+    resolve_run_options,
+    sharded_checkpoint,
+)
 from gradcache.train.datasets import DataError
 
 Register = Callable[[argparse._SubParsersAction], None]
@@ -36,7 +42,8 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
 def _register_eval(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("eval", help="evaluate a saved checkpoint on its run's held-out split",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint file, or a run folder holding last.pt")
+    parser.add_argument("checkpoint", help="a checkpoint file (last.pt), a sharded checkpoint folder (last.dcp of an "
+                        "--fsdp run), or a run folder holding either")
     parser.add_argument("--device", default="cpu", help="where to run the encoders")
     parser.add_argument("--output-json", default=None, help="also write the metrics to this JSON file")
     parser.set_defaults(command=_run_eval)
@@ -82,18 +89,28 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
+    from torch import nn
 
     from gradcache.train.checkpoint import load_checkpoint
-    from gradcache.train.recipe import build_model, build_tokenizer, load_data
+    from gradcache.train.recipe import build_loss, build_model, build_tokenizer, load_data
     from gradcache.train.run_eval import baseline_metrics, evaluate_model
 
-    checkpoint = load_checkpoint(args.checkpoint)
-    run = argparse.Namespace(**checkpoint["args"])
+    sharded = sharded_checkpoint(args.checkpoint)
+    if sharded is not None:  # an --fsdp run's last.dcp: read its model's shards into one unsharded model
+        from gradcache.train.fsdp import load_sharded_model, sharded_extra
+
+        checkpoint = sharded_extra(sharded)
+        run = argparse.Namespace(**checkpoint["args"])
+        model = build_model(run)
+        load_sharded_model(sharded, nn.ModuleDict({"model": model, "loss": build_loss(run)}))
+    else:
+        checkpoint = load_checkpoint(args.checkpoint)
+        run = argparse.Namespace(**checkpoint["args"])
+        model = build_model(run)
+        model.load_state_dict(checkpoint["model"])
     run.device = args.device
     device = torch.device(args.device)
     data = load_data(run)
-    model = build_model(run)
-    model.load_state_dict(checkpoint["model"])
     model.to(device)
     metrics = {**evaluate_model(run, model, data, build_tokenizer(run), device),
                **(checkpoint.get("baselines") or baseline_metrics(run, data, device)), "steps": checkpoint["step"]}

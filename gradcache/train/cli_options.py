@@ -179,15 +179,16 @@ def check_options(args: argparse.Namespace) -> None:
     if args.mode == "simclr" and not 0 <= args.jitter_strength <= 2.5:
         raise UsageError(f"--jitter-strength must be in [0, 2.5] (hue shift 0.2 s at most 0.5), got "
                          f"{args.jitter_strength}")
-    _check_sharding(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    _check_sharding(args)
     if args.model == "vit_tiny" and args.image_size % 4:
         raise UsageError(f"--model vit_tiny needs --image-size divisible by its patch size 4, got {args.image_size}")
 
 
 def _check_sharding(args: argparse.Namespace) -> None:
-    """--cpu-offload needs --fsdp; 8-bit AdamW needs bitsandbytes and plain (unsharded) parameters."""
+    """--cpu-offload needs --fsdp; 8-bit AdamW needs bitsandbytes with a backend for --device, and plain
+    (unsharded) parameters."""
     if args.cpu_offload and not args.fsdp:
         raise UsageError("--cpu-offload moves FSDP shards to CPU memory and needs --fsdp; add --fsdp or drop "
                          "--cpu-offload")
@@ -202,6 +203,12 @@ def _check_sharding(args: argparse.Namespace) -> None:
     except ImportError as error:
         raise UsageError("--optimizer adamw8bit needs bitsandbytes: pip install bitsandbytes (or choose "
                          "--optimizer adamw)") from error
+    from gradcache.train.fsdp import check_8bit_adamw  # imports torch.distributed.checkpoint: only when asked
+
+    try:
+        check_8bit_adamw(args.device)
+    except RuntimeError as error:
+        raise UsageError(str(error)) from error
 
 
 def _divisor_below(number: int, limit: int) -> int:

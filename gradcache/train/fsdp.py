@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -138,15 +138,35 @@ def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     """
     folder = _resolve_sharded(Path(folder))
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    _check_holds(folder, model_state)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+
+
+def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
+    """Read only the model of a `save_sharded` folder into `model` (sharded or a plain module in one process,
+    as `gradcache eval` needs) and return its `extra`; the optimizer state stays on disk.
+
+    Raises:
+        CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
+    """
+    folder = _resolve_sharded(Path(folder))
+    model_state = get_model_state_dict(model)
+    _check_holds(folder, model_state)
+    state = {"model": model_state}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    set_model_state_dict(model, state["model"])
+    return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+
+
+def _check_holds(folder: Path, model_state: dict[str, Any]) -> None:
     stored = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
     missing = sorted(k for k in model_state if f"model.{k}" not in stored)
     if missing:
         raise CheckpointError(f"{str(folder)!r} does not hold parameters {missing[:5]}"
                               f"{' and more' if len(missing) > 5 else ''}: it was saved from another model")
-    state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
 
 
 def _resolve_sharded(folder: Path) -> Path:
@@ -162,6 +182,29 @@ def _resolve_sharded(folder: Path) -> Path:
 
 
 # --- 8-bit AdamW -------------------------------------------------------------------------------------------
+def check_8bit_adamw(device: torch.device | str) -> None:
+    """Step bitsandbytes' 8-bit AdamW once on a 4096-element probe on `device` (the smallest tensor it quantises).
+
+    Raises:
+        ImportError: bitsandbytes is not installed.
+        RuntimeError: this bitsandbytes has no 8-bit AdamW for `device`; the message names the device and the
+            way out.
+    """
+    import bitsandbytes
+
+    device = torch.device(device)
+    probe = nn.Parameter(torch.zeros(4096, device=device))
+    probe.grad = torch.ones_like(probe)
+    try:
+        bitsandbytes.optim.AdamW8bit([probe], lr=1e-3).step()
+    except Exception as error:  # backends fail with RuntimeError, NotImplementedError or their own types
+        raise RuntimeError(
+            f"bitsandbytes {getattr(bitsandbytes, '__version__', '?')} has no 8-bit AdamW for device "
+            f"{device.type!r} ({type(error).__name__}: {error}); it needs a CUDA GPU or a bitsandbytes build with a "
+            f"backend for {device.type!r}. Use --optimizer adamw, or --cpu-offload with --fsdp to save memory."
+        ) from error
+
+
 def adamw_8bit(groups: list[dict[str, Any]], lr: float, device: torch.device | str | None = None
                ) -> torch.optim.Optimizer:
     """AdamW with 8-bit moments (bitsandbytes' `AdamW8bit`, block-wise quantised; tensors under 4096 elements
@@ -184,15 +227,5 @@ def adamw_8bit(groups: list[dict[str, Any]], lr: float, device: torch.device | s
         raise ImportError("--optimizer adamw8bit needs bitsandbytes: pip install bitsandbytes (or choose "
                           "--optimizer adamw)") from error
     params = [p for g in groups for p in g["params"]]
-    device = torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
-    probe = nn.Parameter(torch.zeros(4096, device=device))
-    probe.grad = torch.ones_like(probe)
-    try:
-        bitsandbytes.optim.AdamW8bit([probe], lr=lr).step()
-    except Exception as error:  # backends fail with RuntimeError, NotImplementedError or their own types
-        raise RuntimeError(
-            f"bitsandbytes {getattr(bitsandbytes, '__version__', '?')} has no 8-bit AdamW for device "
-            f"{device.type!r} ({type(error).__name__}: {error}); it needs a CUDA GPU or a bitsandbytes build with a "
-            f"backend for {device.type!r}. Use --optimizer adamw, or --cpu-offload with --fsdp to save memory."
-        ) from error
+    check_8bit_adamw(device if device is not None else (params[0].device if params else "cpu"))
     return bitsandbytes.optim.AdamW8bit([{k: v for k, v in g.items() if k != "adapt"} for g in groups], lr=lr)

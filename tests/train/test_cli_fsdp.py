@@ -4,11 +4,14 @@ flag combinations and checkpoints that cannot work exit 2 before anything is wri
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from gradcache.cli import main
@@ -91,6 +94,19 @@ def test_one_process_resumes_the_two_rank_checkpoint(cli_runs):
     assert not dist.is_initialized()  # the one-process group is ended with the run
 
 
+def test_eval_reads_the_two_rank_shards_into_one_model(cli_runs, capsys):
+    """`gradcache eval` on a last.dcp: the run's own final metrics, from shards two ranks wrote."""
+    root = Path(cli_runs[0]["folder"]) / "whole"
+    trained = json.loads((root / "metrics.json").read_text())
+    capsys.readouterr()
+    assert main(["eval", str(root)]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    scored = [key for key in evaluated if "recall@" in key or key == "zero_shot_top1"]
+    assert len(scored) >= 7 and evaluated["steps"] == trained["steps"] == 4
+    for key in scored:
+        assert evaluated[key] == pytest.approx(trained[key]), key
+
+
 def test_fsdp_on_one_process_without_torchrun(tmp_path):
     assert main(_train("simclr", tmp_path, "--fsdp", "--cpu-offload")) == 0
     assert [step for step, _ in _losses(tmp_path)] == [1, 2]
@@ -111,6 +127,17 @@ def test_8bit_adamw_without_bitsandbytes_says_how_to_install(tmp_path, capsys, m
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import fails as if not installed
     assert main(_train("simclr", tmp_path / "run", "--optimizer", "adamw8bit")) == 2
     assert "pip install bitsandbytes" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_8bit_adamw_without_a_kernel_for_the_device_exits_2(tmp_path, capsys, monkeypatch):
+    def no_kernel(self, closure=None):
+        raise NotImplementedError("no 8-bit kernel here")
+
+    optimizer = type("AdamW8bit", (torch.optim.SGD,), {"step": no_kernel})
+    fake = types.SimpleNamespace(__version__="0.0-test", optim=types.SimpleNamespace(AdamW8bit=optimizer))
+    monkeypatch.setitem(sys.modules, "bitsandbytes", fake)
+    assert main(_train("simclr", tmp_path / "run", "--optimizer", "adamw8bit")) == 2
+    assert "no 8-bit AdamW for device 'cpu'" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
 def test_checkpoint_kinds_do_not_cross(tmp_path, capsys):

@@ -59,6 +59,8 @@ def add_train_options(parser: argparse.ArgumentParser, mode: str) -> None:
                           "brightness, contrast, saturation 0.8 s, hue 0.2 s)")
         data.add_argument("--channel-permutation", type=float, default=1.0, help="chance of permuting the RGB "
                           "channels of a view (breaks colour relations that hue jitter keeps)")
+        data.add_argument("--rotation", type=float, default=0.0, help="largest random rotation of a view in "
+                          "degrees, corners filled by reflection (for data whose classes survive rotation)")
     data.add_argument("--workers", type=int, default=1, help="data loader worker processes (0: in the main one); "
                       "augmenting in a worker overlaps it with the encoders")
     data.add_argument("--threads", type=int, default=None, help="torch threads of the training process on CPU "

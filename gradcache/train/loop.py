@@ -185,7 +185,8 @@ def _train(args: argparse.Namespace, checkpoint: dict[str, Any] | None, data: Da
     sampler = StepSampler(len(data.train), args.batch_size, args.seed, start_step, steps, rank, world_size)
     augmentation = simclr_augmentation(args.image_size, crop_scale=(args.crop_min_scale, 1.0),
                                        jitter_strength=args.jitter_strength,
-                                       channel_permutation=args.channel_permutation) if args.mode == "simclr" else None
+                                       channel_permutation=args.channel_permutation,
+                                       rotation=getattr(args, "rotation", 0.0)) if args.mode == "simclr" else None
     batches = training_batches(data.train, sampler, augmentation, tokenizer, args.workers)
     negatives = 2 * args.batch_size - 2 if args.mode == "simclr" else args.batch_size - 1
 

@@ -27,12 +27,12 @@ RUN_LOCAL = {"device", "output_dir", "quiet", "workers", "threads", "resume", "c
 
 # Per-mode defaults: the SimCLR ones are the tuned default run (`gradcache train`, a few CPU minutes).
 MODE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "simclr": dict(temperature=0.1, lr=2e-3, steps=None, batch_size=256, chunk_size=64, train_size=8192,
+    "simclr": dict(temperature=0.1, lr=2e-3, steps=None, batch_size=128, chunk_size=32, train_size=8192,
                    test_size=2048, projection_dim=128),
     "clip": dict(temperature=0.07, lr=2e-3, steps=None, batch_size=256, chunk_size=64, train_size=8192,
                  test_size=2048, projection_dim=128),
 }
-DEFAULT_EPOCHS = {"simclr": 5, "clip": 4}
+DEFAULT_EPOCHS = {"simclr": 6, "clip": 4}
 
 
 class UsageError(ValueError):
@@ -54,10 +54,10 @@ def add_train_options(parser: argparse.ArgumentParser, mode: str) -> None:
         data.add_argument("--csv-caption-key", default="title", help="CSV column holding captions")
         data.add_argument("--csv-separator", default=None, help="CSV separator (default: tab for .tsv, else comma)")
     else:
-        data.add_argument("--crop-min-scale", type=float, default=0.25, help="smallest area of the random crop")
-        data.add_argument("--jitter-strength", type=float, default=1.0, help="colour jitter strength s (SimCLR: "
+        data.add_argument("--crop-min-scale", type=float, default=0.5, help="smallest area of the random crop")
+        data.add_argument("--jitter-strength", type=float, default=0.5, help="colour jitter strength s (SimCLR: "
                           "brightness, contrast, saturation 0.8 s, hue 0.2 s)")
-        data.add_argument("--channel-permutation", type=float, default=1.0, help="chance of permuting the RGB "
+        data.add_argument("--channel-permutation", type=float, default=0.5, help="chance of permuting the RGB "
                           "channels of a view (breaks colour relations that hue jitter keeps)")
         data.add_argument("--rotation", type=float, default=0.0, help="largest random rotation of a view in "
                           "degrees, corners filled by reflection (for data whose classes survive rotation)")

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from fresh_process import PeakMemory, median_time, report, run_point
-from report import RESULTS_DIR, machine_context, plot_lines, print_table, write_csv
+from options import add_shared_options
+from report import machine_context, plot_lines, print_table, write_csv
 
 from gradcache import losses
 
@@ -47,15 +48,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs after the measured one (median)")
     parser.add_argument("--long-run-s", type=float, default=20.0,
                         help="a point whose first run takes longer reports that run's time alone")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads per point "
-                        "(default: all cores)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--memory-budget-gb", type=float, default=12.0,
-                        help="dense points predicted above this are skipped; any point above it is stopped")
-    parser.add_argument("--time-budget-s", type=float, default=900.0, help="a point longer than this is stopped")
-    parser.add_argument("--output-dir", default=str(RESULTS_DIR), help="where the CSV and PNG go")
-    parser.add_argument("--name", default="loss_memory", help="file stem of the CSV and PNG")
-    parser.add_argument("--point", default=None, help=argparse.SUPPRESS)  # internal: run one point, print JSON
+    # dense points predicted above --memory-budget-gb are skipped without running
+    add_shared_options(parser, "loss_memory", threads=os.cpu_count(), memory_budget_gb=12.0, time_budget_s=900.0)
     return parser
 
 

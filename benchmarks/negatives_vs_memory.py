@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from fresh_process import PeakMemory, median_time, report, run_point
-from report import RESULTS_DIR, machine_context, plot_lines, print_table, write_csv
+from options import add_shared_options
+from report import machine_context, plot_lines, print_table, write_csv
 from workloads import LOSS_ONLY, STRATEGIES, TASKS, build_workload, input_bytes, negatives_per_anchor
 
 MB = 2**20
@@ -49,15 +50,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                         help=f"comma-separated subset; '{INTERLEAVED}' times Naive, GradCache and the no-grad forward "
                              "in turn in one process (the robust ratio on a loaded machine)")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per point (the median is reported)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each point (0: torch's default)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--memory-budget-gb", type=float, default=6.0, help="a point above this is stopped")
-    parser.add_argument("--time-budget-s", type=float, default=300.0, help="a point longer than this is stopped")
-    parser.add_argument("--output-dir", default=str(RESULTS_DIR), help="where the CSV and PNG go")
-    parser.add_argument("--name", default="negatives_vs_memory", help="file stem of the CSV and PNG")
-    parser.add_argument("--point", default=None, help=argparse.SUPPRESS)  # internal: run one point, print JSON
+    add_shared_options(parser, "negatives_vs_memory", timed_steps=3, memory_budget_gb=6.0, time_budget_s=300.0)
     return parser
 
 

@@ -25,7 +25,8 @@ import torch
 
 from fresh_process import PeakMemory, median_time, report, run_point
 from peer_steps import CLIP_SIDES, TEXT_SIDES, build_step
-from report import RESULTS_DIR, machine_context, plot_lines, print_table, write_csv
+from options import add_shared_options
+from report import machine_context, plot_lines, print_table, write_csv
 
 MB = 2**20
 PEER_PACKAGES = {"st_cached_mnrl": "sentence-transformers", "open_clip": "open-clip-torch"}
@@ -47,15 +48,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-pairs", type=int, default=8192, help="(b) last N of the doubling loss sweep")
     parser.add_argument("--embed-dim", type=int, default=128, help="(b) embedding size D")
     parser.add_argument("--tile-size", type=int, default=256, help="(b) rows per tile of our tiled ClipLoss")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per point (median reported)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each point (0: torch's default)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--memory-budget-gb", type=float, default=6.0, help="a point above this is stopped")
-    parser.add_argument("--time-budget-s", type=float, default=300.0, help="a point longer than this is stopped")
-    parser.add_argument("--output-dir", default=str(RESULTS_DIR), help="where the CSV and PNG go")
-    parser.add_argument("--name", default="peers", help="file stem of the CSV and PNG")
-    parser.add_argument("--point", default=None, help=argparse.SUPPRESS)  # internal: run one point
+    add_shared_options(parser, "peers", timed_steps=3, memory_budget_gb=6.0, time_budget_s=300.0)
     return parser
 
 

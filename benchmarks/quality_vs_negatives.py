@@ -26,7 +26,8 @@ import torch
 
 from gradcache.cli import main as gradcache_main
 from quality_plot import plot_quality
-from report import RESULTS_DIR, machine_context, print_table, write_csv
+from options import add_shared_options
+from report import machine_context, print_table, write_csv
 
 STRATEGIES = ("full", "naive", "gradcache")  # the training program's names for FullBatch, Naive, GradCache
 COLUMNS = ["strategy", "batch", "chunk", "seed", "step", "knn_top1", "negatives_per_anchor", "final", "steps",
@@ -53,11 +54,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the trainer's)")
     parser.add_argument("--eval-every", type=int, default=0, help="kNN every N steps (0: at start and end)")
     parser.add_argument("--knn-k", type=int, default=20, help="kNN neighbours")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (0: torch's default)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--runs-dir", default=None, help="keep the run folders here (default: a temp folder)")
-    parser.add_argument("--output-dir", default=str(RESULTS_DIR), help="where the CSV and PNG go")
-    parser.add_argument("--name", default="quality_vs_negatives", help="file stem of the CSV and PNG")
+    add_shared_options(parser, "quality_vs_negatives")
     return parser
 
 

@@ -19,7 +19,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -138,9 +143,7 @@ def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     """
     folder = _resolve_sharded(Path(folder))
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    _check_holds(folder, model_state)
-    state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    state = _read(folder, {"model": model_state, "optimizer": optimizer_state})
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
 
@@ -153,20 +156,21 @@ def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str,
         CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
     """
     folder = _resolve_sharded(Path(folder))
-    model_state = get_model_state_dict(model)
-    _check_holds(folder, model_state)
-    state = {"model": model_state}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    state = _read(folder, {"model": get_model_state_dict(model)})
     set_model_state_dict(model, state["model"])
     return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
 
 
-def _check_holds(folder: Path, model_state: dict[str, Any]) -> None:
+def _read(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Fill `state` (its "model" entry a model state dict) in place from `folder`, after checking that the folder
+    holds every parameter of that model."""
     stored = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
-    missing = sorted(k for k in model_state if f"model.{k}" not in stored)
+    missing = sorted(k for k in state["model"] if f"model.{k}" not in stored)
     if missing:
         raise CheckpointError(f"{str(folder)!r} does not hold parameters {missing[:5]}"
                               f"{' and more' if len(missing) > 5 else ''}: it was saved from another model")
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    return state
 
 
 def _resolve_sharded(folder: Path) -> Path:

@@ -89,10 +89,10 @@ def _interleaved_times(point: dict[str, Any], workload: Any, device: torch.devic
     rounds = [[median_time(run, 1, point["warmup"] if index == 0 else 0, device)[0] for run in runs]
               for index in range(point["steps"])]
     naive, cached, forward = ([times[i] for times in rounds] for i in range(3))
-    ratios = sorted((c - n) / f for n, c, f in zip(naive, cached, forward))
+    ratios = [(c - n) / f for n, c, f in zip(naive, cached, forward)]
     median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
     return {"naive_step_s": median(naive), "step_s": median(cached), "nograd_forward_s": median(forward),
-            "extra_over_nograd": ratios[len(ratios) // 2]}
+            "extra_over_nograd": median(ratios)}
 
 
 def _make_step(point: dict[str, Any], workload: Any, chunk: int) -> Callable[[], None]:

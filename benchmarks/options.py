@@ -9,7 +9,7 @@ from report import RESULTS_DIR
 
 def add_shared_options(parser: argparse.ArgumentParser, name: str, *, threads: int = 2,
                        timed_steps: int | None = None, memory_budget_gb: float | None = None,
-                       time_budget_s: float | None = None) -> None:
+                       time_budget_s: float | None = None, threads_help: str | None = None) -> None:
     """Add `--threads --device --output-dir --name` to `parser`, and where given a default:
     `--steps --warmup` (timed steps per point, median reported) and `--memory-budget-gb --time-budget-s` with
     the hidden `--point` through which `fresh_process.run_point` runs one point of a sweep.
@@ -17,12 +17,13 @@ def add_shared_options(parser: argparse.ArgumentParser, name: str, *, threads: i
     Args:
         name: default file stem of the CSV and PNG.
         threads: default of `--threads`.
+        threads_help: what `--threads` sets, where it is not torch.set_num_threads in each point.
     """
     if timed_steps is not None:
         parser.add_argument("--steps", type=int, default=timed_steps, help="timed steps per point (median reported)")
         parser.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
     parser.add_argument("--threads", type=int, default=threads,
-                        help="torch.set_num_threads in each point (0: torch's default)")
+                        help=threads_help or "torch.set_num_threads in each point (0: torch's default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     if memory_budget_gb is not None:
         parser.add_argument("--memory-budget-gb", type=float, default=memory_budget_gb,

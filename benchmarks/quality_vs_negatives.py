@@ -31,9 +31,9 @@ from report import machine_context, print_table, write_csv
 
 STRATEGIES = ("full", "naive", "gradcache")  # the training program's names for FullBatch, Naive, GradCache
 COLUMNS = ["strategy", "batch", "chunk", "seed", "step", "knn_top1", "negatives_per_anchor", "final", "steps",
-           "train_size", "test_size", "width", "image_size", "lr", "run_wall_s", "peak_memory_mb", "knn_top1_random_init",
-           "knn_top1_raw_pixels", "device", "threads", "cpu_count", "loadavg_1m", "loadavg_5m", "torch_version",
-           "gradcache_version", "python_version", "timestamp_utc"]
+           "train_size", "test_size", "width", "image_size", "lr", "run_wall_s", "peak_memory_mb",
+           "knn_top1_random_init", "knn_top1_raw_pixels", "device", "threads", "cpu_count", "loadavg_1m", "loadavg_5m",
+           "torch_version", "gradcache_version", "python_version", "timestamp_utc"]
 SUMMARY = ["strategy", "batch", "negatives_per_anchor", "seeds", "knn_top1_mean", "knn_top1_min", "knn_top1_max",
            "run_wall_s_mean"]
 
@@ -55,7 +55,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-every", type=int, default=0, help="kNN every N steps (0: at start and end)")
     parser.add_argument("--knn-k", type=int, default=20, help="kNN neighbours")
     parser.add_argument("--runs-dir", default=None, help="keep the run folders here (default: a temp folder)")
-    add_shared_options(parser, "quality_vs_negatives")
+    add_shared_options(parser, "quality_vs_negatives", threads=0,
+                       threads_help="torch threads of each training run (0: the trainer's default, CPU cores minus "
+                                    "its one data worker)")
     return parser
 
 
@@ -65,11 +67,14 @@ def train_one(args: argparse.Namespace, strategy: str, batch: int, seed: int, ru
     folder = runs / f"{strategy}-b{batch}-c{chunk}-s{seed}"
     argv = ["train", "simclr", "--data", "shapes", "--model", "convnet", "--norm", "group", "--width",
             str(args.width), "--strategy", strategy, "--batch-size", str(batch), "--chunk-size", str(chunk),
-            "--steps", str(args.steps), "--seed", str(seed), "--image-size", str(args.image_size), "--train-size", str(args.train_size), "--test-size",
-            str(args.test_size), "--eval-every", str(args.eval_every), "--knn-k", str(args.knn_k), "--device",
-            args.device, "--output-dir", str(folder), "--checkpoint-every", str(args.steps), "--quiet"]
+            "--steps", str(args.steps), "--seed", str(seed), "--image-size", str(args.image_size), "--train-size",
+            str(args.train_size), "--test-size", str(args.test_size), "--eval-every", str(args.eval_every), "--knn-k",
+            str(args.knn_k), "--device", args.device, "--output-dir", str(folder), "--checkpoint-every",
+            str(args.steps), "--quiet"]
     if args.lr is not None:
         argv += ["--lr", str(args.lr)]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
     started = time.perf_counter()
     status = gradcache_main(argv)
     if status != 0:
@@ -81,9 +86,10 @@ def train_one(args: argparse.Namespace, strategy: str, batch: int, seed: int, ru
     seen = chunk if strategy == "naive" else batch
     shared = {"strategy": strategy, "batch": batch, "chunk": chunk, "seed": seed, "steps": args.steps,
               "negatives_per_anchor": 2 * seen - 2, "train_size": args.train_size, "test_size": args.test_size,
-              "width": args.width, "image_size": args.image_size, "lr": args.lr if args.lr is not None else "default", "run_wall_s": round(wall, 1),
+              "width": args.width, "image_size": args.image_size, "lr": args.lr if args.lr is not None else "default",
+              "run_wall_s": round(wall, 1),
               **{key: metrics.get(key) for key in ("peak_memory_mb", "knn_top1_random_init", "knn_top1_raw_pixels")},
-              **machine_context(args.threads, args.device)}
+              **machine_context(torch.get_num_threads(), args.device)}  # as the run set them
     return [{**shared, "step": int(row["step"]), "knn_top1": float(row["knn_top1"]),
              "final": index == len(evaluations) - 1} for index, row in enumerate(evaluations)]
 
@@ -117,8 +123,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     if set(strategies) - set(STRATEGIES):
         raise ValueError(f"--strategies={args.strategies!r}; choose from {list(STRATEGIES)}.")
-    if args.threads:  # 0 keeps torch's default (an in-process caller such as a test)
-        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:

@@ -45,7 +45,7 @@ def load_data(args: argparse.Namespace) -> DataSplits:
 
 def build_image_encoder(args: argparse.Namespace) -> nn.Module:
     """The `--model` backbone, with the options that preset takes."""
-    from models import build_image_encoder as build
+    from gradcache.models import build_image_encoder as build
 
     options: dict[str, Callable[[], dict]] = {
         "convnet": lambda: dict(width=args.width, norm=args.norm),
@@ -57,7 +57,7 @@ def build_image_encoder(args: argparse.Namespace) -> nn.Module:
 
 def build_model(args: argparse.Namespace) -> nn.Module:
     """A freshly initialised SimCLRModel (backbone + projection head) or CLIP (image and text towers)."""
-    from models import CLIP, ByteTokenizer, ProjectionHead, SimCLRModel, TextEncoder
+    from gradcache.models import CLIP, ByteTokenizer, ProjectionHead, SimCLRModel, TextEncoder
 
     backbone = build_image_encoder(args)
     if args.mode == "simclr":
@@ -81,7 +81,7 @@ def build_loss(args: argparse.Namespace) -> nn.Module:
 
 def build_tokenizer(args: argparse.Namespace) -> Callable | None:
     """The byte tokenizer of CLIP runs; None for SimCLR."""
-    from models import ByteTokenizer
+    from gradcache.models import ByteTokenizer
 
     return ByteTokenizer(args.context_length) if args.mode == "clip" else None
 

@@ -40,7 +40,8 @@ def test_a_folder_with_its_own_models_package(tmp_path):
     (tmp_path / "models" / "__init__.py").write_text("MINE = True\n")
     script = ("import models\nimport gradcache.models, gradcache.train.loop\n"
               "assert models.MINE and gradcache.models.IMAGE_ENCODER_PRESETS\n"
-              "assert gradcache.models.__file__.startswith(" + repr(str(ROOT / "models")) + "), gradcache.models.__file__\n")
+              f"assert models.__file__.startswith({str(tmp_path)!r})\n"
+              f"assert not gradcache.models.__file__.startswith({str(tmp_path)!r}), gradcache.models.__file__\n")
     result = _python(script, tmp_path)
     assert result.returncode == 0, result.stderr
     (tmp_path / "models" / "__init__.py").write_text(USER_MODELS)  # any import of it now fails loudly

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from gradcache import distributed
 from gradcache.train.checkpoint import EXTRA_FILE, CheckpointError, save_checkpoint, sharded_folder
 
 BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
@@ -68,7 +69,7 @@ def shard_encoder(
     Raises:
         ValueError: no process group (run under `torchrun`), or `encoder` is already sharded.
     """
-    if not (dist.is_available() and dist.is_initialized()):
+    if not distributed.is_distributed():
         raise ValueError("--fsdp shards across ranks and needs a process group: launch with torchrun "
                          "(e.g. torchrun --nproc-per-node 2 -m gradcache ... --fsdp).")
     if callable(getattr(encoder, "set_requires_gradient_sync", None)):
@@ -105,23 +106,22 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     """
     folder = Path(folder)
     partial, old = folder.with_name(folder.name + ".partial"), folder.with_name(folder.name + ".old")
-    distributed = dist.is_available() and dist.is_initialized()
-    leader = not distributed or dist.get_rank() == 0
+    grouped = distributed.is_distributed()
+    leader = distributed.rank() == 0
     if leader:
         shutil.rmtree(partial, ignore_errors=True)  # what a crashed save left
-    if distributed:
+    if grouped:
         dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), no_dist=not distributed)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), no_dist=not grouped)
     if leader:
-        world_size = dist.get_world_size() if distributed else 1
-        save_checkpoint({**(extra or {}), "world_size": world_size}, partial / EXTRA_FILE)
+        save_checkpoint({**(extra or {}), "world_size": distributed.world_size()}, partial / EXTRA_FILE)
         shutil.rmtree(old, ignore_errors=True)
         if folder.exists():
             os.replace(folder, old)
         os.replace(partial, folder)  # between the two renames, load_sharded falls back to <folder>.old
         shutil.rmtree(old, ignore_errors=True)
-    if distributed:
+    if grouped:
         dist.barrier()  # nobody reads the folder before it is whole
     return folder
 
@@ -183,7 +183,7 @@ def _read(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
     """Fill `state` (its "model" entry a model state dict) in place from `folder`, after checking that the folder
     holds every parameter of that model."""
     _check_holds(folder, state["model"])
-    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not distributed.is_distributed())
     return state
 
 

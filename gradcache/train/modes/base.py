@@ -70,8 +70,8 @@ class Mode:
     def build_loss(self, config: RunConfig) -> nn.Module:
         raise NotImplementedError
 
-    def encoders(self, model: nn.Module) -> list[nn.Module]:
-        """What the strategy encodes with: one module per input, or one shared module."""
+    def encoders(self, model: nn.Module) -> nn.Module | list[nn.Module]:
+        """What the strategy encodes with: one module shared by every input, or one module per input."""
         raise NotImplementedError
 
     def after_step(self, config: RunConfig, loss: nn.Module) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from gradcache.distributed import FSDP_REDUCE_MODES
 from gradcache.models import IMAGE_ENCODER_PRESETS
 from gradcache.train.config import RunConfig
+from gradcache.train.datasets import BUILT_IN_DATA
 from gradcache.train.modes import MODES, Mode
 from gradcache.train.optim import LR_SCALINGS, OPTIMIZERS
 from gradcache.train.strategies import PRECISIONS, STRATEGIES
@@ -30,8 +31,8 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
     """Every option of `gradcache train <mode>`; the help states each default once."""
     default: Callable[[str], Any] = lambda name: mode.defaults.get(name, _FIELD_DEFAULTS[name])  # noqa: E731
     data = parser.add_argument_group("data")
-    data.add_argument("--data", default=default("data"), help=f"'shapes' (built-in, procedural), 'digits' "
-                      f"(scikit-learn) or {mode.path_data}")
+    data.add_argument("--data", default=default("data"), help=f"a built-in data set ({', '.join(BUILT_IN_DATA)}: "
+                      f"procedural shapes, scikit-learn's digits) or {mode.path_data}")
     data.add_argument("--image-size", type=int, default=default("image_size"),
                       help="images are decoded or rendered at this side")
     data.add_argument("--train-size", type=int, default=default("train_size"), help="built-in shapes: training images")

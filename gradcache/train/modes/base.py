@@ -18,11 +18,8 @@ from torch.utils.data import DataLoader
 
 from gradcache.train.batches import StepSampler
 from gradcache.train.config import RunConfig
-from gradcache.train.datasets import DataError, load_digits
+from gradcache.train.datasets import BUILT_IN_DATA, DataError
 from gradcache.train.image_set import DataSplits
-from gradcache.train.shapes import load_shapes
-
-BUILT_IN_DATA = ("shapes", "digits")
 
 
 class Mode:
@@ -46,13 +43,11 @@ class Mode:
 
     # --- data -------------------------------------------------------------------------------------------
     def load_data(self, config: RunConfig) -> DataSplits:
-        """`shapes`, `digits`, or a path in this mode's format."""
-        if config.data == "shapes":
-            return load_shapes(config.train_size, config.test_size, config.image_size, config.data_seed)
-        if config.data == "digits":
-            return load_digits(config.image_size, config.test_size, config.data_seed)
+        """A built-in data set by name (`BUILT_IN_DATA`), or a path in this mode's format."""
+        if config.data in BUILT_IN_DATA:
+            return BUILT_IN_DATA[config.data](config)
         if not Path(config.data).exists():
-            raise DataError(f"--data {config.data!r} does not exist; give {' or '.join(BUILT_IN_DATA)}, "
+            raise DataError(f"--data {config.data!r} does not exist; give {' or '.join(map(repr, BUILT_IN_DATA))}, "
                             f"or {self.path_data}")
         return self.load_path(Path(config.data), config)
 

@@ -17,8 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from gradcache import distributed
-from gradcache.negatives import negatives_per_anchor
+from gradcache import distributed, negatives_per_anchor
 from gradcache.train.batches import StepSampler
 from gradcache.train.config import RunConfig
 from gradcache.train.image_set import DataSplits

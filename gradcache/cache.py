@@ -22,7 +22,9 @@ import torch
 from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
-from gradcache.distributed import check_same_chunk_counts, gradient_sync
+from gradcache.distributed import (
+    accumulate_without_hooks, check_same_chunk_counts, gradient_sync, holds_its_own_sync,
+)
 from gradcache.inputs import GetEmbedding, SplitFn, encode, split, tensors_of, trim_padding
 from gradcache.precision import AutocastState, autocast_context, full_precision, upcast
 from gradcache.random_state import RandomState
@@ -134,24 +136,57 @@ class GradCache(Strategy):
     def reencode_and_backward(self, replay: _Replay, cached_gradients: Sequence[torch.Tensor]) -> None:
         """(3) Re-encode chunk by chunk with a graph and back-propagate each chunk's cached gradient.
 
-        Gradient synchronisation (DDP, FSDP) is held off for every chunk but each encoder's last, so a step
-        communicates once; BatchNorm buffers leave as phase (1) left them.
+        A step synchronises gradients once. A DDP or FSDP2 encoder holds its synchronisation off itself for every
+        chunk but its last (`gradient_sync`). Any other encoder may sit under a DDP wrapper of the whole model
+        (Lightning, the Hugging Face Trainer), which decided at its forward that this backward synchronises:
+        every chunk but the encoder's last reaches `.grad` without firing DDP's hooks, and the last chunk's
+        ordinary backward fires each hook once, so DDP all-reduces the accumulated sum. BatchNorm buffers leave
+        as phase (1) left them.
         """
-        last_chunk = {}
-        for i, input_chunks in enumerate(replay.chunks):
-            last_chunk[id(self.encoder_for(i))] = (i, len(input_chunks) - 1)
+        last_chunk, later = _last_uses(self, replay.chunks)
         with running_stats_frozen(self.all_encoders()), torch.enable_grad():
             for i, input_chunks in enumerate(replay.chunks):
                 encoder = self.encoder_for(i)
+                own_sync = holds_its_own_sync(encoder)
+                parameters = [] if own_sync else _trainable(encoder)
                 offset = 0
                 for k, chunk in enumerate(input_chunks):
-                    with gradient_sync(encoder, last_chunk[id(encoder)] == (i, k), self.fsdp_reduce):
+                    last = last_chunk[id(encoder)] == (i, k)
+                    with gradient_sync(encoder, last, self.fsdp_reduce):
                         with replay.random_states[i][k].replay(), replay.autocast_state.apply():
                             embedding = encode(encoder, chunk, self.get_embedding, f"input {i}")
                         rows = embedding.shape[0]
-                        gradient = cached_gradients[i][offset : offset + rows]  # (rows, D), float32
+                        gradient = cached_gradients[i][offset : offset + rows].to(embedding.dtype)  # (rows, D)
                         offset += rows
-                        embedding.backward(gradient.to(embedding.dtype))
+                        if own_sync:
+                            embedding.backward(gradient)
+                        elif not last:
+                            accumulate_without_hooks(embedding, gradient, parameters)
+                        else:  # parameters tied to an encoder that runs later fire their hooks there
+                            tied = [p for p in parameters if id(p) in later[id(encoder)]]
+                            final = [p for p in parameters if id(p) not in later[id(encoder)]]
+                            accumulate_without_hooks(embedding, gradient, tied, retain_graph=bool(final))
+                            if final:
+                                embedding.backward(gradient, inputs=final if tied else None)
+
+
+def _trainable(module: nn.Module) -> list[nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def _last_uses(cache: GradCache, chunks: list[list[Any]]) -> tuple[dict[int, tuple[int, int]], dict[int, set[int]]]:
+    """Each encoder's last chunk (input, chunk), and for each encoder the ids of its parameters that a
+    distinct encoder whose last chunk comes later also holds (tied weights)."""
+    last_chunk = {id(cache.encoder_for(i)): (i, len(c) - 1) for i, c in enumerate(chunks)}
+    order = sorted(last_chunk, key=last_chunk.__getitem__)
+    encoders = {id(e): e for e in cache.all_encoders()}
+    later: dict[int, set[int]] = {}
+    seen_after: set[int] = set()
+    for key in reversed(order):
+        own = {id(p) for p in _trainable(encoders[key])}
+        later[key] = own & seen_after
+        seen_after |= own
+    return last_chunk, later
 
 
 class _Replay:

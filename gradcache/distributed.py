@@ -109,6 +109,37 @@ def gradient_sync(module: nn.Module, enabled: bool, fsdp_reduce: str = "chunk") 
     return contextlib.nullcontext()
 
 
+def holds_its_own_sync(module: nn.Module) -> bool:
+    """Whether `gradient_sync` can hold off `module`'s synchronisation: a DDP module itself, or FSDP2 modules
+    inside it. Otherwise a DDP wrapper may still sit above it (Lightning, the Hugging Face Trainer and
+    sentence-transformers wrap the whole model), out of our reach: see `accumulate_without_hooks`."""
+    return hasattr(module, "no_sync") or bool(_fsdp_modules(module))
+
+
+def accumulate_without_hooks(
+    output: torch.Tensor, gradient: torch.Tensor, parameters: Sequence[nn.Parameter], retain_graph: bool = False
+) -> None:
+    """`p.grad += d<output, gradient>/dp` for each parameter, without running the gradient-accumulation hooks.
+
+    A DDP wrapper above the encoder decided at its forward that the coming backward synchronises, and its
+    hooks fire once per parameter per backward ("marked as ready twice" on a second one). Computing a chunk's
+    gradient with `torch.autograd.grad` skips those hooks and leaves `.grad` as accumulation under `no_sync`
+    would; the one ordinary backward that follows (the encoder's last chunk) then fires each hook once, and
+    DDP all-reduces the accumulated sum. Parameters the output does not reach keep their `.grad`.
+    """
+    if not parameters:
+        return
+    grads = torch.autograd.grad(output, list(parameters), gradient, retain_graph=retain_graph, allow_unused=True)
+    with torch.no_grad():
+        for parameter, grad in zip(parameters, grads):
+            if grad is None:
+                continue
+            if parameter.grad is None:
+                parameter.grad = grad
+            else:
+                parameter.grad += grad
+
+
 def check_same_chunk_counts(encoders: Sequence[nn.Module], chunk_counts: Sequence[int]) -> None:
     """Under FSDP2 every rank must run as many chunk passes through each encoder as every other rank.
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from gradcache.cache import CachedLoss
 from gradcache.integrations.optional import require
+from gradcache.integrations.wrappers import check_wrapper
 
 transformers = require("transformers", "huggingface", "gradcache.integrations.huggingface")
 require("accelerate", "huggingface", "transformers.Trainer")
@@ -32,15 +33,19 @@ class GradCacheTrainer(transformers.Trainer):
 
     Args:
         model: the `CachedLoss` to train.
-        args: `TrainingArguments`, with `remove_unused_columns=False`: the batch's entries are the loss's
-            inputs, which the Trainer cannot read from `CachedLoss.forward`'s signature.
+        args: `TrainingArguments`, with `remove_unused_columns=False` (the batch's entries are the loss's
+            inputs, which the Trainer cannot read from `CachedLoss.forward`'s signature); an unset
+            `ddp_find_unused_parameters` is set to False, as DDP around the loss needs
+            (`gradcache.integrations.wrappers`).
         input_names: the batch entries passed to the loss, in the order of its encoders (e.g.
             `("image", "text")`); None passes every entry of the batch in the collator's order.
         **trainer_kwargs: anything else `transformers.Trainer` takes (`train_dataset`, `data_collator`, ...).
 
     Raises:
         TypeError: `model` is not a `CachedLoss`, or `input_names` is not a sequence of strings.
-        ValueError: `remove_unused_columns` is on; at a step, a batch without one of `input_names`.
+        ValueError: `remove_unused_columns` or `ddp_find_unused_parameters` is on; at a step, a batch without
+            one of `input_names`. TypeError at a step: a wrapper GradCache cannot run in (DataParallel on
+            several GPUs without torchrun, FSDP1, DeepSpeed).
 
     Example:
         >>> cached = CachedLoss([image_tower, text_tower], ClipLoss(), chunk_size=64)
@@ -52,7 +57,7 @@ class GradCacheTrainer(transformers.Trainer):
     def __init__(
         self,
         model: CachedLoss,
-        args: Any = None,
+        args: transformers.TrainingArguments,
         *,
         input_names: Sequence[str] | None = None,
         **trainer_kwargs: Any,
@@ -62,15 +67,24 @@ class GradCacheTrainer(transformers.Trainer):
                 f"model must be a gradcache.CachedLoss (the encoders and the loss), got {type(model).__name__}; "
                 "wrap your encoders: CachedLoss([image_tower, text_tower], loss_fn, chunk_size=64)."
             )
+        if not isinstance(args, transformers.TrainingArguments):
+            raise TypeError(f"args must be transformers.TrainingArguments, got {type(args).__name__}.")
         if input_names is not None and (
             isinstance(input_names, str) or not all(isinstance(n, str) for n in input_names) or not input_names
         ):
             raise TypeError(f"input_names must be a non-empty sequence of batch keys, e.g. ('query', 'positive'), got {input_names!r}.")
-        if args is not None and args.remove_unused_columns:
+        if args.ddp_find_unused_parameters:
+            raise ValueError(
+                "TrainingArguments(ddp_find_unused_parameters=True) fails under DDP ('marked as ready twice'): the "
+                "encoders' parameters join the loss's graph only in its backward. Pass ddp_find_unused_parameters=False."
+            )
+        if args.remove_unused_columns:
             raise ValueError(
                 "TrainingArguments(remove_unused_columns=True) would drop every batch entry, since CachedLoss.forward "
                 "takes *inputs; pass TrainingArguments(..., remove_unused_columns=False)."
             )
+        if args.ddp_find_unused_parameters is None:
+            args.ddp_find_unused_parameters = False  # the Trainer's default for a plain nn.Module is True
         super().__init__(model=model, args=args, **trainer_kwargs)
         self.input_names = tuple(input_names) if input_names is not None else None
         # The loss is already a mean over the whole batch: the Trainer divides it by the accumulation count.
@@ -81,6 +95,7 @@ class GradCacheTrainer(transformers.Trainer):
     ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """`model(*inputs[name] for name in input_names)`; `model` is the CachedLoss or the Trainer's wrapper of
         it. Keyword arguments the Trainer adds across versions (`num_items_in_batch`) are accepted and unused."""
+        check_wrapper(model, above_the_loss=True, where="GradCacheTrainer")
         names = self.input_names if self.input_names is not None else tuple(inputs)
         missing = [n for n in names if n not in inputs]
         if missing:

@@ -12,6 +12,7 @@ from torch import nn
 
 from gradcache.cache import CachedLoss
 from gradcache.integrations.optional import require
+from gradcache.integrations.wrappers import check_wrapper
 from gradcache.strategy import Encoders, LossFn
 
 pl = require("lightning.pytorch", "lightning", "gradcache.integrations.lightning")
@@ -33,6 +34,10 @@ class GradCacheModule(pl.LightningModule):
 
     Subclass to change how a batch maps to the encoders' inputs (`inputs_of`), what is logged, or the
     optimizer (`configure_optimizers`); or copy the three lines of `training_step` into your own module.
+
+    Strategies: one device, or `"ddp"` / `"ddp_spawn"` / `"ddp_fork"` (with DDP's default
+    `find_unused_parameters=False`); FSDP and DeepSpeed strategies, which wrap the whole module, are refused
+    at `fit` with a TypeError (shard the encoders with FSDP2's `fully_shard` yourself instead).
 
     Args:
         encoders, loss_fn, chunk_size, **options: as for `gradcache.CachedLoss`.
@@ -70,6 +75,10 @@ class GradCacheModule(pl.LightningModule):
             f"a batch of type {type(batch).__name__} does not say which input goes to which encoder; return a "
             "tuple (images, texts) or a dict from the data loader, or override inputs_of(batch)."
         )
+
+    def on_fit_start(self) -> None:
+        """Refuse, on every rank alike and before the first batch, a strategy GradCache cannot run under."""
+        check_wrapper(self.trainer.strategy.model, above_the_loss=True, where="GradCacheModule")
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = self.cached(*self.inputs_of(batch))  # phases (1)-(2); Lightning's backward runs (3)

@@ -12,6 +12,7 @@ from torch import nn
 
 from gradcache.cache import GradCache
 from gradcache.integrations.optional import require
+from gradcache.integrations.wrappers import check_wrapper
 from gradcache.losses import InfoNCE
 
 require("sentence_transformers", "sentence-transformers", "gradcache.integrations.sentence_transformers")
@@ -70,7 +71,9 @@ class GradCacheLoss(nn.Module):
             `get_embedding` defaults to picking "sentence_embedding" from the model's output.
 
     Raises:
-        TypeError, ValueError: bad options, here; fewer than two columns, at the call.
+        TypeError, ValueError: bad options, here; at the call, fewer than two columns (ValueError) or a model
+            wrapper GradCache cannot run in (TypeError: DataParallel, FSDP1, DeepSpeed; see
+            `gradcache.integrations.wrappers`).
 
     Example:
         >>> loss = GradCacheLoss(model, InfoNCE(temperature=0.05), chunk_size=32)
@@ -100,6 +103,7 @@ class GradCacheLoss(nn.Module):
                 f"GradCacheLoss got {len(columns)} column(s); it needs (anchor, positive) and optionally hard "
                 "negatives: give the dataset at least two text columns besides any label column."
             )
+        check_wrapper(self.model, above_the_loss=False, where="GradCacheLoss")
         return self._strategy(self.model).loss(*columns)
 
     def get_config_dict(self) -> dict[str, Any]:

@@ -25,8 +25,9 @@ from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunk
 from gradcache.distributed import (
     accumulate_without_hooks, check_same_chunk_counts, gradient_sync, holds_its_own_sync,
 )
-from gradcache.inputs import GetEmbedding, SplitFn, encode, split, tensors_of, trim_padding
-from gradcache.precision import AutocastState, autocast_context, full_precision, upcast
+from gradcache.inputs import encode, split, tensors_of, trim_padding
+from gradcache.options import Options, Unpack
+from gradcache.precision import AutocastState, autocast_context, autocast_off_everywhere, upcast
 from gradcache.random_state import RandomState
 from gradcache.strategy import Encoders, LossFn, Strategy
 
@@ -45,9 +46,9 @@ class GradCache(Strategy):
     Args:
         encoders: one module shared by every input (SimCLR's two views), or one module per input (CLIP's towers).
         loss_fn: callable taking the embeddings in input order plus `loss_kwargs`, returning a scalar.
-        chunk_size: examples per chunk, an int or one per input; a larger chunk than the batch is one chunk.
-        **options: `get_embedding`, `split_fn`, `trim_padding`, `autocast_dtype`, `scaler`, `gather`,
-            `fsdp_reduce` (see `gradcache.strategy.Strategy`).
+        chunk_size: examples per chunk, an int or one per input (required); a larger chunk than the batch is
+            one chunk.
+        **options: the keyword options of every strategy, spelled once in `gradcache.options.Options`.
 
     Raises:
         ValueError, TypeError: bad options in the constructor; bad inputs, a non-finite or non-scalar loss, or
@@ -59,33 +60,11 @@ class GradCache(Strategy):
         >>> optimizer.step(); optimizer.zero_grad(); loss_fn.clamp_logit_scale()
     """
 
-    def __init__(
-        self,
-        encoders: Encoders,
-        loss_fn: LossFn,
-        chunk_size: int | Sequence[int],
-        *,
-        get_embedding: GetEmbedding | None = None,
-        split_fn: SplitFn | None = None,
-        trim_padding: bool = False,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        gather: bool = True,
-        fsdp_reduce: str = "chunk",
-    ) -> None:
-        if chunk_size is None:
-            raise TypeError("chunk_size must be an int (or one int per input), got None.")
-        super().__init__(
-            encoders, loss_fn, chunk_size, get_embedding=get_embedding, split_fn=split_fn,
-            trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
-            fsdp_reduce=fsdp_reduce,
-        )
-
     def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
         """Forward and backward over the full batch; accumulate into `.grad`; return the detached loss."""
         self.require_grad_enabled()
         loss = self.loss(*inputs, **loss_kwargs)
-        with full_precision():  # backward outside any caller's autocast, as PyTorch asks; (3) re-enters its own
+        with autocast_off_everywhere():  # backward outside any caller's autocast, as PyTorch asks; (3) re-enters its own
             self.scaled(loss).backward()  # runs (3) when it reaches the cached embeddings
         return loss.detach()
 
@@ -98,7 +77,7 @@ class GradCache(Strategy):
         if building:
             warn_if_batchnorm_in_chunks(self.all_encoders())
 
-        with autocast_context(self.autocast_dtype, self.device_type()):
+        with autocast_context(self.options["autocast_dtype"], self.device_type()):
             autocast_state = AutocastState.capture()
             embeddings, random_states = self._encode_without_graph(chunks, record=building)  # (1)
 
@@ -114,8 +93,8 @@ class GradCache(Strategy):
 
     # --- the phases --------------------------------------------------------------------------------------
     def _split(self, index: int, value: Any) -> list[Any]:
-        chunks = split(value, self.chunk_size_for(index), self.split_fn)
-        return [trim_padding(c) for c in chunks] if self.trim_padding else chunks
+        chunks = split(value, self.chunk_size_for(index), self.options["split_fn"])
+        return [trim_padding(c) for c in chunks] if self.options["trim_padding"] else chunks
 
     def _encode_without_graph(
         self, chunks: list[list[Any]], record: bool
@@ -128,7 +107,7 @@ class GradCache(Strategy):
                 for chunk in input_chunks:
                     if record:
                         states.append(RandomState.capture(tensors_of(chunk)))
-                    pieces.append(encode(encoder, chunk, self.get_embedding, f"input {i}"))
+                    pieces.append(encode(encoder, chunk, self.options["get_embedding"], f"input {i}"))
                 embeddings.append(torch.cat(pieces))  # (N_i, D)
                 random_states.append(states)
         return embeddings, random_states
@@ -152,9 +131,9 @@ class GradCache(Strategy):
                 offset = 0
                 for k, chunk in enumerate(input_chunks):
                     last = last_chunk[id(encoder)] == (i, k)
-                    with gradient_sync(encoder, last, self.fsdp_reduce):
+                    with gradient_sync(encoder, last, self.options["fsdp_reduce"]):
                         with replay.random_states[i][k].replay(), replay.autocast_state.apply():
-                            embedding = encode(encoder, chunk, self.get_embedding, f"input {i}")
+                            embedding = encode(encoder, chunk, self.options["get_embedding"], f"input {i}")
                         rows = embedding.shape[0]
                         gradient = cached_gradients[i][offset : offset + rows].to(embedding.dtype)  # (rows, D)
                         offset += rows
@@ -222,13 +201,14 @@ class CachedLoss(nn.Module):
 
     For training loops that own the backward call (Lightning, the Hugging Face Trainer, a loop with a
     GradScaler): `scaler.scale(loss).backward()` and `(loss / k).backward()` work as for any loss, since the
-    incoming gradient multiplies the cached gradients in float32. Gradients equal those of `FullBatch.step`.
-    Called with gradients disabled (an evaluation loop), it returns the loss and keeps nothing. Each call
-    keeps its own batch for its backward, so two calls before one backward cannot mix batches.
+    incoming gradient multiplies the cached gradients in float32. Gradients equal those of `FullBatch.step`,
+    also when a DDP wrapper holds the whole model (see `GradCache.reencode_and_backward`). Called with
+    gradients disabled (an evaluation loop), it returns the loss and keeps nothing. Each call keeps its own
+    batch for its backward, so two calls before one backward cannot mix batches.
 
     Args:
-        encoders, loss_fn, chunk_size, **options: as for `GradCache`. `scaler` is accepted for one signature
-            but unused: the caller scales the loss it back-propagates.
+        encoders, loss_fn, chunk_size, **options: as for `GradCache`, except `scaler`: the caller scales the
+            loss it back-propagates, so a scaler given here could only be ignored, and is refused (TypeError).
 
     Example:
         >>> cached = CachedLoss([image_tower, text_tower], ClipLoss(), chunk_size=64)
@@ -237,25 +217,17 @@ class CachedLoss(nn.Module):
     """
 
     def __init__(
-        self,
-        encoders: Encoders,
-        loss_fn: LossFn,
-        chunk_size: int | Sequence[int],
-        *,
-        get_embedding: GetEmbedding | None = None,
-        split_fn: SplitFn | None = None,
-        trim_padding: bool = False,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        gather: bool = True,
-        fsdp_reduce: str = "chunk",
+        self, encoders: Encoders, loss_fn: LossFn, chunk_size: int | Sequence[int] | None = None,
+        **options: Unpack[Options],
     ) -> None:
+        if options.get("scaler") is not None:
+            raise TypeError(
+                f"CachedLoss got scaler={options['scaler']!r}, which it cannot honour: the caller owns the "
+                "backward, so scale there: scaler.scale(loss).backward(). Drop the scaler argument (or use "
+                "GradCache(..., scaler=scaler).step, which runs the backward itself)."
+            )
         super().__init__()
-        self.cache = GradCache(
-            encoders, loss_fn, chunk_size, get_embedding=get_embedding, split_fn=split_fn,
-            trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
-            fsdp_reduce=fsdp_reduce,
-        )
+        self.cache = GradCache(encoders, loss_fn, chunk_size, **options)
         self.encoders = nn.ModuleList(self.cache.all_encoders())  # so .to(), .parameters() and .train() reach them
         if isinstance(loss_fn, nn.Module):
             self.loss_fn = loss_fn

@@ -56,6 +56,8 @@ class NaiveAccumulation(Strategy):
         >>> loss = strategy.step(images, tokens)  # mean of the per-micro-batch losses
     """
 
+    pairs_chunks_across_inputs = True
+
     def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
         """Forward and backward per micro-batch; accumulate into `.grad`; return the mean micro-batch loss."""
         self.require_grad_enabled()

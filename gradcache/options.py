@@ -3,6 +3,7 @@ IDE show through `**options: Unpack[Options]`), their defaults (`DEFAULTS`) and 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 import torch
@@ -38,6 +39,18 @@ class Options(TypedDict, total=False):
         memory of whole gradients). Plain and DDP encoders always synchronise once per step. Measured
         trade: benchmarks/results/sharding.md. Under FSDP2 every chunk's forward and backward is a
         collective, so every rank must split its inputs into as many chunks (checked, ValueError).
+    memory_budget: bytes of autograd graphs that phase (1) may keep (GradCache, CachedLoss): chunks whose graphs
+        fit are encoded once, with their graph, and back-propagated directly in phase (3); only the others are
+        re-encoded. Counted as the bytes autograd saves for backward, each storage once, parameters and the
+        inputs left out (see `gradcache.graph_memory`). None (default): keep none, today's GradCache; a budget
+        holding every chunk costs what accumulation at the same chunk size costs. Ignored by FullBatch and
+        NaiveAccumulation, which keep every graph they build.
+    chunk_tokens: for mapping inputs with a 2-D `attention_mask` (GradCache, CachedLoss): chunks of at most this
+        many tokens, counted as rows x the chunk's own padded length, built over the examples sorted by
+        length and trimmed to their longest row (one example longer than the budget is a chunk of its own);
+        `chunk_size` still caps the rows. An int, or one per input with None where it does not apply (CLIP's
+        images). Embeddings and gradients come back in the caller's order. Exact only for encoders that ignore
+        masked positions, as `trim_padding`. FullBatch ignores it; NaiveAccumulation refuses it.
     """
 
     get_embedding: GetEmbedding | None
@@ -47,6 +60,8 @@ class Options(TypedDict, total=False):
     scaler: Any | None
     gather: bool
     fsdp_reduce: str
+    memory_budget: int | None
+    chunk_tokens: int | Sequence[int | None] | None
 
 
 DEFAULTS: Options = {
@@ -57,6 +72,8 @@ DEFAULTS: Options = {
     "scaler": None,
     "gather": True,
     "fsdp_reduce": "chunk",
+    "memory_budget": None,
+    "chunk_tokens": None,
 }
 
 
@@ -80,4 +97,23 @@ def checked(options: dict[str, Any]) -> Options:
     if scaler is not None and not (callable(getattr(scaler, "scale", None)) and hasattr(scaler, "update")):
         raise TypeError(f"scaler must be a torch.amp.GradScaler or None, got {scaler!r}.")
     check_fsdp_reduce(full["fsdp_reduce"])
+    budget = full["memory_budget"]
+    if budget is not None:
+        _check_count("memory_budget", budget, 0, "a number of bytes (0 keeps no graph), or None")
+    tokens = full["chunk_tokens"]
+    if isinstance(tokens, Sequence) and not isinstance(tokens, str):
+        if not tokens:
+            raise ValueError("chunk_tokens is an empty sequence; give an int, or one int (or None) per input.")
+        for i, value in enumerate(tokens):
+            if value is not None:
+                _check_count(f"chunk_tokens[{i}]", value, 1, "tokens per chunk, or None for an input without one")
+    elif tokens is not None:
+        _check_count("chunk_tokens", tokens, 1, "tokens per chunk (rows x padded length)")
     return full
+
+
+def _check_count(name: str, value: Any, least: int, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int ({meaning}), got {value!r}.")
+    if value < least:
+        raise ValueError(f"{name} must be at least {least} ({meaning}), got {value}.")

@@ -12,6 +12,7 @@ from gradcache.distributed import all_gather_with_grad
 from gradcache.inputs import batch_length, encode, trim_padding
 from gradcache.options import Options, Unpack, checked
 from gradcache.precision import autocast_context, autocast_off_everywhere, upcast
+from gradcache.token_chunks import has_token_mask
 
 LossFn = Callable[..., torch.Tensor]
 Encoders = nn.Module | Sequence[nn.Module]
@@ -41,6 +42,7 @@ class Strategy:
     """
 
     chunk_size_required: ClassVar[bool] = True
+    pairs_chunks_across_inputs: ClassVar[bool] = False  # micro-batch k holds chunk k of every input
 
     def __init__(
         self, encoders: Encoders, loss_fn: LossFn, chunk_size: int | Sequence[int] | None = None,
@@ -70,6 +72,12 @@ class Strategy:
             else:
                 _check_chunk_size(chunk_size)
         self.options: Options = checked(options)
+        if self.pairs_chunks_across_inputs and self.options["chunk_tokens"] is not None:
+            raise ValueError(
+                f"{type(self).__name__} does not take chunk_tokens={self.options['chunk_tokens']!r}: its micro-batch "
+                "k must hold the same examples of every input, and token chunks sort each input by its own "
+                "lengths. Drop chunk_tokens (use trim_padding=True), or use GradCache."
+            )
         self.loss_fn = loss_fn
         self.chunk_size = chunk_size
         self.steps_taken = 0
@@ -112,6 +120,19 @@ class Strategy:
             raise ValueError(
                 f"chunk_size has {len(self.chunk_size)} entries for {len(inputs)} inputs; give one per input or a single int."
             )
+        tokens = self.options["chunk_tokens"]
+        if isinstance(tokens, Sequence) and len(tokens) != len(inputs):
+            raise ValueError(
+                f"chunk_tokens has {len(tokens)} entries for {len(inputs)} inputs; give one per input (None where "
+                "it does not apply) or a single int."
+            )
+        for i, value in enumerate(inputs):
+            wanted = tokens[i] if isinstance(tokens, Sequence) else tokens
+            if wanted is not None and self.chunk_size_required and not has_token_mask(value):
+                raise ValueError(
+                    f"chunk_tokens={wanted} applies to input {i}, which is not a mapping with a 2-D attention_mask; "
+                    "give one value per input with None for this one, e.g. chunk_tokens=[None, 4096]."
+                )
         lengths = [batch_length(value, f"input {i}") for i, value in enumerate(inputs)]
         for i, length in enumerate(lengths):
             if length == 0:

@@ -23,18 +23,26 @@ class SavedBytes:
 
     def __init__(self, left_out: Iterable[torch.Tensor]) -> None:
         self.total = 0
-        self._seen = {_storage_key(t) for t in left_out}
+        self._seen = {key for key in map(_storage_key, left_out) if key is not None}
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        base = tensor._base if tensor._base is not None else tensor
+        if base.is_leaf and base.requires_grad:  # a parameter (FSDP2's gathered ones too) or a view of one
+            return tensor
         key = _storage_key(tensor)
-        if key not in self._seen:
+        if key is None:  # a tensor subclass without one storage: count its own elements
+            self.total += tensor.numel() * tensor.element_size()
+        elif key not in self._seen:
             self._seen.add(key)
             self.total += tensor.untyped_storage().nbytes()
         return tensor
 
 
-def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
-    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
+    try:
+        return (str(tensor.device), tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # DTensor shards and other subclasses
+        return None
 
 
 @contextlib.contextmanager

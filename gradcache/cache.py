@@ -73,7 +73,7 @@ class GradCache(Strategy):
         """Forward and backward over the full batch; accumulate into `.grad`; return the detached loss."""
         self.require_grad_enabled()
         loss = self.loss(*inputs, **loss_kwargs)
-        with autocast_off_everywhere():  # backward outside any caller's autocast, as PyTorch asks; (3) re-enters its own
+        with autocast_off_everywhere():  # backward outside the caller's autocast, as PyTorch asks; (3) re-enters its own
             self.scaled(loss).backward()  # runs (3) when it reaches the cached embeddings
         return loss.detach()
 
@@ -89,7 +89,9 @@ class GradCache(Strategy):
         with autocast_context(self.options["autocast_dtype"], self.device_type()):
             autocast_state = AutocastState.capture()
             first = self._encode_first(chunks, learning)  # (1)
-        embeddings = [e if o is None else e[torch.argsort(o.to(e.device))] for e, o in zip(first.embeddings, orders)]
+        embeddings = [  # the caller's order: embeddings[order] = sorted embeddings, (N_i, D)
+            e if o is None else e[torch.argsort(o.to(e.device))] for e, o in zip(first.embeddings, orders)
+        ]
 
         if not building:  # evaluation: the loss and nothing else
             return self.loss_over([upcast(e) for e in embeddings], loss_kwargs)
@@ -197,7 +199,8 @@ class GradCache(Strategy):
                     final = n == len(others) - 1
                     with gradient_sync(encoder, final, fsdp_reduce):
                         with replay.first.random_states[i][k].replay(), replay.autocast_state.apply():
-                            embedding = encode(encoder, replay.chunks[i][k], self.options["get_embedding"], f"input {i}")
+                            chunk, name = replay.chunks[i][k], f"input {i}"
+                            embedding = encode(encoder, chunk, self.options["get_embedding"], name)
                         _backward(encoder, [(embedding, gradients[i][k])], final, later[key])
                 for i in members:
                     first.kept[i] = []  # the kept graphs are spent

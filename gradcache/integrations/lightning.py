@@ -13,6 +13,7 @@ from torch import nn
 from gradcache.cache import CachedLoss
 from gradcache.integrations.optional import require
 from gradcache.integrations.wrappers import check_wrapper
+from gradcache.options import Options, Unpack
 from gradcache.strategy import Encoders, LossFn
 
 pl = require("lightning.pytorch", "lightning", "gradcache.integrations.lightning")
@@ -57,7 +58,7 @@ class GradCacheModule(pl.LightningModule):
         chunk_size: int | Sequence[int],
         *,
         optimizer: OptimizerFactory | None = None,
-        **options: Any,
+        **options: Unpack[Options],
     ) -> None:
         super().__init__()
         if optimizer is not None and not callable(optimizer):

@@ -14,6 +14,7 @@ from gradcache.cache import GradCache
 from gradcache.integrations.optional import require
 from gradcache.integrations.wrappers import check_wrapper
 from gradcache.losses import InfoNCE
+from gradcache.options import Options, Unpack
 
 require("sentence_transformers", "sentence-transformers", "gradcache.integrations.sentence_transformers")
 
@@ -67,8 +68,9 @@ class GradCacheLoss(nn.Module):
             0.05, i.e. scale 20), or `ClipLoss` / `SigLipLoss` on two columns. Its parameters (a learnable
             temperature) are trained too: the trainer's optimizer reads the loss's parameters.
         chunk_size: rows per chunk of every column; memory is that of one chunk's activations.
-        **options: every option of `gradcache.GradCache` (`trim_padding`, `autocast_dtype`, `gather`, ...);
-            `get_embedding` defaults to picking "sentence_embedding" from the model's output.
+        **options: every option of `gradcache.GradCache` (`trim_padding`, `chunk_tokens`, `memory_budget`,
+            `autocast_dtype`, `gather`, ...; `gradcache.options.Options`) but `scaler`, since the trainer owns
+            the backward; `get_embedding` defaults to picking "sentence_embedding" from the model's output.
 
     Raises:
         TypeError, ValueError: bad options, here; at the call, fewer than two columns (ValueError) or a model
@@ -80,10 +82,17 @@ class GradCacheLoss(nn.Module):
         >>> SentenceTransformerTrainer(model=model, train_dataset=pairs, loss=loss).train()
     """
 
-    def __init__(self, model: nn.Module, loss: nn.Module | None = None, chunk_size: int = 32, **options: Any) -> None:
+    def __init__(
+        self, model: nn.Module, loss: nn.Module | None = None, chunk_size: int = 32, **options: Unpack[Options]
+    ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a SentenceTransformer (an nn.Module), got {type(model).__name__}.")
+        if options.get("scaler") is not None:
+            raise TypeError(
+                "GradCacheLoss got a scaler, which it cannot honour: the trainer owns the backward and scales the "
+                "loss itself (fp16=True in the training arguments). Drop the scaler argument."
+            )
         self.model = model  # a child named "model": the trainer's override_model_in_loss swaps it for its wrapper
         self.loss = loss if loss is not None else InfoNCE(temperature=0.05)
         self.chunk_size = chunk_size

@@ -102,8 +102,25 @@ def test_every_core_option_reaches_the_strategy(bert_folder):
     assert_close(got, want, 1e-4)
     with pytest.raises(ValueError, match="chunk_size must be at least 1"):
         GradCacheLoss(model, chunk_size=0)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk_tokenz'"):
+    with pytest.raises(TypeError, match="unknown option"):
         GradCacheLoss(model, chunk_size=2, chunk_tokenz=64)
+    with pytest.raises(TypeError, match="cannot honour"):
+        GradCacheLoss(model, chunk_size=2, scaler=torch.amp.GradScaler("cpu"))
+
+
+@pytest.mark.parametrize("options", [{"chunk_tokens": 20}, {"memory_budget": 10**9}, {"memory_budget": 60_000}],
+                         ids=["chunk_tokens", "budget-all", "budget-some"])
+def test_the_memory_options_equal_multiple_negatives_ranking_loss(bert_folder, options):
+    model = tiny_sentence_transformer(bert_folder)
+    batch = features(model, ("anchor", "positive", "negative"))
+    _, want = loss_and_grads(model, MultipleNegativesRankingLoss(model, scale=20.0), batch)
+    calls = []
+    model[0].register_forward_pre_hook(lambda m, args: calls.append(1))
+    _, got = loss_and_grads(model, GradCacheLoss(model, InfoNCE(temperature=0.05), chunk_size=3, **options), batch)
+    assert_close(got, want, 1e-4)
+    chunks = 3 * 3  # three columns of 7 rows in chunks of 3
+    if "memory_budget" in options:  # a kept graph is not re-encoded: a budget for all encodes each chunk once
+        assert len(calls) == chunks if options["memory_budget"] == 10**9 else chunks < len(calls) < 2 * chunks
 
 
 def test_a_learnable_temperature_gets_the_full_batch_gradient(bert_folder):

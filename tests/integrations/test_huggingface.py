@@ -119,17 +119,35 @@ def ddp_worker(rank: int, world_size: int, folder: str) -> dict:
         trainer.compute_loss(DistributedDataParallel(trainer.model, find_unused_parameters=True), batch)
     except ValueError as error:
         refused = str(error)
+    AcceleratorState._reset_state(True)
+    accumulated = train(os.path.join(folder, f"accumulated{rank}"), per_device_train_batch_size=4,
+                        gradient_accumulation_steps=2)
     return {
         "wrapper": type(trainer.model_wrapped).__name__, "batch": batch, "grads": trainer.grads[0],
         "allreduces": len(trainer.allreduces), "ordinary": ordinary_step_allreduces(batch), "refused": refused,
+        "micro_batches": accumulated.batches[:2], "accumulated_grads": accumulated.grads[0],
+        "accumulated_allreduces": len(accumulated.allreduces),
     }
 
 
-def test_ddp_under_torchrun_environment_is_exact_with_one_synchronisation(tmp_path):
-    ranks = run_on_ranks(ddp_worker, 2, str(tmp_path))
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_on_ranks(ddp_worker, 2, str(tmp_path_factory.mktemp("ddp")))
+
+
+def test_ddp_under_torchrun_environment_is_exact_with_one_synchronisation(ranks):
     want = reference_grads([concatenated([r["batch"] for r in ranks])])
     for r in ranks:
         assert r["wrapper"] == "DistributedDataParallel"
         assert_same_grads(r["grads"], want)
         assert r["allreduces"] == r["ordinary"] >= 1
         assert "find_unused_parameters=False" in r["refused"]
+
+
+def test_ddp_with_accumulation_synchronises_once_per_optimizer_step(ranks):
+    """The Trainer's no_sync on the first of two micro-batches: one all-reduce in all, and the mean of FullBatch
+    over the two global micro-batches (micro-batch k of every rank)."""
+    want = reference_grads([concatenated([r["micro_batches"][k] for r in ranks]) for k in range(2)])
+    for r in ranks:
+        assert_same_grads(r["accumulated_grads"], want)
+        assert r["accumulated_allreduces"] == r["ordinary"]

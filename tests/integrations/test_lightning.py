@@ -103,14 +103,30 @@ def ddp_worker(rank: int, world_size: int) -> dict:
         fit(batch_size=4, devices=world_size, strategy=DDPStrategy(find_unused_parameters=True))
     except ValueError as error:
         refused = str(error)
+    accumulated = fit(batch_size=4, devices=world_size, strategy="ddp", accumulate_grad_batches=2)
     return {"batch": module.batches[0], "grads": module.grads[0], "allreduces": allreduces,
-            "ordinary": ordinary_step_allreduces(module.batches[0]), "refused": refused}
+            "ordinary": ordinary_step_allreduces(module.batches[0]), "refused": refused,
+            "micro_batches": accumulated.batches[:2], "accumulated_grads": accumulated.grads[0],
+            "accumulated_allreduces": len(accumulated.allreduces)}
 
 
-def test_ddp_strategy_around_the_whole_module_is_exact_with_one_synchronisation():
-    ranks = run_on_ranks(ddp_worker, 2)
+@pytest.fixture(scope="module")
+def ranks():
+    return run_on_ranks(ddp_worker, 2)
+
+
+def test_ddp_strategy_around_the_whole_module_is_exact_with_one_synchronisation(ranks):
     want = reference_grads([concatenated([r["batch"] for r in ranks])])
     for r in ranks:
         assert_same_grads(r["grads"], want)
         assert r["allreduces"] == r["ordinary"] >= 1
         assert "find_unused_parameters=False" in r["refused"]
+
+
+def test_ddp_with_accumulation_synchronises_once_per_optimizer_step(ranks):
+    """Two micro-batches per step: Lightning's no_sync on the first, one all-reduce in all; the gradient is the
+    mean of FullBatch over the two global micro-batches (micro-batch k of every rank)."""
+    want = reference_grads([concatenated([r["micro_batches"][k] for r in ranks]) for k in range(2)])
+    for r in ranks:
+        assert_same_grads(r["accumulated_grads"], want)
+        assert r["accumulated_allreduces"] == r["ordinary"]

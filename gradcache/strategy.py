@@ -1,5 +1,5 @@
-"""What GradCache, NaiveAccumulation and FullBatch share: their options, checked once, and the checks on a
-step's inputs and loss, made before any gradient is touched."""
+"""What GradCache, NaiveAccumulation and FullBatch share: the encoders, the loss, the options (spelled in
+gradcache/options.py), and the checks on a step's inputs and loss, made before any gradient is touched."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -38,7 +38,8 @@ class Strategy:
         chunk_size: rows per chunk; an int or one int per input. Required where `chunk_size_required`;
             accepted and ignored otherwise (FullBatch), so the strategies swap in one line.
         **options: the keyword options, spelled once in `gradcache.options.Options` (get_embedding, split_fn,
-            trim_padding, autocast_dtype, scaler, gather, fsdp_reduce); checked before anything runs.
+            trim_padding, autocast_dtype, scaler, gather, fsdp_reduce, memory_budget, chunk_tokens); checked
+            before anything runs. A strategy that `pairs_chunks_across_inputs` refuses chunk_tokens.
     """
 
     chunk_size_required: ClassVar[bool] = True
@@ -128,7 +129,8 @@ class Strategy:
             )
         for i, value in enumerate(inputs):
             wanted = tokens[i] if isinstance(tokens, Sequence) else tokens
-            if wanted is not None and self.chunk_size_required and not has_token_mask(value):
+            chunked = self.chunk_size_required  # FullBatch ignores chunk_tokens, as it ignores chunk_size
+            if wanted is not None and chunked and not has_token_mask(value):
                 raise ValueError(
                     f"chunk_tokens={wanted} applies to input {i}, which is not a mapping with a 2-D attention_mask; "
                     "give one value per input with None for this one, e.g. chunk_tokens=[None, 4096]."

@@ -6,6 +6,7 @@ import torch
 
 from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation
 from gradcache.losses import ClipLoss, InfoNCE
+from gradcache.token_chunks import padded_lengths
 from tests.conftest import TokenEncoder, assert_grads_close, grads_of, mlp, tokens, zero
 
 
@@ -49,8 +50,20 @@ def test_clip_text_tower_by_tokens_matches_full_batch(strategy, chunk_tokens, bu
     assert_grads_close(grads_of(image, text, loss), want, 1e-12)
     for rows, length in text.shapes:
         assert rows <= 5 and (rows * length <= chunk_tokens or rows == 1)
-    mask = batch[1]["attention_mask"]
-    assert sum(r * l for r, l in text.shapes) < 14 * mask.shape[1] * 2  # both passes, under the padded total
+    lengths = padded_lengths(batch[1]["attention_mask"])
+    fixed = sum(int(lengths[i : i + 5].max()) * len(lengths[i : i + 5]) for i in range(0, 14, 5))  # trim_padding
+    first_pass = text.shapes[: _chunks(text.shapes)]
+    assert sum(rows * length for rows, length in first_pass) < fixed  # fewer padded tokens than fixed chunks
+
+
+def _chunks(shapes):
+    """The first pass's chunks: rows add up to the batch (14)."""
+    total = 0
+    for n, (rows, _) in enumerate(shapes, 1):
+        total += rows
+        if total == 14:
+            return n
+    raise AssertionError(shapes)
 
 
 def test_hard_negatives_with_per_input_chunk_sizes_and_tokens():

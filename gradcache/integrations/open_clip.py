@@ -43,7 +43,9 @@ class _TextTower(nn.Module):
         return self.model.encode_text(input_ids)
 
 
-def _check_architecture(architecture: str) -> dict[str, Any]:
+def check_architecture(architecture: str) -> dict[str, Any]:
+    """The open_clip config of `architecture`; ValueError when open_clip has no such model or builds a tower
+    from the Hugging Face hub."""
     config = open_clip.get_model_config(architecture)
     if config is None:
         raise ValueError(
@@ -82,7 +84,7 @@ def build_open_clip(
         >>> cache = GradCache([parts.image_tower, parts.text_tower], parts.loss_fn, chunk_size=64)
         >>> cache.step(images, parts.tokenizer(captions))
     """
-    _check_architecture(architecture)
+    check_architecture(architecture)
     if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1):
         raise ValueError(f"image_size must be a positive int or None (the architecture's), got {image_size!r}.")
     if pretrained is not None and not os.path.isfile(pretrained):

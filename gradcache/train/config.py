@@ -12,7 +12,7 @@ from typing import Any
 
 from gradcache.train.checkpoint import CheckpointError
 
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3
 
 
 class UsageError(ValueError):
@@ -38,7 +38,8 @@ class RunConfig:
     workers: int = 1
     threads: int | None = None  # None: CPU cores minus workers, at least 1
     # model
-    model: str = "convnet"  # a name of gradcache.models.IMAGE_ENCODER_PRESETS
+    model: str = "convnet"  # a name of gradcache.models.IMAGE_ENCODER_PRESETS, or (clip) open_clip:ARCH
+    pretrained: str | None = None  # clip with open_clip:ARCH: a local checkpoint file loaded on a fresh run
     width: int = 16
     norm: str = "group"
     projection_dim: int = 128
@@ -117,6 +118,7 @@ _V1_ABSENT = {
     "clip": dict(crop_min_scale=0.5, jitter_strength=0.5, channel_permutation=0.5, rotation=0.0, hidden_dim=512),
 }
 _V1_ADDED_LATER = dict(rotation=0.0, fsdp=False, fsdp_reduce="chunk", cpu_offload=False)
+_V3_ADDED = dict(pretrained=None)  # version 3: open_clip architectures in clip runs
 
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
@@ -127,4 +129,6 @@ def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
     if version == 1:
         values.pop("subcommand", None)  # argparse's own entry, not an option
         values = {**_V1_ADDED_LATER, **_V1_ABSENT.get(values.get("mode"), {}), **values}
+    if version < 3:
+        values = {**_V3_ADDED, **values}
     return values

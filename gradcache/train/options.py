@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 from gradcache.distributed import FSDP_REDUCE_MODES
-from gradcache.models import IMAGE_ENCODER_PRESETS
 from gradcache.train.config import RunConfig
 from gradcache.train.datasets import BUILT_IN_DATA
 from gradcache.train.modes import MODES, Mode
@@ -45,8 +44,7 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                       "(default: CPU cores minus --workers, at least 1)")
 
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default=default("model"), choices=list(IMAGE_ENCODER_PRESETS),
-                       help="image encoder (a preset of gradcache.models)")
+    model.add_argument("--model", default=default("model"), help=mode.model_help)
     model.add_argument("--width", type=int, default=default("width"), help="convnet: channels of the first stage")
     model.add_argument("--norm", default=default("norm"), choices=["group", "batch"], help="convnet/resnet "
                        "normalisation (group: per-example, exact under gradcache; the convnet standardises its conv "

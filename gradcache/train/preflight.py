@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from gradcache import distributed
-from gradcache.models import IMAGE_ENCODER_PRESETS, ViTConfig
 from gradcache.train.config import RunConfig, UsageError
 from gradcache.train.image_set import DataSplits
 from gradcache.train.modes import MODES
@@ -69,14 +68,11 @@ def check_options(config: RunConfig) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}")
     if config.warmup < 0 or config.weight_decay < 0 or config.workers < 0 or config.eval_every < 0:
         raise UsageError("--warmup, --weight-decay, --workers and --eval-every must not be negative")
+    MODES[config.mode].check_model(config)
     MODES[config.mode].check(config)
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
     _check_sharding(config)
-    preset = IMAGE_ENCODER_PRESETS[config.model]
-    if isinstance(preset, ViTConfig) and config.image_size % preset.patch_size:
-        raise UsageError(f"--model {config.model} needs --image-size divisible by its patch size {preset.patch_size}, "
-                         f"got {config.image_size}")
 
 
 def _check_sharding(config: RunConfig) -> None:

@@ -59,6 +59,8 @@ class Run:
         self.model = build_model(self.mode, config).to(self.device)
         self.loss = self.mode.build_loss(config).to(self.device)
         self.trained = nn.ModuleDict({"model": self.model, "loss": self.loss})
+        if saved is None:
+            self.mode.initialise(config, self.model, self.loss)
         # step 0 is evaluated before placing: one plain model on rank 0, whatever the placement
         self.progress = Progress() if saved is not None else self._step_zero()
         encoders = placement.place(self.mode.encoders(self.model), self.device)

@@ -11,7 +11,9 @@ from typing import Any
 from torch import nn
 
 from gradcache.models import IMAGE_ENCODER_PRESETS, ConvNetConfig, ResNetConfig, ViTConfig, build_image_encoder
-from gradcache.train.config import RunConfig
+from gradcache.train.config import RunConfig, UsageError
+
+BACKBONE_HELP = f"image encoder: a preset of gradcache.models ({', '.join(IMAGE_ENCODER_PRESETS)})"
 
 
 def backbone_options(config: RunConfig) -> dict[str, Any]:
@@ -29,3 +31,14 @@ def backbone_options(config: RunConfig) -> dict[str, Any]:
 def build_backbone(config: RunConfig) -> nn.Module:
     """A randomly initialised `--model` encoder, images (B, 3, H, W) -> (B, out_dim)."""
     return build_image_encoder(config.model, **backbone_options(config))
+
+
+def check_backbone(config: RunConfig) -> None:
+    """`--model` names a preset, and the images suit it (a ViT's patches tile them)."""
+    preset = IMAGE_ENCODER_PRESETS.get(config.model)
+    if preset is None:
+        raise UsageError(f"--model {config.model!r} is not an image encoder preset; choose one of "
+                         f"{', '.join(IMAGE_ENCODER_PRESETS)}")
+    if isinstance(preset, ViTConfig) and config.image_size % preset.patch_size:
+        raise UsageError(f"--model {config.model} needs --image-size divisible by its patch size {preset.patch_size}, "
+                         f"got {config.image_size}")

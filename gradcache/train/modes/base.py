@@ -20,6 +20,7 @@ from gradcache.train.batches import StepSampler
 from gradcache.train.config import RunConfig
 from gradcache.train.datasets import BUILT_IN_DATA, DataError
 from gradcache.train.image_set import DataSplits
+from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
 
 
 class Mode:
@@ -32,11 +33,16 @@ class Mode:
     defaults: dict[str, Any] = {}  # RunConfig fields whose default differs in this mode
     default_epochs: int = 1  # when neither --epochs nor --steps is given
     trim_padding: bool = False  # the strategies may trim padding columns (exact only for masked encoders)
+    model_help: str = BACKBONE_HELP  # what --model names in this mode
 
     # --- options ----------------------------------------------------------------------------------------
     def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
                     run: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
         """This mode's own options, each into its group; `default(field)` is the field's default here."""
+
+    def check_model(self, config: RunConfig) -> None:
+        """Refuse a `--model` this mode cannot build (UsageError)."""
+        check_backbone(config)
 
     def check(self, config: RunConfig) -> None:
         """Refuse values of this mode's own options that cannot work (UsageError)."""
@@ -68,6 +74,10 @@ class Mode:
     def encoders(self, model: nn.Module) -> nn.Module | list[nn.Module]:
         """What the strategy encodes with: one module shared by every input, or one module per input."""
         raise NotImplementedError
+
+    def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
+        """Runs once on a new run's freshly built model and loss (not on a resume), e.g. to load pretrained
+        weights."""
 
     def after_step(self, config: RunConfig, loss: nn.Module) -> None:
         """Runs after every optimizer step."""

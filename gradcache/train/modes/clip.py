@@ -1,8 +1,12 @@
 """CLIP: image-caption pairs, an image and a text tower, the symmetric contrastive loss with a learned
-temperature clamped after each step; scored by cross-modal recall@K and zero-shot classification."""
+temperature clamped after each step; scored by cross-modal recall@K and zero-shot classification.
+
+The towers are the built-in ones (an image encoder preset and a byte-level text Transformer), or with
+`--model open_clip:ARCH` any open_clip architecture with its own tokenizer (random init, or `--pretrained PATH`)."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,12 +19,13 @@ from torch.utils.data import DataLoader
 from gradcache import losses
 from gradcache.models import CLIP as ClipModel
 from gradcache.models import ByteTokenizer, TextEncoder
+from gradcache.models.open_clip import OpenClipModel, OpenClipTokenizer, open_clip_architecture
 from gradcache.train.batches import StepSampler, training_batches
-from gradcache.train.config import RunConfig
+from gradcache.train.config import RunConfig, UsageError
 from gradcache.train.datasets import DataError, load_caption_table
 from gradcache.train.evaluate import embed_images, embed_texts, retrieval_recall, zero_shot_top1
 from gradcache.train.image_set import DataSplits
-from gradcache.train.modes.backbone import build_backbone
+from gradcache.train.modes.backbone import BACKBONE_HELP, build_backbone, check_backbone
 from gradcache.train.modes.base import Mode
 
 
@@ -31,7 +36,8 @@ class CLIP(Mode):
     path_data = "a CSV/TSV of image paths and captions"
     defaults = dict(temperature=0.07, lr=2e-3, batch_size=256, chunk_size=64)
     default_epochs = 4
-    trim_padding = True  # TextEncoder ignores masked positions, so trimming is exact
+    trim_padding = True  # TextEncoder ignores masked positions, so trimming is exact (open_clip's tokens have no mask)
+    model_help = f"{BACKBONE_HELP}, or open_clip:ARCH for both towers of an open_clip architecture (random init)"
 
     def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
                     run: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
@@ -47,8 +53,28 @@ class CLIP(Mode):
                            help="text transformer layers")
         model.add_argument("--text-heads", type=int, default=default("text_heads"),
                            help="text transformer attention heads")
+        model.add_argument("--pretrained", default=default("pretrained"), help="with --model open_clip:ARCH: a local "
+                           "open_clip checkpoint file whose weights (and temperature) a new run starts from")
         run.add_argument("--max-logit-scale", type=float, default=default("max_logit_scale"),
                          help="clamp of 1/temperature after each step")
+
+    def check_model(self, config: RunConfig) -> None:
+        architecture = open_clip_architecture(config.model)
+        if architecture is None:
+            check_backbone(config)
+            if config.pretrained is not None:
+                raise UsageError(f"--pretrained loads open_clip weights and needs --model open_clip:ARCH, got --model "
+                                 f"{config.model}; drop --pretrained or name an open_clip architecture")
+            return
+        try:
+            from gradcache.integrations.open_clip import check_architecture  # needs the open-clip extra
+
+            check_architecture(architecture)
+        except (ImportError, ValueError) as error:
+            raise UsageError(f"--model {config.model}: {error}") from error
+        if config.pretrained is not None and not Path(config.pretrained).is_file():
+            raise UsageError(f"--pretrained {config.pretrained!r} is not a file; give a local open_clip checkpoint "
+                             "(.pt, .bin or .safetensors); this program never downloads weights")
 
     def load_path(self, path: Path, config: RunConfig) -> DataSplits:
         return load_caption_table(path, config.image_size, config.test_size, config.data_seed,
@@ -65,12 +91,21 @@ class CLIP(Mode):
         return training_batches(data.train, sampler, None, _tokenizer(config), config.workers)
 
     def build_model(self, config: RunConfig) -> nn.Module:
+        architecture = open_clip_architecture(config.model)
+        if architecture is not None:
+            return OpenClipModel(architecture, config.image_size)
         text = TextEncoder(ByteTokenizer.vocab_size, context_length=config.context_length, width=config.text_width,
                            layers=config.text_layers, heads=config.text_heads)
         return ClipModel(build_backbone(config), text, embed_dim=config.projection_dim)
 
     def build_loss(self, config: RunConfig) -> nn.Module:
         return losses.ClipLoss(temperature=config.temperature, learnable=True, tile_size=config.tile_size)
+
+    def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
+        if config.pretrained is not None:  # the checkpoint's weights and its learned temperature
+            temperature = model.load_pretrained(config.pretrained)
+            with torch.no_grad():
+                loss.logit_scale.fill_(math.log(1.0 / temperature))
 
     def encoders(self, model: nn.Module) -> list[nn.Module]:
         return [model.image_tower, model.text_tower]
@@ -96,5 +131,6 @@ class CLIP(Mode):
         return {"temperature": loss.temperature}
 
 
-def _tokenizer(config: RunConfig) -> ByteTokenizer:
-    return ByteTokenizer(config.context_length)
+def _tokenizer(config: RunConfig) -> ByteTokenizer | OpenClipTokenizer:
+    architecture = open_clip_architecture(config.model)
+    return ByteTokenizer(config.context_length) if architecture is None else OpenClipTokenizer(architecture)

@@ -1,0 +1,68 @@
+"""`gradcache train clip --model open_clip:ARCH`: an open_clip architecture (built without weights, never
+downloaded) trained and evaluated by the program, and `--pretrained` loading a local checkpoint file."""
+import json
+import math
+
+import pytest
+import torch
+
+from gradcache.cli import main
+from gradcache.train.config import RunConfig
+from gradcache.train.modes import MODES
+
+open_clip = pytest.importorskip("open_clip")  # the open-clip extra, which dev installs
+
+ARCHITECTURE = "ViT-S-32-alt"  # the smallest open_clip architecture with its own towers
+RUN = ["train", "clip", "--model", f"open_clip:{ARCHITECTURE}", "--image-size", "32", "--train-size", "32",
+       "--test-size", "16", "--batch-size", "8", "--chunk-size", "4", "--steps", "1", "--warmup", "1", "--quiet",
+       "--workers", "0", "--threads", "1"]
+
+
+def test_an_open_clip_run_trains_evaluates_and_is_read_back_by_eval(tmp_path, capsys):
+    assert main([*RUN, "--output-dir", str(tmp_path / "run")]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 1 and 0 <= metrics["image_to_text_recall@1"] <= 100
+    assert set(metrics["step0"]) >= {"image_to_text_recall@1", "text_to_image_recall@1"}
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run")]) == 0  # rebuilt from the stored options, no pretrained file needed
+    evaluated = json.loads(capsys.readouterr().out)
+    for key in ("image_to_text_recall@1", "text_to_image_recall@10", "zero_shot_top1"):
+        assert evaluated[key] == pytest.approx(metrics[key])
+
+
+def test_pretrained_weights_and_temperature_load_on_a_new_run(tmp_path):
+    torch.manual_seed(123)
+    source = open_clip.create_model(ARCHITECTURE, force_image_size=32)
+    with torch.no_grad():
+        source.logit_scale.fill_(math.log(1 / 0.05))
+    path = tmp_path / "weights.pt"
+    torch.save(source.state_dict(), path)
+
+    mode, config = MODES["clip"], RunConfig(mode="clip", model=f"open_clip:{ARCHITECTURE}", image_size=32,
+                                            pretrained=str(path), temperature=0.07)
+    mode.check_model(config)
+    torch.manual_seed(0)
+    model, loss = mode.build_model(config), mode.build_loss(config)
+    state = torch.get_rng_state()
+    mode.initialise(config, model, loss)
+    assert torch.equal(torch.get_rng_state(), state)  # reading the file draws no random numbers of the run
+    for name, value in source.visual.state_dict().items():
+        torch.testing.assert_close(model.image_tower.visual.state_dict()[name], value, rtol=0, atol=0)
+    text = {k: v for k, v in source.state_dict().items() if not k.startswith("visual.") and k != "logit_scale"}
+    loaded = model.text_tower.model.state_dict()
+    for name, value in text.items():
+        torch.testing.assert_close(loaded[name], value, rtol=0, atol=0)
+    assert loss.temperature == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([*RUN[:3], "open_clip:no-such-architecture", *RUN[4:]], "not an open_clip architecture"),
+    ([*RUN, "--pretrained", "missing.pt"], "is not a file"),
+    (["train", "clip", "--pretrained", "weights.pt", "--steps", "1"], "needs --model open_clip:ARCH"),
+    (["train", "simclr", "--model", f"open_clip:{ARCHITECTURE}", "--steps", "1"], "not an image encoder preset"),
+])
+def test_bad_open_clip_options_exit_2_and_write_nothing(tmp_path, capsys, argv, message):
+    output = tmp_path / "run"
+    assert main([*argv, "--output-dir", str(output)]) == 2
+    assert message in capsys.readouterr().err
+    assert not output.exists()

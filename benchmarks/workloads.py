@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from gradcache import FullBatch, GradCache, NaiveAccumulation, losses
-from models import CLIP, ProjectionHead, SimCLRModel, TextEncoder, build_image_encoder
+from gradcache.models import CLIP, ProjectionHead, SimCLRModel, TextEncoder, build_image_encoder
 
 TASKS = ("simclr", "clip")
 VOCAB_SIZE = 259  # ByteTokenizer's vocabulary: pad, bos, eos and 256 bytes

@@ -37,8 +37,9 @@ def prepare_run(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunChe
         raise UsageError(f"--output-dir {output} already holds a run; pass --resume {output} to continue it, "
                          "or choose another --output-dir")
     data = mode.load_data(config)
+    config = mode.resolve(config, data)
     if len(data.train) < config.batch_size:
-        raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training images; "
+        raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training {mode.items}; "
                          "pass a smaller --batch-size or use more data")
     if saved is not None:
         check_length(config, saved, len(data.train))
@@ -73,7 +74,7 @@ def check_options(config: RunConfig) -> None:
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
     _check_sharding(config)
-    preset = IMAGE_ENCODER_PRESETS[config.model]
+    preset = IMAGE_ENCODER_PRESETS[config.model] if MODES[config.mode].images else None
     if isinstance(preset, ViTConfig) and config.image_size % preset.patch_size:
         raise UsageError(f"--model {config.model} needs --image-size divisible by its patch size {preset.patch_size}, "
                          f"got {config.image_size}")

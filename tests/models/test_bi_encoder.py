@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.bi_encoder import BiEncoder
+from gradcache.models.bi_encoder import BiEncoder
 
 
 class _Tower(nn.Module):

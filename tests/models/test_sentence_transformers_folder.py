@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import HuggingFaceEncoder
-from models.hf_tokenizer import HuggingFaceTokenizer
-from models.sentence_transformers_folder import read_sentence_transformer_folder
+from gradcache.models import HuggingFaceEncoder
+from gradcache.models import HuggingFaceTokenizer
+from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 from tests.tiny_text_model import write_tiny_bert
 
 pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')

@@ -48,9 +48,9 @@ def test_split_groups_and_the_loss_against_infonce():
 @pytest.mark.parametrize("hard", [0, 2])
 def test_gradcache_gradient_equals_the_full_batch_on_every_parameter(tmp_path, separate, hard):
     pytest.importorskip("transformers")
-    from models.bi_encoder import BiEncoder
-    from models.huggingface import HuggingFaceEncoder
-    from models.hf_tokenizer import HuggingFaceTokenizer
+    from gradcache.models.bi_encoder import BiEncoder
+    from gradcache.models.huggingface import HuggingFaceEncoder
+    from gradcache.models.hf_tokenizer import HuggingFaceTokenizer
     from tests.tiny_text_model import write_tiny_bert
 
     path = write_tiny_bert(tmp_path / "bert")  # no dropout: chunks and the full batch would draw other masks

@@ -154,3 +154,11 @@ def test_precision_checkpointing_tiles_and_sharding(tmp_path, tiny_bert, options
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["steps"] == 2 and 0 <= metrics["mrr@10"] <= 100
     assert (tmp_path / ("last.dcp" if "--fsdp" in options else "last.pt")).exists()
+
+
+def test_missing_transformers_exits_2(tmp_path, tiny_bert, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
+    _fails(_args(tiny_bert, tmp_path / "out"), capsys, "pip install 'gradcache[text]'")
+    assert not (tmp_path / "out").exists()

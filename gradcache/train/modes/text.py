@@ -29,8 +29,10 @@ BUILT_IN_TEXT = "world"
 
 def _quiet_transformers() -> None:
     """No per-load progress bars of transformers on the program's stderr (the run has its own)."""
-    import transformers
-
+    try:
+        import transformers
+    except ImportError as error:
+        raise UsageError("gradcache train text needs transformers: pip install 'gradcache[text]'") from error
     transformers.utils.logging.disable_progress_bar()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from gradcache.baselines import FullBatch, NaiveAccumulation
-from gradcache.cache import GradCache, CachedLoss
+from gradcache.cache import CachedLoss, GradCache
 from gradcache.losses import ClipLoss, InfoNCE, NTXent, SigLipLoss
 
 STRATEGY_NAMES = {"gradcache": GradCache, "cached_loss": CachedLoss, "full": FullBatch, "naive": NaiveAccumulation}

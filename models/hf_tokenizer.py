@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .sentence_transformers_folder import read_sentence_transformer_folder
+from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
 # Files of which a folder needs at least one to hold a tokenizer's vocabulary. Without any, transformers 5 builds
 # an empty tokenizer of special tokens alone instead of failing, and every text would become [CLS] [UNK] ... [SEP].

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sentence_transformers_folder import read_sentence_transformer_folder
+from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
 HF_POOLINGS = ("mean", "cls")
 

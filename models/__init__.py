@@ -10,6 +10,8 @@ from gradcache.models.factory import (
     build_image_encoder,
 )
 from gradcache.models.heads import LinearProjection, ProjectionHead
+from gradcache.models.bi_encoder import BiEncoder
+from gradcache.models.hf_tokenizer import HuggingFaceTokenizer
 from gradcache.models.huggingface import HuggingFaceEncoder
 from gradcache.models.resnet import ResNetEncoder
 from gradcache.models.simclr import SimCLRModel
@@ -23,7 +25,9 @@ __all__ = [
     "ConvNet",
     "ConvNetConfig",
     "EncoderTower",
+    "BiEncoder",
     "HuggingFaceEncoder",
+    "HuggingFaceTokenizer",
     "IMAGE_ENCODER_PRESETS",
     "LinearProjection",
     "ProjectionHead",

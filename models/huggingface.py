@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
 HF_POOLINGS = ("mean", "cls")
 
@@ -18,26 +22,55 @@ def _load_local_model(path: str | os.PathLike) -> nn.Module:
         raise ImportError(
             'HuggingFaceEncoder needs the transformers package: pip install -e ".[hf]"'
         ) from error
+    folder = os.fspath(path)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"path_or_model={folder!r} is not a directory; give a local folder written by "
+                                "save_pretrained (this project never downloads from a hub)")
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise ValueError(f"path_or_model={folder!r} has no config.json, so it is not a Hugging Face model "
+                         "folder; give the folder that save_pretrained wrote")
     # local_files_only: this project never downloads; a hub name that is not on disk fails here.
-    return transformers.AutoModel.from_pretrained(os.fspath(path), local_files_only=True)
+    return transformers.AutoModel.from_pretrained(folder, local_files_only=True)
+
+
+def _drop_unused_pooler(model: nn.Module) -> None:
+    """Remove the pooler (dense + tanh over the first token) that BERT-like models build and this wrapper never
+    reads: its parameters would get no gradient, which DDP reports as an error and optimizers skip silently.
+    Only for classes that take ``add_pooling_layer``: their forward accepts ``pooler = None``."""
+    takes_flag = "add_pooling_layer" in inspect.signature(type(model).__init__).parameters
+    if takes_flag and isinstance(getattr(model, "pooler", None), nn.Module):
+        model.pooler = None
 
 
 class HuggingFaceEncoder(nn.Module):
     """(input_ids (B, L), attention_mask (B, L), ...) -> pooled last hidden state (B, out_dim).
 
     ``"mean"`` averages the hidden states of the tokens whose mask is 1 (sentence-transformers'
-    mean pooling); ``"cls"`` takes position 0. Extra keyword arguments (``token_type_ids`` ...) go
-    to the model unchanged.
+    mean pooling); ``"cls"`` takes position 0; ``normalize`` then divides by the L2 norm. Extra keyword
+    arguments (``token_type_ids`` ...) go to the model unchanged.
+
+    A sentence-transformers folder (one with ``modules.json``) is read as sentence-transformers reads it: the
+    model from its ``Transformer`` module's path, the pooling from ``1_Pooling/config.json``, normalisation when
+    it lists a ``Normalize`` module, so the embeddings equal ``SentenceTransformer(path).encode``'s.
+
+    Like any ``nn.Module`` the wrapper starts in training mode, and ``train()`` / ``eval()`` govern the model
+    inside it from construction on (``from_pretrained`` returns a model in eval mode: dropout would otherwise
+    stay off while fine-tuning). The pooler of BERT-like models (``add_pooling_layer``) is removed, since the
+    pooled output never uses it, so every parameter left receives a gradient.
 
     Args:
-        path_or_model: a local directory saved by ``save_pretrained`` (loaded with
+        path_or_model: a local directory saved by ``save_pretrained`` or by sentence-transformers (loaded with
             ``AutoModel.from_pretrained(..., local_files_only=True)``) or an already-built model whose
             output has ``last_hidden_state`` or whose first output is the hidden states.
-        pooling: ``"mean"`` or ``"cls"``.
+        pooling: ``"mean"`` or ``"cls"``; None: the folder's own pooling when it is a sentence-transformers
+            folder, else ``"mean"``.
+        normalize: L2-normalise the pooled output; None: True exactly when the folder lists ``Normalize``.
 
     Raises:
         ImportError: a path was given and ``transformers`` is not installed.
-        ValueError: unknown ``pooling``.
+        FileNotFoundError: ``path_or_model`` is a path that is not a directory.
+        ValueError: unknown ``pooling``; a folder without ``config.json``; a sentence-transformers folder whose
+            modules cannot be applied.
         TypeError: ``path_or_model`` is neither a path nor an ``nn.Module``.
 
     Example:
@@ -45,22 +78,34 @@ class HuggingFaceEncoder(nn.Module):
         >>> features = encoder(input_ids, attention_mask)  # (B, encoder.out_dim)
     """
 
-    def __init__(self, path_or_model: str | os.PathLike | nn.Module, pooling: str = "mean") -> None:
+    def __init__(self, path_or_model: str | os.PathLike | nn.Module, pooling: str | None = None,
+                 normalize: bool | None = None) -> None:
         super().__init__()
-        if pooling not in HF_POOLINGS:
-            raise ValueError(f"pooling={pooling!r} is not supported; choose one of {HF_POOLINGS}.")
+        if pooling is not None and pooling not in HF_POOLINGS:
+            raise ValueError(f"pooling={pooling!r} is not supported; choose one of {HF_POOLINGS} or None.")
         if isinstance(path_or_model, (str, os.PathLike)):
-            model = _load_local_model(path_or_model)
+            layout = read_sentence_transformer_folder(path_or_model)
+            model = _load_local_model(path_or_model if layout is None else layout.model_path)
         elif isinstance(path_or_model, nn.Module):
-            model = path_or_model
+            layout, model = None, path_or_model
         else:
             raise TypeError(
                 f"path_or_model must be a local directory or an nn.Module, got {type(path_or_model).__name__}."
             )
+        if pooling is None and layout is not None and layout.pooling is not None:
+            pooling = layout.pooling
+            if pooling not in HF_POOLINGS:
+                raise ValueError(f"{path_or_model} pools by {pooling!r} (its 1_Pooling/config.json); this wrapper "
+                                 f"computes {HF_POOLINGS}: pass pooling='mean' or pooling='cls' to override")
+        _drop_unused_pooler(model)
         self.model = model
-        self.pooling = pooling
+        self.pooling = pooling or "mean"
+        self.normalize = bool(layout.normalize if normalize is None and layout is not None else normalize)
+        # The sequence length the folder's sentence-transformers model was trained with, when it says.
+        self.max_seq_length = None if layout is None else layout.max_seq_length
         config = getattr(model, "config", None)
         self.out_dim = getattr(config, "hidden_size", None)
+        self.train()  # the wrapper's mode is the model's from here on
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """Use the model's own activation checkpointing (non-reentrant); active in training mode only."""
@@ -85,9 +130,11 @@ class HuggingFaceEncoder(nn.Module):
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]  # (B, L, H)
         if self.pooling == "cls":
-            return hidden[:, 0]  # (B, H)
-        if attention_mask is None:
-            return hidden.mean(dim=1)  # (B, H)
-        weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
-        # clamp: an all-padding row pools to zeros instead of 0 / 0.
-        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, H)
+            pooled = hidden[:, 0]  # (B, H)
+        elif attention_mask is None:
+            pooled = hidden.mean(dim=1)  # (B, H)
+        else:
+            weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
+            # clamp: an all-padding row pools to zeros instead of 0 / 0.
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, H)
+        return F.normalize(pooled, dim=-1) if self.normalize else pooled

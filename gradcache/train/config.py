@@ -49,6 +49,14 @@ class RunConfig:
     text_layers: int = 2
     text_heads: int = 4
     grad_checkpointing: bool = False
+    pooling: str | None = None  # text; None: the model folder's own (sentence-transformers), else mean
+    max_length: int = 128  # text: most tokens per query or passage
+    separate_towers: bool = False  # text: a query and a passage encoder instead of one shared
+    query_key: str = "query"  # text
+    positive_key: str = "positive"  # text
+    negative_keys: list[str] | None = None  # text: columns (or one list-valued JSONL field) of hard negatives
+    negatives_per_query: int | None = None  # text: h; None: what most rows of --data have (built-in world: 1)
+    symmetric: bool = False  # text: InfoNCE in both directions
     # optimisation
     strategy: str = "gradcache"
     batch_size: int = 128  # global, over every rank
@@ -108,7 +116,7 @@ class RunConfig:
 
 
 MODEL_FIELDS = ("mode", "model", "width", "norm", "image_size", "hidden_dim", "projection_dim", "context_length",
-                "text_width", "text_layers", "text_heads")
+                "text_width", "text_layers", "text_heads", "separate_towers")
 
 # Version 1 stored the argparse namespace of one mode: the other mode's options were absent, and so were the
 # options added after it. Each takes the value under which that run trained.
@@ -118,7 +126,9 @@ _V1_ABSENT = {
     "clip": dict(crop_min_scale=0.5, jitter_strength=0.5, channel_permutation=0.5, rotation=0.0, hidden_dim=512),
 }
 _V1_ADDED_LATER = dict(rotation=0.0, fsdp=False, fsdp_reduce="chunk", cpu_offload=False)
-_V3_ADDED = dict(pretrained=None)  # version 3: open_clip architectures in clip runs
+# Version 3 added the text mode's options (image runs never read them) and clip's --pretrained.
+_V3_ADDED = dict(pooling=None, max_length=128, separate_towers=False, query_key="query", positive_key="positive",
+                 negative_keys=None, negatives_per_query=None, symmetric=False, pretrained=None)
 
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, pla
     sampler = StepSampler(len(data.train), config.batch_size, config.seed, progress.start_step, run.steps, rank,
                           world_size)
     negatives = negatives_per_anchor(config.strategy, run.mode.loss_kind, config.batch_size, config.chunk_size,
-                                     world_size)
+                                     world_size, run.mode.hard_negatives(config))
     bar = tqdm(total=run.steps, initial=progress.start_step, desc=f"{config.mode} {config.strategy}",
                disable=config.quiet or rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
     run.model.train()
@@ -76,7 +76,8 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, pla
     log.log_eval(run.steps, final)
     summary = {**final, **progress.baselines, "step0": progress.initial, "steps": run.steps,
                "wall_time_s": round(wall_time, 2), "peak_memory_mb": round(peak_memory_mb(run.device), 1),
-               "train_size": len(data.train), "test_size": len(data.test), "skipped_images": len(data.train.skipped),
+               "train_size": len(data.train), "test_size": len(data.test),
+               f"skipped_{run.mode.items}": len(data.train.skipped),
                "batch_size": config.batch_size, "negatives_per_anchor": negatives, "strategy": config.strategy,
                "final_loss": None if loss is None else float(loss), "data": data.name, **run.mode.summary(run.loss)}
     log.write_metrics(summary)

@@ -36,8 +36,9 @@ def prepare_run(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunChe
         raise UsageError(f"--output-dir {output} already holds a run; pass --resume {output} to continue it, "
                          "or choose another --output-dir")
     data = mode.load_data(config)
+    config = mode.resolve(config, data)
     if len(data.train) < config.batch_size:
-        raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training images; "
+        raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training {mode.items}; "
                          "pass a smaller --batch-size or use more data")
     if saved is not None:
         check_length(config, saved, len(data.train))

@@ -70,7 +70,8 @@ class Run:
                                          config.momentum)
         self.scheduler = warmup_cosine(self.optimizer, min(config.warmup, self.steps), self.steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
-        self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding)
+        self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding,
+                                       self.mode.chunk_sizes(config))
         self.checkpoint = placement.checkpoint(config.output_dir)
         self.last_saved: RunCheckpoint | None = None
         if saved is not None:

@@ -17,9 +17,12 @@ PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat1
 
 
 def build_strategy(config: RunConfig, encoders: nn.Module | list[nn.Module], loss: nn.Module,
-                   scaler: torch.amp.GradScaler, trim_padding: bool) -> Strategy:
-    """`--strategy` over the encoders; `full` takes the whole batch at once and ignores `--chunk-size`."""
+                   scaler: torch.amp.GradScaler, trim_padding: bool,
+                   chunk_size: int | tuple[int, ...] | None = None) -> Strategy:
+    """`--strategy` over the encoders; `full` takes the whole batch at once and ignores `--chunk-size`;
+    `chunk_size` (one per input) replaces `--chunk-size` where the mode gives one."""
+    chunk_size = config.chunk_size if chunk_size is None else chunk_size
     return STRATEGIES[config.strategy](
-        encoders, loss, None if config.strategy == "full" else config.chunk_size, trim_padding=trim_padding,
+        encoders, loss, None if config.strategy == "full" else chunk_size, trim_padding=trim_padding,
         autocast_dtype=PRECISIONS[config.precision], scaler=scaler, fsdp_reduce=config.fsdp_reduce,
     )

@@ -100,3 +100,45 @@ def test_bad_arguments(saved_bert):
         HuggingFaceEncoder(reference, pooling="max")
     with pytest.raises(TypeError, match="path_or_model"):
         HuggingFaceEncoder(3)
+
+
+def test_wrapper_mode_governs_the_loaded_model_from_construction(tmp_path):
+    from tests.tiny_text_model import write_tiny_bert
+
+    path = write_tiny_bert(tmp_path / "bert", dropout=0.5)
+    encoder = HuggingFaceEncoder(path)  # from_pretrained returns eval mode; the wrapper starts in train mode
+    assert encoder.training and all(module.training for module in encoder.modules())
+    input_ids, attention_mask = _batch()
+    first, second = encoder(input_ids, attention_mask), encoder(input_ids, attention_mask)
+    assert not torch.allclose(first, second), "dropout should be active in training mode"
+    encoder.eval()
+    assert not any(module.training for module in encoder.modules())
+    torch.testing.assert_close(encoder(input_ids, attention_mask), encoder(input_ids, attention_mask))
+
+
+@pytest.mark.parametrize("architecture", ["bert", "roberta", "distilbert"])
+def test_every_parameter_left_gets_a_gradient(architecture):
+    transformers = pytest.importorskip("transformers")
+    sizes = dict(vocab_size=40, hidden_size=16, num_attention_heads=2, max_position_embeddings=32)
+    if architecture == "distilbert":  # no pooler: nothing to drop
+        model = transformers.DistilBertModel(transformers.DistilBertConfig(
+            vocab_size=40, dim=16, n_layers=2, n_heads=2, hidden_dim=32, max_position_embeddings=32))
+    else:
+        config_class = transformers.BertConfig if architecture == "bert" else transformers.RobertaConfig
+        model_class = transformers.BertModel if architecture == "bert" else transformers.RobertaModel
+        model = model_class(config_class(num_hidden_layers=2, intermediate_size=32, **sizes))
+        assert model.pooler is not None
+    encoder = HuggingFaceEncoder(model, pooling="cls")
+    assert getattr(encoder.model, "pooler", None) is None
+    input_ids, attention_mask = _batch()
+    encoder(input_ids, attention_mask).pow(2).sum().backward()
+    missing = [name for name, parameter in encoder.named_parameters() if parameter.grad is None]
+    assert not missing, f"parameters without a gradient: {missing}"
+
+
+def test_bad_paths_are_named(tmp_path):
+    pytest.importorskip("transformers")
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        HuggingFaceEncoder(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no config.json"):
+        HuggingFaceEncoder(tmp_path)

@@ -3,7 +3,8 @@ entry here."""
 from gradcache.train.modes.base import Mode
 from gradcache.train.modes.clip import CLIP
 from gradcache.train.modes.simclr import SimCLR
+from gradcache.train.modes.text import Text
 
-MODES: dict[str, Mode] = {mode.name: mode for mode in (SimCLR(), CLIP())}
+MODES: dict[str, Mode] = {mode.name: mode for mode in (SimCLR(), CLIP(), Text())}
 
 __all__ = ["MODES", "Mode"]

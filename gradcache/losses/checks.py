@@ -11,7 +11,8 @@ from numbers import Real
 
 import torch
 
-__all__ = ["check_tile_size", "check_temperature", "check_finite_number", "check_embeddings", "check_same_rows"]
+__all__ = ["check_tile_size", "check_column_tile_size", "check_temperature", "check_finite_number",
+           "check_embeddings", "check_same_rows"]
 
 
 def check_tile_size(tile_size: object) -> int | None:
@@ -26,6 +27,23 @@ def check_tile_size(tile_size: object) -> int | None:
     if tile_size < 1:
         raise ValueError(f"tile_size must be None (dense) or an int >= 1 (rows per tile), got {tile_size}")
     return tile_size
+
+
+def check_column_tile_size(column_tile_size: object, tile_size: int | None) -> int | None:
+    """Return ``column_tile_size`` if it is None or an int >= 1 beside a set ``tile_size``; raise otherwise."""
+    if column_tile_size is None:
+        return None
+    if isinstance(column_tile_size, bool) or not isinstance(column_tile_size, int) or column_tile_size < 1:
+        raise ValueError(
+            f"column_tile_size must be None (square tiles of tile_size) or an int >= 1 (columns per tile), "
+            f"got {column_tile_size!r} of type {type(column_tile_size).__name__}"
+        )
+    if tile_size is None:
+        raise ValueError(
+            f"column_tile_size={column_tile_size} needs tile_size set too: the dense loss (tile_size=None) has no "
+            f"tiles; pass tile_size=<rows per tile> or drop column_tile_size"
+        )
+    return column_tile_size
 
 
 def check_temperature(temperature: object, name: str = "temperature") -> float:

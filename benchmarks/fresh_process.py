@@ -1,7 +1,8 @@
 """Run one benchmark point in a fresh Python process and read back its JSON result; measure peak memory there.
 
 Peak memory is a high-water mark, so a process that already ran a larger point would report that one's peak.
-Each point therefore re-invokes its script with ``--point '<json>'``; the child prints one JSON line last.
+Each point therefore re-runs its module (``python -m benchmarks.<name> --point '<json>'``); the child prints
+one JSON line last.
 On CPU the figure is peak RSS (``ru_maxrss``) above the child's baseline; on CUDA it is
 ``torch.cuda.max_memory_allocated``. A memory budget is enforced by a watchdog thread in the child, a time
 budget by the parent's timeout; a point over either is recorded with its status and the sweep goes on.
@@ -15,11 +16,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 RESULT_PREFIX = "BENCHMARK_RESULT "
+CHECKOUT = Path(__file__).resolve().parents[1]  # the folder that holds the benchmarks package
 OVER_MEMORY_EXIT = 3  # the child's exit status when its watchdog saw RSS over the budget
 
 
@@ -75,12 +78,15 @@ def report(result: dict[str, Any]) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
-def run_point(script: str, point: dict[str, Any], time_budget_s: float | None) -> dict[str, Any]:
-    """Run ``python script --point JSON`` and return its result dict, or a status saying why there is none."""
-    command = [sys.executable, script, "--point", json.dumps(point)]
+def run_point(module: str, point: dict[str, Any], time_budget_s: float | None) -> dict[str, Any]:
+    """Run ``python -m module --point JSON`` and return its result dict, or a status saying why there is none.
+
+    The child runs in the checkout that holds this package, so it finds the same ``benchmarks`` whatever the
+    caller's working directory."""
+    command = [sys.executable, "-m", module, "--point", json.dumps(point)]
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=time_budget_s)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=time_budget_s, cwd=CHECKOUT)
     except subprocess.TimeoutExpired:
         return {"status": "over_time_budget"}
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]

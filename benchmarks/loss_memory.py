@@ -6,9 +6,9 @@ CUDA: ``torch.cuda.max_memory_allocated``), then times a few more runs and repor
 whose predicted memory (4x its measured N/2 point; the tiled loss grows 2x) exceeds ``--memory-budget-gb`` is
 recorded as skipped ("would not fit") instead of run. Nothing here touches the network.
 
-    python benchmarks/loss_memory.py                                  # ClipLoss, N = 1,024 ... 65,536
-    python benchmarks/loss_memory.py --max-n 32768 --losses clip,siglip
-    python benchmarks/loss_memory.py --device cuda --max-n 131072
+    python -m benchmarks.loss_memory                                  # ClipLoss, N = 1,024 ... 65,536
+    python -m benchmarks.loss_memory --max-n 32768 --losses clip,siglip
+    python -m benchmarks.loss_memory --device cuda --max-n 131072
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from fresh_process import PeakMemory, median_time, report, run_point
-from options import add_shared_options
-from report import machine_context, plot_lines, print_table, write_csv
+from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
+from benchmarks.options import HelpFormatter, add_shared_options, output_folder
+from benchmarks.report import machine_context, plot_lines, print_table, write_csv
 
 from gradcache import losses
 
@@ -39,7 +39,7 @@ TABLE = ["loss", "mode", "n", "status", "peak_gb", "predicted_gb", "step_s", "ru
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--losses", default="clip", help=f"comma-separated subset of {','.join(LOSSES)}")
     parser.add_argument("--min-n", type=int, default=1024, help="first batch size of the doubling sweep")
     parser.add_argument("--max-n", type=int, default=65536, help="last batch size of the doubling sweep")
@@ -124,7 +124,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 point = {"loss": loss_name, "mode": mode, "n": n, "dim": args.dim, "tile_size": args.tile_size,
                          "threads": args.threads, "device": args.device, "repeats": args.repeats,
                          "long_run_s": args.long_run_s, "memory_budget_gb": args.memory_budget_gb}
-                row.update(run_point(__file__, point, args.time_budget_s))
+                row.update(run_point(__spec__.name, point, args.time_budget_s))
                 previous_peak = row.get("peak_gb") if row.get("status") == "ok" else math.inf
                 print(json.dumps({key: row.get(key) for key in TABLE if key in row}), flush=True)
                 rows.append(row)
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         return []
     rows = run_sweep(args)
     _time_ratios(rows)
-    output_dir = Path(args.output_dir)
+    output_dir = output_folder(args)
     write_csv(output_dir / f"{args.name}.csv", rows, COLUMNS + ["tiled_over_dense_time"])
     for row in rows:
         row["series"] = f"{row['loss']} {row['mode']}"

@@ -1,10 +1,26 @@
 """The command-line options the benchmark scripts share, with one spelling and one help text each: timed steps,
-threads, device, the budgets of a fresh-process sweep, and where the CSV and PNG go."""
+threads, device, the budgets of a fresh-process sweep, and where the CSV and PNG go.
+
+Output: by default a new folder `runs/benchmarks/<name>-<time>` under the working directory, so a run never
+overwrites the figures the READMEs show; `--write-results` writes into `benchmarks/results/` (those figures)."""
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 
-from report import RESULTS_DIR
+from benchmarks.report import RESULTS_DIR
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default once: appended where the help does not state it and the default says something
+    (not None, not a False switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
 
 
 def add_shared_options(parser: argparse.ArgumentParser, name: str, *, threads: int = 2,
@@ -31,5 +47,27 @@ def add_shared_options(parser: argparse.ArgumentParser, name: str, *, threads: i
         parser.add_argument("--time-budget-s", type=float, default=time_budget_s,
                             help="a point longer than this is stopped and recorded as such")
         parser.add_argument("--point", default=None, help=argparse.SUPPRESS)  # internal: run one point, print JSON
-    parser.add_argument("--output-dir", default=str(RESULTS_DIR), help="where the CSV and PNG go")
+    add_output_options(parser, name)
+
+
+def add_output_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """`--output-dir`, `--write-results` and `--name` (default file stem `name`); see `output_folder`."""
     parser.add_argument("--name", default=name, help="file stem of the CSV and PNG")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--output-dir", default=None,
+                       help="where the CSV and PNG go (default: a new folder runs/benchmarks/<name>-<time>)")
+    where.add_argument("--write-results", action="store_true",
+                       help=f"write into {RESULTS_DIR}, the committed figures the READMEs show")
+
+
+def output_folder(args: argparse.Namespace) -> Path:
+    """The folder this run writes to, created: `--output-dir`, `benchmarks/results/` with `--write-results`,
+    else a new `runs/benchmarks/<name>-<time>`."""
+    if args.write_results:
+        folder = RESULTS_DIR
+    elif args.output_dir is not None:
+        folder = Path(args.output_dir)
+    else:
+        folder = Path("runs") / "benchmarks" / f"{args.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -8,8 +8,8 @@ The same randomly initialised `models.TextEncoder` is used by every side (a thin
 temperature 0.05, both on cosine similarity. Peers are the optional extra `pip install -e ".[peers]"`;
 without them their points are recorded as skipped and the rest runs.
 
-    python benchmarks/peers.py                               # CPU, a few minutes
-    python benchmarks/peers.py --device cuda --batch 4096 --mini-batch 256 --max-pairs 65536
+    python -m benchmarks.peers                               # CPU, a few minutes
+    python -m benchmarks.peers --device cuda --batch 4096 --mini-batch 256 --max-pairs 65536
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from fresh_process import PeakMemory, median_time, report, run_point
-from peer_steps import CLIP_SIDES, TEXT_SIDES, build_step
-from options import add_shared_options
-from report import machine_context, plot_lines, print_table, write_csv
+from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
+from benchmarks.peer_steps import CLIP_SIDES, TEXT_SIDES, build_step
+from benchmarks.options import HelpFormatter, add_shared_options, output_folder
+from benchmarks.report import machine_context, plot_lines, print_table, write_csv
 
 MB = 2**20
 PEER_PACKAGES = {"st_cached_mnrl": "sentence-transformers", "open_clip": "open-clip-torch"}
@@ -38,7 +38,7 @@ TABLE = ["comparison", "side", "batch", "mini_batch", "status", "peak_mb", "step
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--batch", type=int, default=256, help="(a) pairs per step")
     parser.add_argument("--mini-batch", type=int, default=32, help="(a) chunk / mini_batch_size of every side")
     parser.add_argument("--text-length", type=int, default=32, help="(a) tokens per text")
@@ -76,7 +76,7 @@ def measure_point(point: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok", "peak_mb": peak_mb, "step_s": step_s}
 
 
-def sweep(args: argparse.Namespace, script: str) -> list[dict[str, Any]]:
+def sweep(args: argparse.Namespace, module: str) -> list[dict[str, Any]]:
     shared = {key: getattr(args, key) for key in ("text_length", "text_width", "text_layers", "embed_dim",
                                                   "tile_size", "steps", "warmup", "threads", "device",
                                                   "memory_budget_gb")}
@@ -94,7 +94,7 @@ def sweep(args: argparse.Namespace, script: str) -> list[dict[str, Any]]:
         elif point["side"] in over_budget:
             result = {"status": "skipped (over budget at a smaller N)"}
         else:
-            result = run_point(script, {**shared, **point}, args.time_budget_s)
+            result = run_point(module, {**shared, **point}, args.time_budget_s)
             if result["status"] in ("oom", "over_memory_budget", "over_time_budget"):
                 over_budget.add(point["side"])
         row = {**point, **machine_context(args.threads, args.device), **result, "peer_version": version or "",
@@ -109,8 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.point:
         report(measure_point(json.loads(args.point)))
         return 0
-    rows = sweep(args, str(Path(__file__).resolve()))
-    output = Path(args.output_dir)
+    rows = sweep(args, __spec__.name)
+    output = output_folder(args)
     write_csv(output / f"{args.name}.csv", rows, COLUMNS)
     clip = [row for row in rows if row["comparison"] == "clip_loss" and row["status"] == "ok"]
     if clip:  # none when the sweep was limited to the text comparison (--max-pairs below --min-pairs)

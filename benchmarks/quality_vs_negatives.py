@@ -6,8 +6,8 @@ is FullBatch's, so their curves should coincide; accumulation's anchors see only
 encoder is the GroupNorm ConvNet: BatchNorm's per-chunk statistics would confound the comparison. Each run is
 `gradcache train simclr` (``gradcache.cli.main``) on the built-in shapes data; its eval_log.csv is read back.
 
-    python benchmarks/quality_vs_negatives.py                   # smoke size, a few minutes on CPU
-    python benchmarks/quality_vs_negatives.py --batches 64,256 --steps 150 --seeds 0,1,2 --eval-every 25
+    python -m benchmarks.quality_vs_negatives                   # smoke size, a few minutes on CPU
+    python -m benchmarks.quality_vs_negatives --batches 64,256 --steps 150 --seeds 0,1,2 --eval-every 25
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from gradcache.cli import main as gradcache_main
-from quality_plot import plot_quality
-from options import add_shared_options
-from report import machine_context, print_table, write_csv
+from benchmarks.quality_plot import plot_quality
+from benchmarks.options import HelpFormatter, add_shared_options, output_folder
+from benchmarks.report import machine_context, print_table, write_csv
 
 STRATEGIES = ("full", "naive", "gradcache")  # the training program's names for FullBatch, Naive, GradCache
 COLUMNS = ["strategy", "batch", "chunk", "seed", "step", "knn_top1", "negatives_per_anchor", "final", "steps",
@@ -40,7 +40,7 @@ SUMMARY = ["strategy", "batch", "negatives_per_anchor", "seeds", "knn_top1_mean"
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--batches", default="32,64", help="comma-separated effective batch sizes")
     parser.add_argument("--chunk", type=int, default=16, help="chunk size c of Naive and GradCache")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps of every run")
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rows += train_one(args, strategy, batch, seed, runs)
                     print(json.dumps({k: rows[-1][k] for k in ("strategy", "batch", "seed", "knn_top1",
                                                                "run_wall_s")}), flush=True)
-    output = Path(args.output_dir)
+    output = output_folder(args)
     write_csv(output / f"{args.name}.csv", rows, COLUMNS)
     summary = summarise(rows)
     write_csv(output / f"{args.name}_summary.csv", summary, SUMMARY)

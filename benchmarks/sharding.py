@@ -8,8 +8,8 @@ time is the median of `--repeats` steps after one warm-up step (which allocates 
 included. FSDP2's all-gathers and reduce-scatters are counted during one step (DDP's all-reduce runs in C++,
 unseen here: it is one bucketed all-reduce per step, see tests/test_distributed.py).
 
-    python benchmarks/sharding.py                      # width 1536, depth 4, batch 512, chunk 64; 1, 2, 4 ranks
-    python benchmarks/sharding.py --world-sizes 1 2 --repeats 2
+    python -m benchmarks.sharding                      # width 1536, depth 4, batch 512, chunk 64; 1, 2, 4 ranks
+    python -m benchmarks.sharding --world-sizes 1 2 --repeats 2
 
 One torch thread per rank by default: on a shared machine multi-threaded matrix products slowed down most
 (a 1-rank full-batch step took 4.8 s with 2 threads, 2.1 s with 1). Ranks share the machine's cores, so on a
@@ -38,7 +38,8 @@ from torch.nn.parallel import DistributedDataParallel
 from gradcache import FullBatch, GradCache
 from gradcache.losses import NTXent
 
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.options import add_output_options, output_folder
+
 # (name, wrapper, strategy, fsdp_reduce, reshard_after_forward)
 CONFIGS = [
     ("ddp full batch", "ddp", "full", "chunk", True),
@@ -62,7 +63,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per point (default: 2)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per rank; 0: cores / world size (default: 1, see the module docstring)")
-    parser.add_argument("--name", default="sharding", help="file stem under benchmarks/results (default: sharding)")
+    add_output_options(parser, "sharding")
     return parser
 
 
@@ -182,12 +183,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"{row['config']:30s} ranks={world_size}  peak/rank {row['peak_mb']:8.1f} MiB  "
                   f"step {row['step_s']:6.3f} s  all-gather {row['all_gather']:3d}  "
                   f"reduce-scatter {row['reduce_scatter']:3d}", flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / f"{args.name}.csv", "w", newline="") as handle:
+    output = output_folder(args)
+    with open(output / f"{args.name}.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, RESULTS / f"{args.name}.png")
+    plot(rows, output / f"{args.name}.png")
     return rows
 
 

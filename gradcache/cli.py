@@ -13,7 +13,6 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
-from gradcache.bench import register as _register_bench
 from gradcache.train.checkpoint import CheckpointError
 from gradcache.train.cli_options import (
     UsageError,
@@ -49,14 +48,14 @@ def _register_eval(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(command=_run_eval)
 
 
-SUBCOMMANDS: list[Register] = [_register_train, _register_eval, _register_bench]
+SUBCOMMANDS: list[Register] = [_register_train, _register_eval]
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The full `gradcache` parser; add a subcommand by appending its register function to SUBCOMMANDS."""
     parser = argparse.ArgumentParser(prog="gradcache", description="Large-batch contrastive learning under "
                                      "limited memory (GradCache).")
-    commands = parser.add_subparsers(dest="subcommand", metavar="{train,eval,bench}")
+    commands = parser.add_subparsers(dest="subcommand", metavar="{train,eval}")
     for register in SUBCOMMANDS:
         register(commands)
     return parser

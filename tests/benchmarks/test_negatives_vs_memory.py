@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import negatives_vs_memory as bench
-from fresh_process import run_point
+from benchmarks import negatives_vs_memory as bench
+from benchmarks.fresh_process import run_point
 
 TINY = {"task": "simclr", "model": "convnet", "image_size": 8, "batch": 4, "chunk": 2, "text_length": 6,
         "tile_size": 2, "steps": 1, "warmup": 0, "threads": 0, "device": "cpu", "memory_budget_gb": 0}
@@ -16,7 +16,7 @@ TINY_FLAGS = ["--image-size", "8", "--batch", "4", "--chunk", "2", "--text-lengt
               "--steps", "1", "--warmup", "0", "--threads", "0", "--memory-budget-gb", "0"]
 
 
-def _in_process(script: str, point: dict, time_budget_s: float | None) -> dict:
+def _in_process(module: str, point: dict, time_budget_s: float | None) -> dict:
     """The child's work without the child: same measuring code, in this process, to keep the test fast."""
     return bench.measure_point(point)
 
@@ -53,23 +53,39 @@ def test_sweep_writes_csv_columns_and_plots(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_fresh_process_reports_an_over_budget_point_and_the_sweep_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    script = str(Path(bench.__file__).resolve())
+    module = bench.__spec__.name
     # 1 MiB: the two views alone take 1.5 MiB, so the child's watchdog stops the point
-    result = run_point(script, {**TINY, "batch": 64, "image_size": 32, "strategy": "full_batch",
+    result = run_point(module, {**TINY, "batch": 64, "image_size": 32, "strategy": "full_batch",
                                 "memory_budget_gb": 2**-10, "steps": 3}, time_budget_s=120)
     assert result["status"] == "over_memory_budget", result
 
     calls = []
 
-    def over_budget_at_8(script: str, point: dict, time_budget_s: float | None) -> dict:
+    def over_budget_at_8(module: str, point: dict, time_budget_s: float | None) -> dict:
         calls.append((point["strategy"], point["batch"]))
         return {"status": "over_memory_budget"} if point["batch"] >= 8 else bench.measure_point(point)
 
     monkeypatch.setattr(bench, "run_point", over_budget_at_8)
     args = bench.get_args_parser().parse_args([*TINY_FLAGS[4:], "--min-batch", "4", "--max-batch", "16",
                                                "--strategies", "naive,loss_only", "--image-size", "8"])
-    rows = bench.sweep(args, script)
+    rows = bench.sweep(args, module)
     assert calls == [("naive", 4), ("loss_only", 4), ("naive", 8), ("loss_only", 8)]  # none at 16
     assert [row["status"].split(" ")[0] for row in rows] == ["ok", "ok", "over_memory_budget",
                                                             "over_memory_budget", "skipped", "skipped"]
     json.dumps(rows)  # rows stay plain data for the CSV
+
+
+def test_a_run_writes_to_a_new_folder_of_its_own_unless_asked_for_the_committed_results(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.options import output_folder
+    from benchmarks.report import RESULTS_DIR
+
+    monkeypatch.chdir(tmp_path)
+    parser = bench.get_args_parser()
+    fresh = output_folder(parser.parse_args([]))
+    assert fresh.resolve().parent == (tmp_path / "runs" / "benchmarks").resolve() and fresh.is_dir()
+    assert fresh.name.startswith("negatives_vs_memory-")
+    assert output_folder(parser.parse_args(["--output-dir", "mine"])) == Path("mine")
+    assert output_folder(parser.parse_args(["--write-results"])) == RESULTS_DIR
+    with pytest.raises(SystemExit):  # one destination: both at once is a usage error
+        parser.parse_args(["--write-results", "--output-dir", "mine"])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import peers as bench
-from peer_steps import CLIP_SIDES, TEXT_SIDES
+from benchmarks import peers as bench
+from benchmarks.peer_steps import CLIP_SIDES, TEXT_SIDES
 
 TINY = {"text_length": 6, "text_width": 16, "text_layers": 1, "embed_dim": 8, "tile_size": 4, "steps": 1,
         "warmup": 0, "threads": 0, "device": "cpu", "memory_budget_gb": 0}
@@ -17,7 +17,7 @@ TINY_FLAGS = ["--batch", "8", "--mini-batch", "4", "--text-length", "6", "--text
               "--warmup", "0", "--threads", "0", "--memory-budget-gb", "0"]
 
 
-def _in_process(script: str, point: dict, time_budget_s: float | None) -> dict:
+def _in_process(module: str, point: dict, time_budget_s: float | None) -> dict:
     """The child's measuring code in this process, to keep the test fast."""
     return bench.measure_point(point)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import quality_vs_negatives as bench
+from benchmarks import quality_vs_negatives as bench
 
 
 def test_one_tiny_run_per_strategy_writes_csv_summary_and_plot(tmp_path: Path, read_csv) -> None:

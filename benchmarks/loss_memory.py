@@ -41,8 +41,8 @@ from gradcache import losses
 GB = 2**30
 LOSSES = {"clip": losses.ClipLoss, "siglip": losses.SigLipLoss, "infonce": losses.InfoNCE, "ntxent": losses.NTXent}
 MODES = ("dense", "strips", "tiled")
-COLUMNS = ["loss", "mode", "n", "dim", "tile_size", "column_tile_size", "status", "peak_gb", "predicted_gb", "step_s", "runs",
-           "loss_value", "process_s", "error", "device", "threads", "cpu_count", "loadavg_1m", "loadavg_5m",
+COLUMNS = ["loss", "mode", "n", "dim", "tile_size", "column_tile_size", "status", "peak_gb", "predicted_gb", "step_s",
+           "runs", "loss_value", "process_s", "error", "device", "threads", "cpu_count", "loadavg_1m", "loadavg_5m",
            "torch_version", "gradcache_version", "python_version", "timestamp_utc"]
 TABLE = ["loss", "mode", "n", "status", "peak_gb", "predicted_gb", "step_s", "runs", "loadavg_1m",
          "over_dense_time"]
@@ -170,8 +170,9 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                     rows.append(row)
                     continue
                 point = {"loss": loss_name, "mode": mode, "n": n, "dim": args.dim, "tile_size": args.tile_size,
-                         "column_tile_size": args.column_tile_size, "threads": args.threads, "device": args.device, "repeats": args.repeats,
-                         "long_run_s": args.long_run_s, "memory_budget_gb": args.memory_budget_gb}
+                         "column_tile_size": args.column_tile_size, "threads": args.threads, "device": args.device,
+                         "repeats": args.repeats, "long_run_s": args.long_run_s,
+                         "memory_budget_gb": args.memory_budget_gb}
                 row.update(run_point(__spec__.name, point, args.time_budget_s))
                 previous = (n, row["peak_gb"] if row.get("status") == "ok" else math.inf)
                 print(json.dumps({key: row.get(key) for key in TABLE if key in row}), flush=True)
@@ -195,7 +196,8 @@ def run_interleaved(args: argparse.Namespace) -> tuple[list[dict[str, Any]], lis
                                                                                     "--losses")[0]
     configs = {"strips": (args.tile_size, column_tiles("strips", n, None))}
     configs.update({f"tiles {size}": (size, size) for size in (int(block) for block in args.blocks.split(","))})
-    steps = {name: make_step(loss_name, n, args.dim, rows, columns, device) for name, (rows, columns) in configs.items()}
+    steps = {name: make_step(loss_name, n, args.dim, rows, columns, device)
+             for name, (rows, columns) in configs.items()}
     for step in steps.values():  # warm-up: first-touch allocations, thread pools
         step()
     runs: list[dict[str, Any]] = []

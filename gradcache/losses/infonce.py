@@ -37,8 +37,8 @@ class InfoNCE(nn.Module):
         Returns a 0-dim tensor in float32 (float64 for float64 inputs).
 
     Raises:
-        ValueError: temperature <= 0, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries, or a negatives row
-            count that is not a multiple of N. TypeError: a non-tensor or non-floating input.
+        ValueError: temperature <= 0, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries, or a
+            negatives row            count that is not a multiple of N. TypeError: a non-tensor or non-floating input.
 
     Example:
         >>> loss_fn = InfoNCE(temperature=0.05)

@@ -38,7 +38,8 @@ class SigLipLoss(nn.Module):
         Returns a 0-dim tensor in float32 (float64 for float64 inputs).
 
     Raises:
-        ValueError: temperature <= 0, non-finite bias, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries.
+        ValueError: temperature <= 0, non-finite bias, bad tile_size or column_tile_size, mismatched N or D,
+            NaN/inf entries.
         TypeError: a non-tensor or non-floating input.
 
     Example:
@@ -91,5 +92,7 @@ class SigLipLoss(nn.Module):
                 labels = 2 * torch.eye(n, dtype=dtype, device=ua.device) - 1  # (N, N): +1 diagonal, -1 elsewhere
                 return -F.logsigmoid(labels * logits).sum() / n
             # Normalised inside, tile by tile.
-            total = tiled_sigmoid_pair_loss(a.to(dtype), b.to(dtype), scale, bias, self.tile_size, self.column_tile_size)
+            total = tiled_sigmoid_pair_loss(
+                a.to(dtype), b.to(dtype), scale, bias, self.tile_size, self.column_tile_size
+            )
             return total / n

@@ -52,7 +52,7 @@ def _block_logits(row_units: torch.Tensor, column_units: torch.Tensor, scale: to
     """(t, c) logits of one block; the self pairs (global row == global column) masked to -inf if asked."""
     logits = (row_units @ column_units.T).mul_(scale)  # (t, c)
     if exclude_diagonal:
-        # Entry (a, b) is the pair (row_start + a, column_start + b): a self pair where b - a = row_start - column_start.
+        # Entry (a, b) is the pair (row_start + a, column_start + b): a self pair where b - a = row_start - column_start
         logits.diagonal(offset=row_start - column_start).fill_(float("-inf"))
     return logits
 

@@ -57,10 +57,14 @@ def _block_logits(row_units: torch.Tensor, column_units: torch.Tensor, scale: to
     return logits
 
 
-def _local_targets(targets: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's target as a column of block start..stop (clamped into it) and whether it lies inside."""
-    inside = (targets >= start) & (targets < stop)  # (t,)
-    return (targets - start).clamp_(0, stop - start - 1)[:, None], inside  # (t, 1), (t,)
+def _target_tiles(targets: torch.Tensor, column_tile_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's target as (index of its column tile, column within that tile): (t,), (t, 1)."""
+    return torch.div(targets, column_tile_size, rounding_mode="floor"), (targets % column_tile_size)[:, None]
+
+
+def _within(local: torch.Tensor, width: int, column_tile_size: int) -> torch.Tensor:
+    """``local`` clamped into a last, narrower tile (rows whose target lies there are inside it anyway)."""
+    return local if width == column_tile_size else local.clamp(max=width - 1)
 
 
 def _forward(plan: _Plan, rows: UnitBlocks, columns: UnitBlocks, scale: torch.Tensor,
@@ -81,11 +85,12 @@ def _forward(plan: _Plan, rows: UnitBlocks, columns: UnitBlocks, scale: torch.Te
         running_max = torch.full((row_stop - row_start,), lowest, dtype=dtype, device=device)  # (t,)
         running_sum = torch.zeros_like(running_max)
         target_logit = torch.zeros_like(running_max)
-        for column_start, column_stop in spans(m, plan.column_tile_size):
+        target_tile, target_local = _target_tiles(row_targets, plan.column_tile_size)
+        for tile, (column_start, column_stop) in enumerate(spans(m, plan.column_tile_size)):
             logits = _block_logits(row_units, columns.block(column_start, column_stop), scale, row_start,
                                    column_start, plan.exclude_diagonal)  # (t, c)
-            local, inside = _local_targets(row_targets, column_start, column_stop)
-            target_logit = torch.where(inside, logits.gather(1, local).squeeze(1), target_logit)
+            local = _within(target_local, column_stop - column_start, plan.column_tile_size)
+            target_logit = torch.where(target_tile == tile, logits.gather(1, local).squeeze(1), target_logit)
             new_max = torch.maximum(running_max, logits.amax(dim=1))  # (t,)
             running_sum.mul_((running_max - new_max).exp_()).add_((logits - new_max[:, None]).exp_().sum(dim=1))
             running_max = new_max
@@ -124,7 +129,10 @@ def _backward(ctx: Any, grad_row: torch.Tensor | None, grad_column: torch.Tensor
         row_units = rows.block(row_start, row_stop)  # (t, D)
         scaled_row_units = row_units * scale if need_columns else None  # (t, D): d logits / d columns
         row_part = torch.zeros_like(row_units) if (need_rows or need_scale) else None  # (t, D): dL/d(s u)
-        for column_start, column_stop in spans(m, plan.column_tile_size):
+        if grad_row is not None:
+            target_tile, target_local = _target_tiles(targets[row_start:row_stop], plan.column_tile_size)
+            minus_grad_row = -grad_row[row_start:row_stop]  # (t,): the one-hot's share of the weights
+        for tile, (column_start, column_stop) in enumerate(spans(m, plan.column_tile_size)):
             if grad_row is None:  # only the columns with a target row carry a gradient
                 column_stop = min(column_stop, n_columns)
                 if column_start >= column_stop:
@@ -137,8 +145,8 @@ def _backward(ctx: Any, grad_row: torch.Tensor | None, grad_column: torch.Tensor
             if grad_row is not None:
                 weights = (logits - row_max[row_start:row_stop, None]).exp_().mul_(
                     row_factor[row_start:row_stop, None])  # (t, c)
-                local, inside = _local_targets(targets[row_start:row_stop], column_start, column_stop)
-                weights.scatter_add_(1, local, -(grad_row[row_start:row_stop] * inside)[:, None])
+                local = _within(target_local, column_stop - column_start, plan.column_tile_size)
+                weights.scatter_add_(1, local, (minus_grad_row * (target_tile == tile))[:, None])
             if grad_column is not None and column_start < n_columns:
                 end = min(column_stop, n_columns)
                 block = logits[:, : end - column_start].sub_(column_max[None, column_start:end]).exp_().mul_(
@@ -178,7 +186,7 @@ class _TiledLogSumExp(torch.autograd.Function):
             row_loss, column_loss, *statistics = _forward(
                 plan, UnitBlocks(tensors, plan.row_parts), UnitBlocks(tensors, plan.column_parts), scale, targets)
         ctx.save_for_backward(scale, targets, *statistics, *tensors)
-        ctx.plan, ctx.device = plan, scale.device
+        ctx.plan, ctx.device, ctx.input_count = plan, scale.device, 3 + len(tensors)
         return row_loss, column_loss
 
     @staticmethod
@@ -187,7 +195,7 @@ class _TiledLogSumExp(torch.autograd.Function):
         if not ctx.plan.with_columns:
             grad_column = None
         if grad_row is None and grad_column is None:
-            return (None,) * (3 + len(ctx.saved_tensors) - 6)
+            return (None,) * ctx.input_count
         # A backward called inside autocast must not drop the blocks to half precision.
         with full_precision(ctx.device):
             return _backward(ctx, grad_row, grad_column)

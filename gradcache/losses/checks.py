@@ -98,7 +98,7 @@ def check_embeddings(**named: torch.Tensor) -> None:
                 f"project both to the same embedding size"
             )
         with torch.no_grad():
-            bad = sum(int((~torch.isfinite(block)).sum()) for block in tensor.split(CHECK_ROWS))
+            bad = int(sum((~torch.isfinite(block)).sum() for block in tensor.split(CHECK_ROWS)))  # one sync
         if bad:
             raise ValueError(f"{name} has {bad} NaN/inf entries (shape {tuple(tensor.shape)})")
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gradcache import CachedLoss, GradCache, losses
-from models import TextEncoder
+from gradcache.models import TextEncoder
 
 VOCAB_SIZE = 259  # ByteTokenizer's vocabulary
 TEXT_SIDES = ("gradcache", "cached_loss", "st_cached_mnrl")

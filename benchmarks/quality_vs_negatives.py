@@ -83,9 +83,8 @@ def train_one(args: argparse.Namespace, strategy: str, batch: int, seed: int, ru
     metrics = json.loads((folder / "metrics.json").read_text())
     with open(folder / "eval_log.csv") as handle:
         evaluations = list(csv.DictReader(handle))
-    seen = chunk if strategy == "naive" else batch
     shared = {"strategy": strategy, "batch": batch, "chunk": chunk, "seed": seed, "steps": args.steps,
-              "negatives_per_anchor": 2 * seen - 2, "train_size": args.train_size, "test_size": args.test_size,
+              "negatives_per_anchor": metrics["negatives_per_anchor"], "train_size": args.train_size, "test_size": args.test_size,
               "width": args.width, "image_size": args.image_size, "lr": args.lr if args.lr is not None else "default",
               "run_wall_s": round(wall, 1),
               **{key: metrics.get(key) for key in ("peak_memory_mb", "knn_top1_random_init", "knn_top1_raw_pixels")},

@@ -12,10 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
+import gradcache
 from gradcache import FullBatch, GradCache, NaiveAccumulation, losses
-from models import CLIP, ProjectionHead, SimCLRModel, TextEncoder, build_image_encoder
+from gradcache.models import CLIP, ProjectionHead, SimCLRModel, TextEncoder, build_image_encoder
 
-TASKS = ("simclr", "clip")
+LOSS_OF_TASK = {"simclr": "ntxent", "clip": "clip"}  # the loss each task trains with
+TASKS = tuple(LOSS_OF_TASK)
 VOCAB_SIZE = 259  # ByteTokenizer's vocabulary: pad, bos, eos and 256 bytes
 
 # name -> (encoders, loss, chunk_size) -> strategy. The tiled variant differs only in the loss it is given.
@@ -74,10 +76,10 @@ class Workload:
 
 
 def negatives_per_anchor(task: str, strategy: str, batch: int, chunk: int) -> int:
-    """Examples each anchor is contrasted against: the whole batch, or only its micro-batch when accumulating."""
-    seen = chunk if strategy == "naive" else batch
-    # NT-Xent: 2N views, each against all but itself and its positive; CLIP: the other N - 1 captions.
-    return 2 * seen - 2 if task == "simclr" else seen - 1
+    """`gradcache.negatives_per_anchor` for a benchmark point: its strategies are the library's but for the
+    tiled variant, the interleaved timing and the loss alone, which see the whole batch."""
+    library_name = strategy if strategy in ("naive", "gradcache") else "full"
+    return gradcache.negatives_per_anchor(library_name, LOSS_OF_TASK[task], batch, chunk)
 
 
 def build_workload(settings: dict[str, Any], device: torch.device) -> Workload:

@@ -6,7 +6,9 @@ FullBatch and NaiveAccumulation are the reference and the baseline, with the sam
 from gradcache import losses
 from gradcache.baselines import FullBatch, NaiveAccumulation
 from gradcache.cache import CachedLoss, GradCache
+from gradcache.negatives import negatives_per_anchor
 from gradcache.strategy import NonFiniteLossError
 
-__all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "NonFiniteLossError", "losses"]
+__all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "NonFiniteLossError", "losses",
+           "negatives_per_anchor"]
 __version__ = "0.1.0"

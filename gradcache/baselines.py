@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -10,9 +10,9 @@ from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
 from gradcache.distributed import gather_sizes, gradient_sync, is_distributed
-from gradcache.inputs import GetEmbedding, SplitFn, split
-from gradcache.precision import full_precision
-from gradcache.strategy import Encoders, LossFn, Strategy
+from gradcache.inputs import split
+from gradcache.precision import autocast_off_everywhere
+from gradcache.strategy import Strategy
 
 
 class FullBatch(Strategy):
@@ -21,37 +21,22 @@ class FullBatch(Strategy):
     Memory grows with the batch: every activation of every example is alive at once. `chunk_size` is
     accepted and ignored, so the three strategies swap in one line.
 
+    Args: as for `gradcache.strategy.Strategy`.
+
     Example:
         >>> strategy = FullBatch([image_tower, text_tower], ClipLoss())
         >>> loss = strategy.step(images, tokens)
     """
 
-    def __init__(
-        self,
-        encoders: Encoders,
-        loss_fn: LossFn,
-        chunk_size: int | Sequence[int] | None = None,
-        *,
-        get_embedding: GetEmbedding | None = None,
-        split_fn: SplitFn | None = None,
-        trim_padding: bool = False,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        gather: bool = True,
-        fsdp_reduce: str = "chunk",
-    ) -> None:
-        super().__init__(
-            encoders, loss_fn, None, get_embedding=get_embedding, split_fn=split_fn,
-            trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
-            fsdp_reduce=fsdp_reduce,
-        )
+    chunk_size_required = False
 
     def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
         """Forward and backward over the full batch; accumulate into `.grad`; return the detached loss."""
         self.require_grad_enabled()
         self.check_inputs(inputs)
         loss = self.loss_over(self.embed(inputs), loss_kwargs)
-        with running_stats_frozen(self.all_encoders()), full_precision():  # checkpointing re-runs forwards here
+        # checkpointing re-runs forwards in this backward
+        with running_stats_frozen(self.all_encoders()), autocast_off_everywhere():
             self.scaled(loss).backward()
         self.steps_taken += 1
         return loss.detach()
@@ -71,33 +56,13 @@ class NaiveAccumulation(Strategy):
         >>> loss = strategy.step(images, tokens)  # mean of the per-micro-batch losses
     """
 
-    def __init__(
-        self,
-        encoders: Encoders,
-        loss_fn: LossFn,
-        chunk_size: int | Sequence[int],
-        *,
-        get_embedding: GetEmbedding | None = None,
-        split_fn: SplitFn | None = None,
-        trim_padding: bool = False,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        gather: bool = True,
-        fsdp_reduce: str = "chunk",
-    ) -> None:
-        if chunk_size is None:
-            raise TypeError("chunk_size must be an int (or one int per input), got None.")
-        super().__init__(
-            encoders, loss_fn, chunk_size, get_embedding=get_embedding, split_fn=split_fn,
-            trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
-            fsdp_reduce=fsdp_reduce,
-        )
+    pairs_chunks_across_inputs = True
 
     def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
         """Forward and backward per micro-batch; accumulate into `.grad`; return the mean micro-batch loss."""
         self.require_grad_enabled()
         self.check_inputs(inputs)
-        chunks = [split(v, self.chunk_size_for(i), self.split_fn) for i, v in enumerate(inputs)]
+        chunks = [split(v, self.chunk_size_for(i), self.options["split_fn"]) for i, v in enumerate(inputs)]
         count = self._micro_batch_count(chunks)
         warn_if_batchnorm_in_chunks(self.all_encoders())
         encoders = self.all_encoders()
@@ -106,10 +71,10 @@ class NaiveAccumulation(Strategy):
             for k in range(count):
                 with contextlib.ExitStack() as sync:
                     for encoder in encoders:  # synchronise once, on the last micro-batch
-                        sync.enter_context(gradient_sync(encoder, k == count - 1, self.fsdp_reduce))
+                        sync.enter_context(gradient_sync(encoder, k == count - 1, self.options["fsdp_reduce"]))
                     embeddings = self.embed([c[k] for c in chunks])  # micro-batch k: chunk k of every input
                     loss = self.loss_over(embeddings, loss_kwargs, f" (micro-batch {k + 1} of {count})")
-                    with running_stats_frozen(encoders), full_precision():
+                    with running_stats_frozen(encoders), autocast_off_everywhere():
                         self.scaled(loss / count).backward()
                 losses.append(loss.detach())
         self.steps_taken += 1
@@ -123,7 +88,7 @@ class NaiveAccumulation(Strategy):
                 "every input, so give chunk sizes per input that split them into the same number of chunks."
             )
         count = counts[0]
-        if self.gather and is_distributed():
+        if self.options["gather"] and is_distributed():
             per_rank = gather_sizes(count, self._device())
             if len(set(per_rank)) > 1:
                 raise ValueError(

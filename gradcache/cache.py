@@ -1,12 +1,14 @@
 """GradCache (Gao et al. 2021, https://arxiv.org/abs/2101.06983): the full-batch gradient of a contrastive
-loss at the activation memory of one chunk.
+loss at the activation memory of one chunk, or faster with the memory to keep more.
 
 One step, read top to bottom:
-  (1) encode every chunk of every input without an autograd graph, recording each chunk's random state;
+  (1) encode every chunk of every input, recording each chunk's random state; without an autograd graph, or,
+      for the first chunks whose graphs fit in `memory_budget`, with it, kept; an input that learns nothing
+      (a frozen tower) is encoded here once, for good;
   (2) compute the loss over the full batch (gathered from every rank under torch.distributed) from those
       embeddings, and its gradient with respect to every embedding and every loss parameter: the gradient cache;
-  (3) re-encode each chunk with a graph under its recorded random and autocast state, and back-propagate its
-      slice of the cached gradient into the encoder, one chunk at a time.
+  (3) back-propagate the kept graphs; re-encode each other chunk with a graph under its recorded random and
+      autocast state, and back-propagate its slice of the cached gradient, one chunk at a time.
 
 `GradCache.step` runs (1)-(3) at once. `CachedLoss` runs (1)-(2) when called and (3) when `backward()` reaches
 it. Both go through `GradCache.loss`: (3) is the backward of an identity function placed between the cached
@@ -16,17 +18,24 @@ an accumulation count) multiplies the cached gradients too, in float32, before a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
-from gradcache.distributed import check_same_chunk_counts, gradient_sync
-from gradcache.inputs import GetEmbedding, SplitFn, encode, split, tensors_of, trim_padding
-from gradcache.precision import AutocastState, autocast_context, full_precision, upcast
+from gradcache.distributed import (
+    accumulate_without_hooks, agreed_under_fsdp, check_same_chunk_counts, gradient_sync, graph_leaves,
+    holds_its_own_sync,
+)
+from gradcache.graph_memory import GraphBudget, saved_bytes
+from gradcache.inputs import encode, split, tensors_of, trim_padding
+from gradcache.options import Options, Unpack
+from gradcache.precision import AutocastState, autocast_context, autocast_off_everywhere, upcast
 from gradcache.random_state import RandomState
 from gradcache.strategy import Encoders, LossFn, Strategy
+from gradcache.token_chunks import cut, split_to_count, token_plan
 
 
 class GradCache(Strategy):
@@ -37,15 +46,18 @@ class GradCache(Strategy):
     the gradient is that of the loss returned. Not equivalent where the encoder couples examples inside a
     forward: train-mode BatchNorm normalises each chunk with its own statistics (a warning says so).
 
-    Cost: one extra chunked forward pass without a graph, plus the loss over the full batch. Memory: the
-    activations of one chunk, plus the (N, D) embeddings and the loss's own buffers.
+    Cost: one extra chunked forward pass without a graph for the chunks not kept, plus the loss over the full
+    batch. Memory: the activations of one chunk, plus the kept graphs (at most `memory_budget` bytes), the
+    (N, D) embeddings and the loss's own buffers. A frozen encoder (no parameter requiring grad) costs one
+    forward without a graph.
 
     Args:
         encoders: one module shared by every input (SimCLR's two views), or one module per input (CLIP's towers).
         loss_fn: callable taking the embeddings in input order plus `loss_kwargs`, returning a scalar.
-        chunk_size: examples per chunk, an int or one per input; a larger chunk than the batch is one chunk.
-        **options: `get_embedding`, `split_fn`, `trim_padding`, `autocast_dtype`, `scaler`, `gather`,
-            `fsdp_reduce` (see `gradcache.strategy.Strategy`).
+        chunk_size: examples per chunk, an int or one per input (required); a larger chunk than the batch is
+            one chunk.
+        **options: the keyword options of every strategy, spelled once in `gradcache.options.Options`
+            (`memory_budget` and `chunk_tokens` among them).
 
     Raises:
         ValueError, TypeError: bad options in the constructor; bad inputs, a non-finite or non-scalar loss, or
@@ -57,33 +69,11 @@ class GradCache(Strategy):
         >>> optimizer.step(); optimizer.zero_grad(); loss_fn.clamp_logit_scale()
     """
 
-    def __init__(
-        self,
-        encoders: Encoders,
-        loss_fn: LossFn,
-        chunk_size: int | Sequence[int],
-        *,
-        get_embedding: GetEmbedding | None = None,
-        split_fn: SplitFn | None = None,
-        trim_padding: bool = False,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        gather: bool = True,
-        fsdp_reduce: str = "chunk",
-    ) -> None:
-        if chunk_size is None:
-            raise TypeError("chunk_size must be an int (or one int per input), got None.")
-        super().__init__(
-            encoders, loss_fn, chunk_size, get_embedding=get_embedding, split_fn=split_fn,
-            trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
-            fsdp_reduce=fsdp_reduce,
-        )
-
     def step(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
         """Forward and backward over the full batch; accumulate into `.grad`; return the detached loss."""
         self.require_grad_enabled()
         loss = self.loss(*inputs, **loss_kwargs)
-        with full_precision():  # backward outside any caller's autocast, as PyTorch asks; (3) re-enters its own
+        with autocast_off_everywhere():  # backward outside the caller's autocast, as PyTorch asks; (3) re-enters its own
             self.scaled(loss).backward()  # runs (3) when it reaches the cached embeddings
         return loss.detach()
 
@@ -91,75 +81,195 @@ class GradCache(Strategy):
         """Phases (1) and (2); the returned loss runs phase (3) when back-propagated."""
         self.check_inputs(inputs)
         building = torch.is_grad_enabled()
-        chunks = [self._split(i, value) for i, value in enumerate(inputs)]
-        check_same_chunk_counts([self.encoder_for(i) for i in range(len(chunks))], [len(c) for c in chunks])
+        learning = [building and _learns(self.encoder_for(i), value) for i, value in enumerate(inputs)]
+        chunks, orders = self._split_all(inputs)
         if building:
             warn_if_batchnorm_in_chunks(self.all_encoders())
 
-        with autocast_context(self.autocast_dtype, self.device_type()):
+        with autocast_context(self.options["autocast_dtype"], self.device_type()):
             autocast_state = AutocastState.capture()
-            embeddings, random_states = self._encode_without_graph(chunks, record=building)  # (1)
+            first = self._encode_first(chunks, learning)  # (1)
+        embeddings = [  # the caller's order: embeddings[order] = sorted embeddings, (N_i, D)
+            e if o is None else e[torch.argsort(o.to(e.device))] for e, o in zip(first.embeddings, orders)
+        ]
 
         if not building:  # evaluation: the loss and nothing else
             return self.loss_over([upcast(e) for e in embeddings], loss_kwargs)
 
-        cached = [upcast(e).requires_grad_() for e in embeddings]  # (2) leaves that collect the gradient cache
-        replay = _Replay(self, chunks, random_states, autocast_state, [e.dtype for e in embeddings])
-        bridged = _ReencodeOnBackward.apply(replay, *cached)
-        loss = self.loss_over(list(bridged), loss_kwargs)
+        cached = [upcast(e).requires_grad_(learn) for e, learn in zip(embeddings, learning)]  # (2) the cache's leaves
+        learners = [i for i, learn in enumerate(learning) if learn]
+        if learners:  # frozen inputs reach the loss as constants
+            replay = _Replay(self, chunks, orders, first, autocast_state, learners)
+            for i, bridged in zip(learners, _ReencodeOnBackward.apply(replay, *(cached[i] for i in learners))):
+                cached[i] = bridged
+        loss = self.loss_over(cached, loss_kwargs)
         self.steps_taken += 1
         return loss
 
     # --- the phases --------------------------------------------------------------------------------------
-    def _split(self, index: int, value: Any) -> list[Any]:
-        chunks = split(value, self.chunk_size_for(index), self.split_fn)
-        return [trim_padding(c) for c in chunks] if self.trim_padding else chunks
+    def _split_all(self, inputs: tuple[Any, ...]) -> tuple[list[list[Any]], list[torch.Tensor | None]]:
+        """Each input's chunks (by rows, or by tokens over its rows sorted by length) and, for token chunks,
+        the order of its sorted rows. Under FSDP2 token-chunked inputs are cut into as many chunks on every rank."""
+        plans = {i: token_plan(v, self.chunk_tokens_for(i), self.chunk_size_for(i))
+                 for i, v in enumerate(inputs) if self.chunk_tokens_for(i) is not None}
+        encoders = [self.encoder_for(i) for i in range(len(inputs))]
+        if plans:
+            counts = agreed_under_fsdp(encoders, [len(sizes) for _, sizes in plans.values()], largest=True)
+            plans = {i: (order, split_to_count(sizes, n)) for (i, (order, sizes)), n in zip(plans.items(), counts)}
+        chunks, orders = [], []
+        for i, value in enumerate(inputs):
+            if i in plans:
+                order, sizes = plans[i]
+                chunks.append(cut(value, order, sizes))
+                orders.append(order)
+            else:
+                pieces = split(value, self.chunk_size_for(i), self.options["split_fn"])
+                chunks.append([trim_padding(c) for c in pieces] if self.options["trim_padding"] else pieces)
+                orders.append(None)
+        check_same_chunk_counts(encoders, [len(c) for c in chunks])
+        return chunks, orders
 
-    def _encode_without_graph(
-        self, chunks: list[list[Any]], record: bool
-    ) -> tuple[list[torch.Tensor], list[list[RandomState]]]:
-        """(1) Inputs in order, each input's chunks in order, so a seeded run is reproducible."""
-        embeddings, random_states = [], []
-        with torch.no_grad():
-            for i, input_chunks in enumerate(chunks):
-                encoder, pieces, states = self.encoder_for(i), [], []
-                for chunk in input_chunks:
-                    if record:
-                        states.append(RandomState.capture(tensors_of(chunk)))
-                    pieces.append(encode(encoder, chunk, self.get_embedding, f"input {i}"))
-                embeddings.append(torch.cat(pieces))  # (N_i, D)
-                random_states.append(states)
-        return embeddings, random_states
+    def _encode_first(self, chunks: list[list[Any]], learning: list[bool]) -> _FirstPass:
+        """(1) Inputs in order, each input's chunks in order, so a seeded run is reproducible. Chunks of an input
+        that learns record their random state, and a prefix of them keeps its graph while the budget holds it
+        (forwards under no_sync: an encoder that synchronises itself decides at forward time, so its last
+        chunk is never kept but re-encoded, with the one synchronising forward, in (3))."""
+        budget = GraphBudget(self.options["memory_budget"] if torch.is_grad_enabled() else None)
+        last = _last_chunks(self, chunks, learning)
+        first = _FirstPass([], [], [], [])
+        for i, input_chunks in enumerate(chunks):
+            encoder = self.encoder_for(i)
+            own_sync = holds_its_own_sync(encoder)
+            pieces, states, graphs = [], [], []
+            for k, chunk in enumerate(input_chunks):
+                name = f"input {i}"
+                if learning[i]:
+                    states.append(RandomState.capture(tensors_of(chunk)))
+                if learning[i] and not (own_sync and last[id(encoder)] == (i, k)) and budget.worth_trying(i, chunk):
+                    left_out = [*encoder.parameters(), *encoder.buffers(), *tensors_of(chunk)]
+                    with torch.enable_grad(), gradient_sync(encoder, False, self.options["fsdp_reduce"]):
+                        with saved_bytes(left_out) as graph:
+                            embedding = encode(encoder, chunk, self.options["get_embedding"], name)
+                    if budget.settle(i, chunk, graph.total) and embedding.requires_grad:
+                        graphs.append(embedding)
+                else:
+                    budget.close(i)  # kept chunks are a prefix of each input's
+                    with torch.no_grad():
+                        embedding = encode(encoder, chunk, self.options["get_embedding"], name)
+                pieces.append(embedding.detach())
+            first.embeddings.append(torch.cat(pieces))  # (N_i, D), sorted order under chunk_tokens
+            first.rows.append([p.shape[0] for p in pieces])
+            first.random_states.append(states)
+            first.kept.append(graphs)
+        if self.options["memory_budget"] is not None:  # under FSDP2 every rank re-encodes as many chunks
+            counts = agreed_under_fsdp(self.all_encoders(), [len(g) for g in first.kept], largest=False)
+            first.kept = [graphs[:n] for graphs, n in zip(first.kept, counts)]
+        return first
 
     def reencode_and_backward(self, replay: _Replay, cached_gradients: Sequence[torch.Tensor]) -> None:
-        """(3) Re-encode chunk by chunk with a graph and back-propagate each chunk's cached gradient.
+        """(3) Per encoder, back-propagate its kept graphs in one backward, then re-encode its other chunks with
+        a graph and back-propagate each chunk's cached gradient.
 
-        Gradient synchronisation (DDP, FSDP) is held off for every chunk but each encoder's last, so a step
-        communicates once; BatchNorm buffers leave as phase (1) left them.
+        A step synchronises gradients once. A DDP or FSDP2 encoder holds its synchronisation off itself for all
+        but its last backward (`gradient_sync`). Any other encoder may sit under a DDP wrapper of the whole model
+        (Lightning, the Hugging Face Trainer), which decided at its forward that this backward synchronises:
+        every backward but the encoder's last reaches `.grad` without firing DDP's hooks, and the last fires
+        each hook once, so DDP all-reduces the accumulated sum. BatchNorm buffers leave as phase (1) left them.
         """
-        last_chunk = {}
-        for i, input_chunks in enumerate(replay.chunks):
-            last_chunk[id(self.encoder_for(i))] = (i, len(input_chunks) - 1)
+        first = replay.first
+        gradients = {}
+        for i, g in zip(replay.learners, cached_gradients):
+            order = replay.orders[i]
+            g = g if order is None else g[order.to(g.device)]  # caller's order -> the chunks' sorted order
+            gradients[i] = list(g.split(first.rows[i]))  # per chunk, (rows, D), float32
+        groups: dict[int, list[int]] = {}
+        for i in replay.learners:
+            groups.setdefault(id(self.encoder_for(i)), []).append(i)
+        later = _tied_later(self, [self.encoder_for(members[0]) for members in groups.values()])
+        fsdp_reduce = self.options["fsdp_reduce"]
         with running_stats_frozen(self.all_encoders()), torch.enable_grad():
-            for i, input_chunks in enumerate(replay.chunks):
-                encoder = self.encoder_for(i)
-                offset = 0
-                for k, chunk in enumerate(input_chunks):
-                    with gradient_sync(encoder, last_chunk[id(encoder)] == (i, k), self.fsdp_reduce):
-                        with replay.random_states[i][k].replay(), replay.autocast_state.apply():
-                            embedding = encode(encoder, chunk, self.get_embedding, f"input {i}")
-                        rows = embedding.shape[0]
-                        gradient = cached_gradients[i][offset : offset + rows]  # (rows, D), float32
-                        offset += rows
-                        embedding.backward(gradient.to(embedding.dtype))
+            for key, members in groups.items():
+                encoder = self.encoder_for(members[0])
+                kept = [(out, gradients[i][k]) for i in members for k, out in enumerate(first.kept[i])]
+                others = [(i, k) for i in members for k in range(len(first.kept[i]), len(replay.chunks[i]))]
+                if kept:
+                    with gradient_sync(encoder, not others, fsdp_reduce):
+                        _backward(encoder, kept, not others, later[key])
+                for n, (i, k) in enumerate(others):
+                    final = n == len(others) - 1
+                    with gradient_sync(encoder, final, fsdp_reduce):
+                        with replay.first.random_states[i][k].replay(), replay.autocast_state.apply():
+                            chunk, name = replay.chunks[i][k], f"input {i}"
+                            embedding = encode(encoder, chunk, self.options["get_embedding"], name)
+                        _backward(encoder, [(embedding, gradients[i][k])], final, later[key])
+                for i in members:
+                    first.kept[i] = []  # the kept graphs are spent
+
+    def chunk_tokens_for(self, index: int) -> int | None:
+        tokens = self.options["chunk_tokens"]
+        return tokens[index] if isinstance(tokens, Sequence) else tokens
+
+
+def _backward(encoder: nn.Module, pairs: list[tuple[torch.Tensor, torch.Tensor]], final: bool, tied: set[int]) -> None:
+    """One backward over (embedding, cached gradient) pairs of one encoder: ordinary for the encoder's final one
+    or one that synchronises itself, else into `.grad` without hooks. Leaves tied to an encoder that runs
+    later take the hook-free path here too, so that their hooks fire once, there."""
+    pairs = [(out, grad.to(out.dtype)) for out, grad in pairs if out.requires_grad]
+    if not pairs:
+        return
+    outputs, grads = [out for out, _ in pairs], [grad for _, grad in pairs]
+    if holds_its_own_sync(encoder):
+        torch.autograd.backward(outputs, grads)
+    elif not final:
+        accumulate_without_hooks(outputs, grads)
+    else:
+        leaves = graph_leaves(outputs)
+        shared = [leaf for leaf in leaves if id(leaf) in tied]
+        own = [leaf for leaf in leaves if id(leaf) not in tied]
+        accumulate_without_hooks(outputs, grads, shared, retain_graph=bool(own))
+        if own:
+            torch.autograd.backward(outputs, grads, inputs=own if shared else None)
+
+
+def _learns(encoder: nn.Module, value: Any) -> bool:
+    """Whether an input's embedding needs a gradient: its encoder has a parameter that requires one, or the
+    input holds a tensor that does. Otherwise (a frozen tower) phase (1) encodes it once, for good."""
+    return any(p.requires_grad for p in encoder.parameters()) or any(t.requires_grad for t in tensors_of(value))
+
+
+def _last_chunks(cache: GradCache, chunks: list[list[Any]], learning: list[bool]) -> dict[int, tuple[int, int]]:
+    """Each learning encoder's last chunk: (input, chunk)."""
+    return {id(cache.encoder_for(i)): (i, len(c) - 1) for i, c in enumerate(chunks) if learning[i]}
+
+
+def _tied_later(cache: GradCache, encoders: list[nn.Module]) -> dict[int, set[int]]:
+    """For each encoder, in the order phase (3) runs them, the ids of its parameters that an encoder run later
+    also holds (tied weights)."""
+    later: dict[int, set[int]] = {}
+    seen_after: set[int] = set()
+    for encoder in reversed(encoders):
+        own = {id(p) for p in encoder.parameters() if p.requires_grad}
+        later[id(encoder)] = own & seen_after
+        seen_after |= own
+    return later
+
+
+@dataclass
+class _FirstPass:
+    """What phase (1) leaves, per input: embeddings (chunks' order), rows per chunk, random states, kept graphs."""
+
+    embeddings: list[torch.Tensor]
+    rows: list[list[int]]
+    random_states: list[list[RandomState]]
+    kept: list[list[torch.Tensor]]
 
 
 class _Replay:
     """What phase (3) needs from phases (1) and (2), kept by the autograd graph until backward."""
 
-    def __init__(self, cache: GradCache, chunks, random_states, autocast_state, dtypes) -> None:
-        self.cache, self.chunks, self.random_states = cache, chunks, random_states
-        self.autocast_state, self.dtypes = autocast_state, dtypes
+    def __init__(self, cache: GradCache, chunks, orders, first: _FirstPass, autocast_state, learners) -> None:
+        self.cache, self.chunks, self.orders, self.first = cache, chunks, orders, first
+        self.autocast_state, self.learners = autocast_state, learners
 
 
 class _ReencodeOnBackward(torch.autograd.Function):
@@ -187,13 +297,14 @@ class CachedLoss(nn.Module):
 
     For training loops that own the backward call (Lightning, the Hugging Face Trainer, a loop with a
     GradScaler): `scaler.scale(loss).backward()` and `(loss / k).backward()` work as for any loss, since the
-    incoming gradient multiplies the cached gradients in float32. Gradients equal those of `FullBatch.step`.
-    Called with gradients disabled (an evaluation loop), it returns the loss and keeps nothing. Each call
-    keeps its own batch for its backward, so two calls before one backward cannot mix batches.
+    incoming gradient multiplies the cached gradients in float32. Gradients equal those of `FullBatch.step`,
+    also when a DDP wrapper holds the whole model (see `GradCache.reencode_and_backward`). Called with
+    gradients disabled (an evaluation loop), it returns the loss and keeps nothing. Each call keeps its own
+    batch for its backward, so two calls before one backward cannot mix batches.
 
     Args:
-        encoders, loss_fn, chunk_size, **options: as for `GradCache`. `scaler` is accepted for one signature
-            but unused: the caller scales the loss it back-propagates.
+        encoders, loss_fn, chunk_size, **options: as for `GradCache`, except `scaler`: the caller scales the
+            loss it back-propagates, so a scaler given here could only be ignored, and is refused (TypeError).
 
     Example:
         >>> cached = CachedLoss([image_tower, text_tower], ClipLoss(), chunk_size=64)
@@ -202,25 +313,17 @@ class CachedLoss(nn.Module):
     """
 
     def __init__(
-        self,
-        encoders: Encoders,
-        loss_fn: LossFn,
-        chunk_size: int | Sequence[int],
-        *,
-        get_embedding: GetEmbedding | None = None,
-        split_fn: SplitFn | None = None,
-        trim_padding: bool = False,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        gather: bool = True,
-        fsdp_reduce: str = "chunk",
+        self, encoders: Encoders, loss_fn: LossFn, chunk_size: int | Sequence[int] | None = None,
+        **options: Unpack[Options],
     ) -> None:
+        if options.get("scaler") is not None:
+            raise TypeError(
+                f"CachedLoss got scaler={options['scaler']!r}, which it cannot honour: the caller owns the "
+                "backward, so scale there: scaler.scale(loss).backward(). Drop the scaler argument (or use "
+                "GradCache(..., scaler=scaler).step, which runs the backward itself)."
+            )
         super().__init__()
-        self.cache = GradCache(
-            encoders, loss_fn, chunk_size, get_embedding=get_embedding, split_fn=split_fn,
-            trim_padding=trim_padding, autocast_dtype=autocast_dtype, scaler=scaler, gather=gather,
-            fsdp_reduce=fsdp_reduce,
-        )
+        self.cache = GradCache(encoders, loss_fn, chunk_size, **options)
         self.encoders = nn.ModuleList(self.cache.all_encoders())  # so .to(), .parameters() and .train() reach them
         if isinstance(loss_fn, nn.Module):
             self.loss_fn = loss_fn

@@ -1,9 +1,10 @@
-"""The `gradcache` command: `gradcache train simclr|clip ...` and `gradcache eval CHECKPOINT`.
+"""The `gradcache` command: `gradcache train <mode> ...` and `gradcache eval CHECKPOINT`.
 
 `main(argv=None) -> int` is the console script's entry point and what tests call. Exit status: 0 done; 2 bad
 input (bad option, missing or unusable data, a checkpoint from another model, an output folder that already
-holds a run), with a message on stderr and nothing written; 1 a run that diverged (non-finite loss), whose
-last good checkpoint is kept. Subcommands register themselves through `SUBCOMMANDS`, one function each.
+holds a run, or the training program's packages missing), with a message on stderr and nothing written; 1 a
+run that diverged (non-finite loss), whose last good checkpoint is kept. Subcommands register themselves
+through `SUBCOMMANDS`, one function each. The library needs torch alone; these commands need the `train` extra.
 """
 from __future__ import annotations
 
@@ -13,27 +14,21 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
-from gradcache.train.checkpoint import CheckpointError
-from gradcache.train.cli_options import (
-    UsageError,
-    add_train_options,
-    explicit_options,
-    resolve_run_options,
-    sharded_checkpoint,
-)
-from gradcache.train.datasets import DataError
-
 Register = Callable[[argparse._SubParsersAction], None]
+# the import names of the `train` extra's packages (pyproject.toml)
+TRAIN_EXTRA = {"torchvision", "numpy", "PIL", "faiss", "tqdm", "matplotlib", "sklearn"}
 
 
 def _register_train(commands: argparse._SubParsersAction) -> None:
-    train = commands.add_parser("train", help="train a SimCLR or CLIP encoder (default: SimCLR on built-in shapes)",
+    from gradcache.train.modes import MODES
+    from gradcache.train.options import HelpFormatter, add_train_options
+
+    train = commands.add_parser("train", help="train an encoder (default: SimCLR on built-in shapes)",
                                 description="Train with GradCache, plain accumulation or one full batch.")
-    modes = train.add_subparsers(dest="mode", metavar="{simclr,clip}")
-    for mode, summary in (("simclr", "SimCLR: two augmented views per image, NT-Xent loss"),
-                          ("clip", "CLIP: image-caption pairs, symmetric contrastive loss with a learnable temperature")):
-        parser = modes.add_parser(mode, help=summary, description=summary, allow_abbrev=False,
-                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    modes = train.add_subparsers(dest="mode", metavar="{" + ",".join(MODES) + "}")
+    for mode in MODES.values():
+        parser = modes.add_parser(mode.name, help=mode.help, description=mode.help, allow_abbrev=False,
+                                  formatter_class=HelpFormatter)
         add_train_options(parser, mode)
         parser.set_defaults(command=_run_train)
 
@@ -69,50 +64,46 @@ def _default_train_argv(argv: list[str]) -> list[str]:
 
 
 def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from gradcache.train.loop import TrainingDiverged, init_distributed_if_launched, train
+    from gradcache.train.loop import TrainingDiverged, train
+    from gradcache.train.modes import MODES
+    from gradcache.train.options import config_from_args, explicit_options
+    from gradcache.train.placement import init_distributed_if_launched
+    from gradcache.train.preflight import prepare_run
 
     init_distributed_if_launched(args.device)
-    args, checkpoint, data = resolve_run_options(args, explicit_options(get_args_parser(), argv))
+    config, saved, data = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
     try:
-        summary = train(args, checkpoint, data)
+        summary = train(config, saved, data)
     except TrainingDiverged as error:
         print(f"gradcache train: {error}", file=sys.stderr)
         return 1
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
-        checkpoint_name = "last.dcp" if args.fsdp else "last.pt"
-        print(f"wrote {args.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, {checkpoint_name}",
-              file=sys.stderr)
+        print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
+              f"{'last.dcp' if config.fsdp else 'last.pt'}", file=sys.stderr)
     return 0
 
 
 def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
+    import dataclasses
+
     import torch
     from torch import nn
 
-    from gradcache.train.checkpoint import load_checkpoint
-    from gradcache.train.recipe import build_loss, build_model, build_tokenizer, load_data
-    from gradcache.train.run_eval import baseline_metrics, evaluate_model
+    from gradcache.train.config import RunConfig
+    from gradcache.train.modes import MODES
+    from gradcache.train.run import build_model
+    from gradcache.train.run_checkpoint import open_checkpoint
 
-    sharded = sharded_checkpoint(args.checkpoint)
-    if sharded is not None:  # an --fsdp run's last.dcp: read its model's shards into one unsharded model
-        from gradcache.train.fsdp import load_sharded_model, sharded_extra
-
-        checkpoint = sharded_extra(sharded)
-        run = argparse.Namespace(**checkpoint["args"])
-        model = build_model(run)
-        load_sharded_model(sharded, nn.ModuleDict({"model": model, "loss": build_loss(run)}))
-    else:
-        checkpoint = load_checkpoint(args.checkpoint)
-        run = argparse.Namespace(**checkpoint["args"])
-        model = build_model(run)
-        model.load_state_dict(checkpoint["model"])
-    run.device = args.device
+    saved = open_checkpoint(args.checkpoint)
+    meta = saved.meta()
+    config = dataclasses.replace(RunConfig.from_dict(meta["args"]), device=args.device)
+    mode = MODES[config.mode]
+    model = build_model(mode, config)
+    saved.load(nn.ModuleDict({"model": model, "loss": mode.build_loss(config)}))  # shards into one model
     device = torch.device(args.device)
-    data = load_data(run)
-    model.to(device)
-    metrics = {**evaluate_model(run, model, data, build_tokenizer(run), device),
-               **(checkpoint.get("baselines") or baseline_metrics(run, data, device)), "steps": checkpoint["step"]}
+    data = mode.load_data(config)
+    metrics = {**mode.evaluate(config, model.to(device), data, device), **meta["baselines"], "steps": meta["step"]}
     print(json.dumps(metrics, indent=2, sort_keys=True))
     if args.output_json:
         with open(args.output_json, "w") as handle:
@@ -122,8 +113,20 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]), run the subcommand, return its exit status."""
+    try:
+        from gradcache.train.checkpoint import CheckpointError
+        from gradcache.train.config import UsageError
+        from gradcache.train.datasets import DataError
+
+        parser = get_args_parser()
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in TRAIN_EXTRA:
+            raise
+        print(f"gradcache: the training program needs {error.name}, which is not installed (the library alone "
+              "needs torch only); install the program's packages with: pip install 'gradcache[train]'",
+              file=sys.stderr)
+        return 2
     argv = _default_train_argv(list(sys.argv[1:] if argv is None else argv))
-    parser = get_args_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse exits 2 on a bad option and 0 on --help

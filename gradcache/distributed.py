@@ -109,6 +109,58 @@ def gradient_sync(module: nn.Module, enabled: bool, fsdp_reduce: str = "chunk") 
     return contextlib.nullcontext()
 
 
+def holds_its_own_sync(module: nn.Module) -> bool:
+    """Whether `gradient_sync` can hold off `module`'s synchronisation: a DDP module itself, or FSDP2 modules
+    inside it. Otherwise a DDP wrapper may still sit above it (Lightning, the Hugging Face Trainer and
+    sentence-transformers wrap the whole model), out of our reach: see `accumulate_without_hooks`."""
+    return hasattr(module, "no_sync") or bool(_fsdp_modules(module))
+
+
+def accumulate_without_hooks(
+    outputs: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor] | None = None,
+    retain_graph: bool = False,
+) -> None:
+    """`leaf.grad += d<outputs, gradients>/d leaf` without running the gradient-accumulation hooks.
+
+    A DDP wrapper above the encoder decided at its forward that the coming backward synchronises, and its
+    hooks fire once per parameter per backward ("marked as ready twice" on a second one). Computing a chunk's
+    gradient with `torch.autograd.grad` skips those hooks and leaves `.grad` as accumulation under `no_sync`
+    would; the one ordinary backward that follows (the encoder's last chunk) then fires each hook once, and
+    DDP all-reduces the accumulated sum. `leaves` defaults to every leaf the graph reaches, which is what an
+    ordinary backward would write; leaves the outputs do not reach keep their `.grad`.
+    """
+    leaves = graph_leaves(outputs) if leaves is None else list(leaves)
+    if not leaves:
+        return
+    grads = torch.autograd.grad(list(outputs), leaves, list(gradients), retain_graph=retain_graph, allow_unused=True)
+    with torch.no_grad():
+        for leaf, grad in zip(leaves, grads):
+            if grad is None:
+                continue
+            if leaf.grad is None:
+                leaf.grad = grad
+            else:
+                leaf.grad += grad
+
+
+def graph_leaves(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors an ordinary backward from `outputs` accumulates into (its AccumulateGrad nodes), each once."""
+    leaves: dict[int, torch.Tensor] = {}
+    seen: dict[int, object] = {}  # the nodes themselves, so no id is reused while walking
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaves.setdefault(id(variable), variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    leaves.update({id(o): o for o in outputs if o.grad_fn is None and o.requires_grad})
+    return list(leaves.values())
+
+
 def check_same_chunk_counts(encoders: Sequence[nn.Module], chunk_counts: Sequence[int]) -> None:
     """Under FSDP2 every rank must run as many chunk passes through each encoder as every other rank.
 
@@ -120,12 +172,9 @@ def check_same_chunk_counts(encoders: Sequence[nn.Module], chunk_counts: Sequenc
     Raises:
         ValueError: on every rank alike (so none is left waiting), naming each rank's chunk counts.
     """
-    if not is_distributed() or world_size() == 1 or not any(_fsdp_modules(e) for e in encoders):
+    if not _sharded_run(encoders):
         return
-    # NCCL reads only CUDA tensors, even where CPU offload keeps the parameters in CPU memory
-    nccl = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    local = torch.tensor(list(chunk_counts), dtype=torch.long, device=device)
+    local = torch.tensor(list(chunk_counts), dtype=torch.long, device=_collective_device())
     every = [torch.empty_like(local) for _ in range(world_size())]
     dist.all_gather(every, local)
     per_rank = [c.tolist() for c in every]  # [rank][input]
@@ -136,6 +185,26 @@ def check_same_chunk_counts(encoders: Sequence[nn.Module], chunk_counts: Sequenc
             "must run as many. Give every rank the same local batch size (drop the last, uneven batch) or a "
             "chunk_size that splits every rank's batch into the same number of chunks."
         )
+
+
+def agreed_under_fsdp(encoders: Sequence[nn.Module], counts: Sequence[int], largest: bool) -> list[int]:
+    """Under FSDP2, the elementwise largest (or smallest) of every rank's `counts`, so that ranks run as many
+    chunks, or keep as many graphs, as each other; elsewhere `counts` unchanged, at no cost."""
+    if not _sharded_run(encoders) or not counts:
+        return list(counts)
+    tensor = torch.tensor(list(counts), dtype=torch.long, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if largest else dist.ReduceOp.MIN)
+    return tensor.tolist()
+
+
+def _sharded_run(encoders: Sequence[nn.Module]) -> bool:
+    return is_distributed() and world_size() > 1 and any(_fsdp_modules(e) for e in encoders)
+
+
+def _collective_device() -> torch.device:
+    # NCCL reads only CUDA tensors, even where CPU offload keeps the parameters in CPU memory
+    nccl = dist.get_backend() == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
 
 def _fsdp_modules(module: nn.Module) -> list[nn.Module]:

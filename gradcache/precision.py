@@ -50,8 +50,10 @@ def autocast_context(dtype: torch.dtype | None, device_type: str) -> contextlib.
 
 
 @contextlib.contextmanager
-def full_precision() -> Iterator[None]:
-    """Autocast off on every device type: the loss and its gradients are computed in float32."""
+def autocast_off_everywhere() -> Iterator[None]:
+    """Autocast off on every device type, whatever the caller entered: the strategies' loss and backward run
+    in the embeddings' own (float32) dtype. (The losses' `gradcache.losses.precision.full_precision(device)`
+    is the narrower switch for one device inside a loss.)"""
     with contextlib.ExitStack() as stack:
         for device_type in _DEVICE_TYPES:
             stack.enter_context(torch.autocast(device_type, enabled=False))

@@ -1,17 +1,18 @@
-"""What GradCache, NaiveAccumulation and FullBatch share: their options, checked once, and the checks on a
-step's inputs and loss, made before any gradient is touched."""
+"""What GradCache, NaiveAccumulation and FullBatch share: the encoders, the loss, the options (spelled in
+gradcache/options.py), and the checks on a step's inputs and loss, made before any gradient is touched."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from gradcache.distributed import check_fsdp_reduce
 from gradcache.distributed import all_gather_with_grad
-from gradcache.inputs import GetEmbedding, SplitFn, batch_length, encode, trim_padding
-from gradcache.precision import HALF_DTYPES, autocast_context, full_precision, upcast
+from gradcache.inputs import batch_length, encode, trim_padding
+from gradcache.options import Options, Unpack, checked
+from gradcache.precision import autocast_context, autocast_off_everywhere, upcast
+from gradcache.token_chunks import has_token_mask
 
 LossFn = Callable[..., torch.Tensor]
 Encoders = nn.Module | Sequence[nn.Module]
@@ -34,39 +35,24 @@ class Strategy:
     Args:
         encoders: one module shared by every input, or one module per input.
         loss_fn: callable taking the embeddings in input order plus `loss_kwargs`, returning a scalar.
-        chunk_size: rows per chunk; an int or one int per input (None: the whole batch at once).
-        get_embedding: maps an encoder's output to its (B, D) embedding tensor.
-        split_fn: `split_fn(input, chunk_size) -> chunks` for inputs that are not tensors, mappings or sequences.
-        trim_padding: drop trailing all-padding columns per chunk of a mapping input with an `attention_mask`.
-            Exact only for encoders that ignore masked positions, which cannot be checked: off by default.
-        autocast_dtype: torch.bfloat16 or torch.float16 to run the encoders under autocast; the loss and the
-            embedding gradients stay in float32.
-        scaler: a `torch.amp.GradScaler`; `step` back-propagates `scaler.scale(loss)`, the caller runs
-            `scaler.step(optimizer)` and `scaler.update()`.
-        gather: under torch.distributed, compute the loss over the embeddings of every rank (the global batch,
-            ordered by rank); False keeps each rank's loss local.
-        fsdp_reduce: for encoders sharded with FSDP2's `fully_shard`, when gradients are reduce-scattered:
-            "chunk" (default) after every chunk's backward, so gradients stay sharded (one reduce-scatter per
-            chunk); "step" once per step, keeping unsharded gradients between chunks (one reduce-scatter, the
-            memory of whole gradients). Plain and DDP encoders always synchronise once per step. Measured
-            trade: benchmarks/results/sharding.md. Under FSDP2 every chunk's forward and backward is a
-            collective, so every rank must split its inputs into as many chunks (checked, ValueError).
+        chunk_size: rows per chunk; an int or one int per input. Required where `chunk_size_required`;
+            accepted and ignored otherwise (FullBatch), so the strategies swap in one line.
+        **options: the keyword options, spelled once in `gradcache.options.Options` (get_embedding, split_fn,
+            trim_padding, autocast_dtype, scaler, gather, fsdp_reduce, memory_budget, chunk_tokens); checked
+            before anything runs. A strategy that `pairs_chunks_across_inputs` refuses chunk_tokens.
     """
 
+    chunk_size_required: ClassVar[bool] = True
+    pairs_chunks_across_inputs: ClassVar[bool] = False  # micro-batch k holds chunk k of every input
+
     def __init__(
-        self,
-        encoders: Encoders,
-        loss_fn: LossFn,
-        chunk_size: int | Sequence[int] | None = None,
-        *,
-        get_embedding: GetEmbedding | None = None,
-        split_fn: SplitFn | None = None,
-        trim_padding: bool = False,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        gather: bool = True,
-        fsdp_reduce: str = "chunk",
+        self, encoders: Encoders, loss_fn: LossFn, chunk_size: int | Sequence[int] | None = None,
+        **options: Unpack[Options],
     ) -> None:
+        if not self.chunk_size_required:
+            chunk_size = None
+        elif chunk_size is None:
+            raise TypeError("chunk_size must be an int (or one int per input), got None.")
         if isinstance(encoders, nn.Module):
             self.encoders: list[nn.Module] | None = None
             self.shared_encoder: nn.Module | None = encoders
@@ -86,29 +72,15 @@ class Strategy:
                     _check_chunk_size(size, f"chunk_size[{i}]")
             else:
                 _check_chunk_size(chunk_size)
-        for name, fn in (("get_embedding", get_embedding), ("split_fn", split_fn)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name} must be callable or None, got {fn!r}.")
-        if not isinstance(trim_padding, bool):
-            raise TypeError(f"trim_padding must be True or False, got {trim_padding!r}.")
-        if autocast_dtype is not None and autocast_dtype not in HALF_DTYPES:
+        self.options: Options = checked(options)
+        if self.pairs_chunks_across_inputs and self.options["chunk_tokens"] is not None:
             raise ValueError(
-                f"autocast_dtype must be torch.bfloat16, torch.float16 or None, got {autocast_dtype!r}."
+                f"{type(self).__name__} does not take chunk_tokens={self.options['chunk_tokens']!r}: its micro-batch "
+                "k must hold the same examples of every input, and token chunks sort each input by its own "
+                "lengths. Drop chunk_tokens (use trim_padding=True), or use GradCache."
             )
-        if scaler is not None and not (callable(getattr(scaler, "scale", None)) and hasattr(scaler, "update")):
-            raise TypeError(f"scaler must be a torch.amp.GradScaler or None, got {scaler!r}.")
-        if not isinstance(gather, bool):
-            raise TypeError(f"gather must be True or False, got {gather!r}.")
-        check_fsdp_reduce(fsdp_reduce)
         self.loss_fn = loss_fn
         self.chunk_size = chunk_size
-        self.get_embedding = get_embedding
-        self.split_fn = split_fn
-        self.trim_padding = trim_padding
-        self.autocast_dtype = autocast_dtype
-        self.scaler = scaler
-        self.gather = gather
-        self.fsdp_reduce = fsdp_reduce
         self.steps_taken = 0
 
     # --- what a step needs -------------------------------------------------------------------------------
@@ -149,6 +121,20 @@ class Strategy:
             raise ValueError(
                 f"chunk_size has {len(self.chunk_size)} entries for {len(inputs)} inputs; give one per input or a single int."
             )
+        tokens = self.options["chunk_tokens"]
+        if isinstance(tokens, Sequence) and len(tokens) != len(inputs):
+            raise ValueError(
+                f"chunk_tokens has {len(tokens)} entries for {len(inputs)} inputs; give one per input (None where "
+                "it does not apply) or a single int."
+            )
+        for i, value in enumerate(inputs):
+            wanted = tokens[i] if isinstance(tokens, Sequence) else tokens
+            chunked = self.chunk_size_required  # FullBatch ignores chunk_tokens, as it ignores chunk_size
+            if wanted is not None and chunked and not has_token_mask(value):
+                raise ValueError(
+                    f"chunk_tokens={wanted} applies to input {i}, which is not a mapping with a 2-D attention_mask; "
+                    "give one value per input with None for this one, e.g. chunk_tokens=[None, 4096]."
+                )
         lengths = [batch_length(value, f"input {i}") for i, value in enumerate(inputs)]
         for i, length in enumerate(lengths):
             if length == 0:
@@ -174,19 +160,20 @@ class Strategy:
     def embed(self, values: Sequence[Any]) -> list[torch.Tensor]:
         """Each input (or its micro-batch) through its encoder in one forward, under the autocast option;
         half-precision embeddings come back as float32 for the loss."""
-        with autocast_context(self.autocast_dtype, self.device_type()):
+        with autocast_context(self.options["autocast_dtype"], self.device_type()):
+            trim = self.options["trim_padding"]
             embeddings = [
-                encode(self.encoder_for(i), trim_padding(v) if self.trim_padding else v, self.get_embedding, f"input {i}")
+                encode(self.encoder_for(i), trim_padding(v) if trim else v, self.options["get_embedding"], f"input {i}")
                 for i, v in enumerate(values)
             ]
         return [upcast(e) for e in embeddings]
 
     def loss_over(self, embeddings: list[torch.Tensor], loss_kwargs: dict[str, Any], where: str = "") -> torch.Tensor:
         """The loss over every rank's embeddings (when gathering), in float32 with autocast off, checked."""
-        if self.gather:
+        if self.options["gather"]:
             embeddings = [all_gather_with_grad(e) for e in embeddings]  # (N_i * world_size, D), rank order
-        with full_precision():
+        with autocast_off_everywhere():
             return self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs), where)
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.scaler.scale(loss) if self.scaler is not None else loss
+        return self.options["scaler"].scale(loss) if self.options["scaler"] is not None else loss

@@ -1,21 +1,21 @@
 """Encoders for GradCache training: image and text encoders, heads, SimCLR and CLIP wrappers, tokenizer."""
 
-from models.clip import CLIP, EncoderTower
-from models.convnet import ConvNet
-from models.factory import (
+from gradcache.models.clip import CLIP, EncoderTower
+from gradcache.models.convnet import ConvNet
+from gradcache.models.factory import (
     IMAGE_ENCODER_PRESETS,
     ConvNetConfig,
     ResNetConfig,
     ViTConfig,
     build_image_encoder,
 )
-from models.heads import LinearProjection, ProjectionHead
-from models.huggingface import HuggingFaceEncoder
-from models.resnet import ResNetEncoder
-from models.simclr import SimCLRModel
-from models.text import TextEncoder
-from models.tokenizer import ByteTokenizer
-from models.vit import ViTEncoder
+from gradcache.models.heads import LinearProjection, ProjectionHead
+from gradcache.models.huggingface import HuggingFaceEncoder
+from gradcache.models.resnet import ResNetEncoder
+from gradcache.models.simclr import SimCLRModel
+from gradcache.models.text import TextEncoder
+from gradcache.models.tokenizer import ByteTokenizer
+from gradcache.models.vit import ViTEncoder
 
 __all__ = [
     "CLIP",

@@ -68,5 +68,5 @@ def forward_grad_checkpointing(module: nn.Module, enabled: bool, name: str, requ
     elif required and enabled:
         raise TypeError(
             f"{name} ({type(module).__name__}) has no set_grad_checkpointing(enabled) method; "
-            f"use an encoder from models/ or add one that wraps its blocks in run_block."
+            f"use an encoder from gradcache.models or add one that wraps its blocks in run_block."
         )

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.checkpointing import forward_grad_checkpointing
-from models.heads import LinearProjection
+from gradcache.models.checkpointing import forward_grad_checkpointing
+from gradcache.models.heads import LinearProjection
 
 
 def _feature_size(encoder: nn.Module, name: str) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.checkpointing import run_block
-from models.normalization import make_norm_layer
+from gradcache.models.checkpointing import run_block
+from gradcache.models.normalization import make_norm_layer
 
 
 class StandardizedConv2d(nn.Conv2d):

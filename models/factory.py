@@ -7,9 +7,9 @@ from typing import Any, Union
 
 from torch import nn
 
-from models.convnet import ConvNet
-from models.resnet import ResNetEncoder
-from models.vit import ViTEncoder
+from gradcache.models.convnet import ConvNet
+from gradcache.models.resnet import ResNetEncoder
+from gradcache.models.vit import ViTEncoder
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 from torchvision.models import resnet18, resnet34, resnet50
 
-from models.checkpointing import run_block
-from models.normalization import make_norm_layer
+from gradcache.models.checkpointing import run_block
+from gradcache.models.normalization import make_norm_layer
 
 _CONSTRUCTORS = {18: resnet18, 34: resnet34, 50: resnet50}
 _OUT_DIMS = {18: 512, 34: 512, 50: 2048}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.checkpointing import forward_grad_checkpointing
+from gradcache.models.checkpointing import forward_grad_checkpointing
 
 
 class SimCLRModel(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.checkpointing import run_block
+from gradcache.models.checkpointing import run_block
 
 POOLINGS = ("mean", "cls", "eos")
 

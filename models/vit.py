@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer
 
-from models.checkpointing import run_block
+from gradcache.models.checkpointing import run_block
 
 
 class ViTEncoder(nn.Module):

@@ -220,3 +220,45 @@ def test_memory_only_one_chunk_of_activations_is_alive():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         FullBatch(encoder, loss).step(*views)
     assert max(largest) == 40  # the control: the full batch does hold everything
+
+
+class Tied(nn.Module):
+    """A tower holding a layer that another tower holds too (tied weights)."""
+
+    def __init__(self, shared: nn.Linear):
+        super().__init__()
+        self.shared, self.own = shared, nn.Linear(16, 6)
+
+    def forward(self, x):
+        return self.own(torch.tanh(self.shared(x)))
+
+
+@pytest.mark.parametrize("case", ["shared", "two_towers", "tied"])
+def test_each_parameter_accumulates_once_per_step(case):
+    """What a DDP wrapper above the encoders needs: one accumulation hook call per parameter per step (the
+    last chunk's), however many chunks, and the full-batch gradient in .grad."""
+    torch.manual_seed(6)
+    if case == "shared":
+        encoders = mlp().double()
+        modules = [encoders]
+    elif case == "two_towers":
+        encoders = [mlp().double(), mlp().double()]
+        modules = encoders
+    else:
+        layer = nn.Linear(10, 16).double()
+        encoders = [Tied(layer).double(), Tied(layer).double()]
+        modules = encoders
+    loss = NTXent(temperature=0.2)
+    batch = tuple(torch.randn(2, 9, 10, dtype=torch.float64))
+    want_loss, want = run(FullBatch, modules, encoders, loss, batch)
+    calls: dict[int, int] = {}
+    parameters = {id(p): p for m in modules for p in m.parameters()}.values()
+    handles = [p.register_post_accumulate_grad_hook(lambda p: calls.__setitem__(id(p), calls.get(id(p), 0) + 1))
+               for p in parameters]
+    got_loss, got = run(GradCache, modules, encoders, loss, batch, 2)
+    for h in handles:
+        h.remove()
+    unique = {id(p) for m in modules for p in m.parameters()}
+    assert calls == {i: 1 for i in unique}
+    assert torch.allclose(got_loss, want_loss, rtol=1e-12)
+    assert_grads_close(got, want, 1e-12)

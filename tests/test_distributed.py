@@ -49,6 +49,8 @@ def grads(*modules):
 
 
 def one_step(name, encoders, loss, inputs, chunk_size):
+    if name in VARIANTS:
+        return GradCache(encoders, loss, chunk_size, **VARIANTS[name]).step(*inputs)
     strategy = STRATEGIES[name](encoders, loss, chunk_size) if name != "full" else FullBatch(encoders, loss)
     if name == "cached":
         value = strategy(*inputs)
@@ -57,10 +59,20 @@ def one_step(name, encoders, loss, inputs, chunk_size):
     return strategy.step(*inputs)
 
 
+# GradCache options under DDP, each against FullBatch: part of the batch kept (about one chunk of each tower), all
+# of it, and the text tower chunked by tokens (two-tower inputs only)
+VARIANTS = {"budget_part": {"memory_budget": 1500}, "budget_all": {"memory_budget": 10**12},
+            "tokens": {"chunk_tokens": [None, 20], "memory_budget": 3000}}
+
+
+def variant_names(model_name):
+    return [v for v in VARIANTS if model_name == "two_tower" or v != "tokens"]
+
+
 def ddp_worker(rank, world_size, model_name, slices, chunk_size):
     """On each rank: wrap the towers in DDP, count all-reduce calls, run each strategy on the local slice."""
     results = {}
-    for name in STRATEGIES:
+    for name in [*STRATEGIES, *variant_names(model_name)]:
         if model_name == "two_tower":
             image, text, loss = two_tower_model()
             towers, batch = [image, text], two_tower_batch()
@@ -119,6 +131,8 @@ def all_cases_worker(rank, world_size):
         "shared": ddp_worker(rank, world_size, "shared", half, 4),
         "uneven": uneven_worker(rank, world_size, (slice(0, 7), slice(7, GLOBAL))),
         "gather": gather_worker(rank, world_size),
+        "wrapped": {(m, v): wrapped_worker(rank, world_size, m, half, VARIANTS.get(v, {}))
+                    for m in ("two_tower", "shared") for v in ["plain", *variant_names(m)]},
     }
 
 
@@ -132,10 +146,10 @@ def even_runs(ranks):
     return {m: [r[m] for r in ranks] for m in ("two_tower", "shared")}
 
 
-@pytest.mark.parametrize("model_name", ["two_tower", "shared"])
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("model_name, name", [(m, n) for m in ("two_tower", "shared")
+                                              for n in [*STRATEGIES, *variant_names(m)]])
 def test_ddp_gradients_equal_single_process_on_the_global_batch(even_runs, model_name, name):
-    want_loss, want = reference(model_name, name, 4)
+    want_loss, want = reference(model_name, "full" if name in VARIANTS else name, 4)
     for rank_result in even_runs[model_name]:
         got = rank_result[name]
         assert torch.allclose(got["loss"], want_loss, rtol=1e-5), (name, got["loss"], want_loss)
@@ -151,7 +165,7 @@ def test_one_gradient_synchronisation_per_step(even_runs, model_name):
     runs = even_runs[model_name][0]
     one_ddp_step = runs["full"]["allreduce_calls"]
     assert one_ddp_step >= 1
-    for name in ("gradcache", "cached", "naive"):
+    for name in ("gradcache", "cached", "naive", *variant_names(model_name)):
         assert runs[name]["allreduce_calls"] == one_ddp_step, name
 
 
@@ -198,3 +212,73 @@ def gather_worker(rank, world_size):
     value = loss(all_gather_with_grad(towers[0](local[0])), all_gather_with_grad(towers[1](**local[1])))
     value.backward()
     return {"loss": value.detach(), "grads": grads(image, text, loss)}
+
+
+class WholeModel(nn.Module):
+    """What Lightning, the Hugging Face Trainer and sentence-transformers hand DDP: the whole model, with a
+    CachedLoss inside, so the DDP wrapper sits above encoders that are plain modules. `ordinary` runs the same
+    parameters as one plain forward instead (the reference all-reduce count of one DDP step)."""
+
+    def __init__(self, encoders, loss, chunk_size, options):
+        super().__init__()
+        self.cached = CachedLoss(encoders, loss, chunk_size, **options)
+        self.ordinary = False
+
+    def forward(self, *inputs):
+        if not self.ordinary:
+            return self.cached(*inputs)
+        cache = self.cached.cache
+        embeddings = [all_gather_with_grad(cache.embed([v])[0] if cache.shared_encoder is not None
+                                           else cache.embed(inputs)[i]) for i, v in enumerate(inputs)]
+        return cache.loss_fn(*embeddings)
+
+
+SCALE = {"two_tower": 1.0, "shared": 4.0}  # a GradScaler-like factor on the loss reaches every gradient
+
+
+def wrapped_worker(rank, world_size, model_name, slices, options):
+    """DDP with its default options around the whole model; two steps, so an unfinished reduction would fail
+    the second; the all-reduces of each are counted."""
+    if model_name == "two_tower":
+        image, text, loss = two_tower_model()
+        encoders, modules, batch = [image, text], [image, text, loss], two_tower_batch()
+    else:
+        encoder, loss = shared_model()
+        encoders, modules, batch = encoder, [encoder, loss], shared_batch()
+    model = WholeModel(encoders, loss, 4, options)
+    wrapped = DistributedDataParallel(model)
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(1)
+        return allreduce_hook(state, bucket)
+
+    wrapped.register_comm_hook(dist.group.WORLD, counting_hook)
+    local = [rows(b, slices[rank]) for b in batch]
+    counts = {}
+    for mode in ("ordinary", "cached", "cached"):
+        model.ordinary = mode == "ordinary"
+        wrapped.zero_grad(set_to_none=True)
+        calls.clear()
+        value = wrapped(*local)
+        (value * SCALE[model_name]).backward()
+        counts.setdefault(mode, []).append(len(calls))
+    return {"loss": value.detach(), "grads": grads(*modules), "allreduce_calls": counts}
+
+
+@pytest.mark.parametrize("model_name, variant", [(m, v) for m in ("two_tower", "shared")
+                                                 for v in ["plain", *variant_names(m)]])
+def test_ddp_around_the_whole_model_is_exact_and_synchronises_once(ranks, model_name, variant):
+    """DDP's default options above plain encoders ("marked as ready twice" before): every chunk but each
+    encoder's last reaches .grad without DDP's hooks, and one ordinary step's all-reduces sync the sum."""
+    want_loss, want = reference(model_name, "full", 4)
+    want = {k: v * SCALE[model_name] for k, v in want.items()}
+    for rank_result in ranks:
+        got = rank_result["wrapped"][model_name, variant]
+        assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
+        assert_grads_close(got["grads"], want, 1e-5)
+        if model_name == "two_tower":
+            assert torch.allclose(got["grads"]["2.logit_scale"], want["2.logit_scale"], rtol=1e-4)
+        one_ddp_step = got["allreduce_calls"]["ordinary"][0]
+        assert one_ddp_step >= 1
+        assert got["allreduce_calls"]["cached"] == [one_ddp_step, one_ddp_step]

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import fully_shard
 from gradcache import FullBatch, GradCache
 from tests.conftest import assert_grads_close
 from tests.multiprocess import run_on_ranks
-from tests.test_distributed import GLOBAL, STRATEGIES, reference, rows, shared_batch, shared_model
+from tests.test_distributed import GLOBAL, STRATEGIES, VARIANTS, reference, rows, shared_batch, shared_model
 from tests.test_distributed import two_tower_batch, two_tower_model
 
 CHUNK = 2  # 6 rows per rank: 3 chunks (micro-batches) per input per step
@@ -129,6 +129,27 @@ def variants_worker(rank):
     return results
 
 
+def options_worker(rank):
+    """GradCache's memory_budget and chunk_tokens on sharded towers, in each mode; and ranks that would keep and
+    chunk differently (7 and 5 rows, budgets of 0 and everything): they agree on the counts."""
+    results = {}
+    for variant, options in VARIANTS.items():
+        for mode in MODES:
+            image, text, loss = two_tower_model()
+            shard(image), shard(text)
+            local = [rows(b, slice(rank * GLOBAL // 2, (rank + 1) * GLOBAL // 2)) for b in two_tower_batch()]
+            with counted(*COLLECTIVES) as counts:
+                value = GradCache([image, text], loss, CHUNK, fsdp_reduce=mode, **options).step(*local)
+            results[variant, mode] = {"loss": value, "grads": full_grads(image, text, loss), **counts}
+    image, text, loss = two_tower_model()
+    shard(image), shard(text)
+    local = [rows(b, slice(0, 7) if rank == 0 else slice(7, GLOBAL)) for b in two_tower_batch()]
+    value = GradCache([image, text], loss, 4, chunk_tokens=[None, 24],
+                      memory_budget=0 if rank == 0 else 10**12).step(*local)
+    results["disagreeing"] = {"loss": value, "grads": full_grads(image, text, loss)}
+    return results
+
+
 def all_cases_worker(rank, world_size, folder):
     from tests.train.test_cli_fsdp import cli_worker
     from tests.train.test_fsdp import train_worker
@@ -138,6 +159,7 @@ def all_cases_worker(rank, world_size, folder):
         "shared": strategy_worker(rank, "shared"),
         "gathered": strategy_worker(rank, "two_tower", False, ("gradcache", "full"), ("chunk",)),
         "variants": variants_worker(rank),
+        "options": options_worker(rank),
         "train": train_worker(rank, world_size, folder),
         "cli": cli_worker(rank, world_size, folder),
     }
@@ -236,3 +258,32 @@ def test_fsdp_reduce_is_checked_before_anything_runs():
             cls([image, text], loss, CHUNK, fsdp_reduce="once")
     with pytest.raises(ValueError, match="fsdp_reduce"):
         FullBatch([image, text], loss, fsdp_reduce=None)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_budget_and_chunk_tokens_under_fsdp(ranks, variant, mode):
+    """Exact on every parameter; "step" still reduce-scatters once per step; "chunk" once per backward, and the
+    kept graphs of a tower are back-propagated in one (a budget holding every chunk: 2 backwards per tower,
+    the kept ones and the re-encoded last chunk, against 3 without a budget)."""
+    want_loss, want = reference("two_tower", "full", CHUNK)
+    for rank_result in ranks:
+        got = rank_result["options"][variant, mode]
+        assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
+        assert_grads_close(got["grads"], want, 1e-5)
+    one_step_count = ranks[0]["two_tower"]["full", "chunk"]["reduce_scatter_single"]
+    count = ranks[0]["options"][variant, mode]["reduce_scatter_single"]
+    if mode == "step":
+        assert count == one_step_count
+    elif variant == "budget_all":
+        assert count == 2 * one_step_count
+    else:
+        assert count <= ranks[0]["two_tower"]["gradcache", "chunk"]["reduce_scatter_single"]
+
+
+def test_ranks_agree_on_kept_and_token_chunk_counts(ranks):
+    want_loss, want = reference("two_tower", "full", CHUNK)
+    for rank_result in ranks:
+        got = rank_result["options"]["disagreeing"]
+        assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
+        assert_grads_close(got["grads"], want, 1e-5)

@@ -135,3 +135,35 @@ def test_naive_needs_the_same_number_of_micro_batches_per_input():
     encoder = mlp()
     untouched(lambda: NaiveAccumulation(encoder, NTXent(), [2, 3]).step(torch.randn(6, 10), torch.randn(6, 10)),
               [encoder], ValueError, r"different numbers of micro-batches \(\[3, 2\]\)")
+
+
+def test_options_are_spelled_once():
+    """One signature: no strategy re-spells the constructor; the typed options and their defaults agree."""
+    from gradcache.options import DEFAULTS, Options
+    from gradcache.strategy import Strategy
+
+    for cls in (GradCache, FullBatch, NaiveAccumulation):
+        assert cls.__init__ is Strategy.__init__, cls
+    assert set(DEFAULTS) == set(Options.__annotations__)
+    assert GradCache.chunk_size_required and NaiveAccumulation.chunk_size_required
+    assert not FullBatch.chunk_size_required
+    assert FullBatch(mlp(), NTXent(), 8).chunk_size is None  # accepted and ignored
+
+
+@pytest.mark.parametrize("cls", [GradCache, CachedLoss, NaiveAccumulation, FullBatch])
+def test_unknown_option_names_the_valid_ones(cls):
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['trim_pading'\].*'trim_padding'"):
+        cls(mlp(), NTXent(), 4, trim_pading=True)
+
+
+@pytest.mark.parametrize("cls", [GradCache, NaiveAccumulation])
+def test_chunk_size_is_required_where_it_means_something(cls):
+    with pytest.raises(TypeError, match="chunk_size must be an int"):
+        cls(mlp(), NTXent())
+
+
+def test_cached_loss_refuses_a_scaler_it_could_not_honour():
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    with pytest.raises(TypeError, match=r"scaler.*scaler\.scale\(loss\)\.backward\(\)"):
+        CachedLoss(mlp(), NTXent(), 4, scaler=scaler)
+    CachedLoss(mlp(), NTXent(), 4, scaler=None)  # None swaps in one line with the other strategies

@@ -15,8 +15,21 @@ from typing import Any
 import torch
 
 
+EXTRA_FILE = "extra.pt"  # in a sharded checkpoint folder: rank 0's step, run options and random state
+
+
 class CheckpointError(ValueError):
     """A checkpoint cannot be read, or does not belong to the run that tries to resume from it."""
+
+
+def sharded_folder(path: str | os.PathLike) -> Path | None:
+    """The folder to read the sharded checkpoint `path` from: `path` itself or, where a save stopped between its
+    two renames (see `gradcache.train.fsdp.save_sharded`), its `.old` copy; None where neither holds one."""
+    path = Path(path)
+    for folder in (path, path.with_name(path.name + ".old")):
+        if (folder / ".metadata").is_file() and (folder / EXTRA_FILE).is_file():
+            return folder
+    return None
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:

@@ -10,13 +10,16 @@ from __future__ import annotations
 import csv
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
+from gradcache.train.config import RunConfig
 from gradcache.train.image_set import DataSplits, ImageSet, random_split
+from gradcache.train.shapes import load_shapes
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -128,3 +131,10 @@ def load_caption_table(
     images, kept, skipped = _decode_all(paths, image_size)
     data = ImageSet(images=images, captions=[rows[i][1] for i in kept], skipped=skipped)
     return random_split(data, test_size, seed, name=f"captions:{table}")
+
+
+# `--data NAME`: the data sets that need no path, by name. Add one: its loader above, one entry here.
+BUILT_IN_DATA: dict[str, Callable[[RunConfig], DataSplits]] = {
+    "shapes": lambda config: load_shapes(config.train_size, config.test_size, config.image_size, config.data_seed),
+    "digits": lambda config: load_digits(config.image_size, config.test_size, config.data_seed),
+}

@@ -28,10 +28,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from gradcache.train.checkpoint import CheckpointError, save_checkpoint
+from gradcache import distributed
+from gradcache.train.checkpoint import EXTRA_FILE, CheckpointError, save_checkpoint, sharded_folder
 
 BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
-EXTRA_FILE = "extra.pt"  # rank 0's step, arguments and random state, beside the shards
 
 
 def is_block(module: nn.Module, parent: nn.Module | None) -> bool:
@@ -69,7 +69,7 @@ def shard_encoder(
     Raises:
         ValueError: no process group (run under `torchrun`), or `encoder` is already sharded.
     """
-    if not (dist.is_available() and dist.is_initialized()):
+    if not distributed.is_distributed():
         raise ValueError("--fsdp shards across ranks and needs a process group: launch with torchrun "
                          "(e.g. torchrun --nproc-per-node 2 -m gradcache ... --fsdp).")
     if callable(getattr(encoder, "set_requires_gradient_sync", None)):
@@ -106,23 +106,22 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     """
     folder = Path(folder)
     partial, old = folder.with_name(folder.name + ".partial"), folder.with_name(folder.name + ".old")
-    distributed = dist.is_available() and dist.is_initialized()
-    leader = not distributed or dist.get_rank() == 0
+    grouped = distributed.is_distributed()
+    leader = distributed.rank() == 0
     if leader:
         shutil.rmtree(partial, ignore_errors=True)  # what a crashed save left
-    if distributed:
+    if grouped:
         dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), no_dist=not distributed)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), no_dist=not grouped)
     if leader:
-        world_size = dist.get_world_size() if distributed else 1
-        save_checkpoint({**(extra or {}), "world_size": world_size}, partial / EXTRA_FILE)
+        save_checkpoint({**(extra or {}), "world_size": distributed.world_size()}, partial / EXTRA_FILE)
         shutil.rmtree(old, ignore_errors=True)
         if folder.exists():
             os.replace(folder, old)
         os.replace(partial, folder)  # between the two renames, load_sharded falls back to <folder>.old
         shutil.rmtree(old, ignore_errors=True)
-    if distributed:
+    if grouped:
         dist.barrier()  # nobody reads the folder before it is whole
     return folder
 
@@ -161,28 +160,41 @@ def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str,
     return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
 
 
-def _read(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """Fill `state` (its "model" entry a model state dict) in place from `folder`, after checking that the folder
-    holds every parameter of that model."""
-    stored = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
-    missing = sorted(k for k in state["model"] if f"model.{k}" not in stored)
+def check_sharded_model(folder: str | os.PathLike, model: nn.Module) -> None:
+    """Raise CheckpointError unless the sharded checkpoint `folder` holds every parameter of `model`."""
+    folder = _resolve_sharded(Path(folder))
+    _check_holds(folder, get_model_state_dict(model))
+
+
+def _check_holds(folder: Path, model_state: dict[str, Any]) -> None:
+    stored = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    missing = sorted(k for k in model_state if f"model.{k}" not in stored)
     if missing:
         raise CheckpointError(f"{str(folder)!r} does not hold parameters {missing[:5]}"
                               f"{' and more' if len(missing) > 5 else ''}: it was saved from another model")
-    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    for key, value in model_state.items():
+        size = getattr(stored[f"model.{key}"], "size", None)  # tensors carry their global size, other entries none
+        if isinstance(value, torch.Tensor) and size is not None and tuple(size) != tuple(value.shape):
+            raise CheckpointError(f"{str(folder)!r} holds {key} of shape {tuple(size)}, the model has "
+                                  f"{tuple(value.shape)}: it was saved from another model")
+
+
+def _read(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Fill `state` (its "model" entry a model state dict) in place from `folder`, after checking that the folder
+    holds every parameter of that model."""
+    _check_holds(folder, state["model"])
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not distributed.is_distributed())
     return state
 
 
 def _resolve_sharded(folder: Path) -> Path:
     """`folder`, or its `.old` copy where a save stopped between its two renames."""
-    old = folder.with_name(folder.name + ".old")
-    if not folder.exists() and (old / EXTRA_FILE).is_file():
-        folder = old
-    if not (folder / ".metadata").is_file() or not (folder / EXTRA_FILE).is_file():
+    found = sharded_folder(folder)
+    if found is None:
         hint = (" it is a single-file checkpoint: resume without --fsdp" if folder.is_file()
                 else " give the folder that save_sharded wrote (it holds .metadata and extra.pt)")
         raise CheckpointError(f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint;{hint}")
-    return folder
+    return found
 
 
 # --- 8-bit AdamW -------------------------------------------------------------------------------------------

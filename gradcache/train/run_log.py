@@ -91,27 +91,44 @@ class RunLog:
         return path
 
     def plot(self) -> Path | None:
-        """`curves.png`: the training loss per step and each evaluation metric at its steps."""
+        """`curves.png` (see `draw_curves`)."""
         if not self.enabled or not self.train_path.exists():
             return None
-        import matplotlib
-
-        matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        train = read_csv(self.train_path)
-        evals = read_csv(self.eval_path) if self.eval_path.exists() else []
-        figure, (loss_axis, eval_axis) = plt.subplots(1, 2, figsize=(11, 4))
-        loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1)
-        loss_axis.set(xlabel="step", ylabel="loss", title="training loss")
-        for key in (evals[0] if evals else {}):
-            if key != "step":
-                eval_axis.plot([r["step"] for r in evals], [r[key] for r in evals], marker="o", label=key)
-        eval_axis.set(xlabel="step", ylabel="score", title="evaluation (held-out split)")
-        if evals:
-            eval_axis.legend(fontsize=7)
-        figure.tight_layout()
+        figure = draw_curves(read_csv(self.train_path), read_csv(self.eval_path) if self.eval_path.exists() else [])
         path = self.output_dir / "curves.png"
         figure.savefig(path, dpi=100)
         plt.close(figure)
         return path
+
+
+def draw_curves(train: list[dict[str, float]], evals: list[dict[str, float]]):
+    """The training loss per step, and each evaluation metric at its steps in a colour of its own; the
+    `chance_` levels as one labelled grey band, not a line each; the legend outside the data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    keys = [key for key in (evals[0] if evals else {}) if key != "step"]
+    scores = [key for key in keys if not key.startswith("chance_")]
+    chance = [row[key] for row in evals for key in keys if key.startswith("chance_") and math.isfinite(row[key])]
+    figure, (loss_axis, eval_axis) = plt.subplots(1, 2, figsize=(13, 4.5), width_ratios=(1, 1.25))
+    loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1, color="tab:blue")
+    loss_axis.set(xlabel="step", ylabel="loss", title="training loss")
+    colours = plt.get_cmap("tab10" if len(scores) <= 10 else "tab20").colors
+    steps = [r["step"] for r in evals]
+    for colour, key in zip(colours, scores):
+        eval_axis.plot(steps, [r[key] for r in evals], marker="o", color=colour, label=key)
+    if chance:
+        eval_axis.axhspan(min(chance), max(chance), color="0.88", zorder=0,
+                          label=f"chance levels ({min(chance):.2g} to {max(chance):.2g})")
+    eval_axis.set(xlabel="step", ylabel="score (%)", title="evaluation (held-out split)")
+    for axis in (loss_axis, eval_axis):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if scores:
+        eval_axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    figure.tight_layout()
+    return figure

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from models import (
+from gradcache.models import (
     CLIP,
     ByteTokenizer,
     ConvNet,
@@ -16,7 +16,7 @@ from models import (
     TextEncoder,
     ViTEncoder,
 )
-from models.checkpointing import run_block
+from gradcache.models.checkpointing import run_block
 
 TOKENIZER = ByteTokenizer(context_length=16)
 TEXTS = ["a cat", "a small dog on grass", "x", "ééé"]

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from models import CLIP, ByteTokenizer, EncoderTower, TextEncoder, ViTEncoder
+from gradcache.models import CLIP, ByteTokenizer, EncoderTower, TextEncoder, ViTEncoder
 
 TOKENIZER = ByteTokenizer(context_length=16)
 

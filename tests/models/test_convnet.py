@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from models import ConvNet
+from gradcache.models import ConvNet
 
 
 @pytest.mark.parametrize("width,in_channels,size", [(32, 3, 32), (8, 1, 16), (16, 3, 8)])
@@ -56,7 +56,7 @@ def test_group_norm_convnet_standardises_its_conv_weights():
     """W' = (W - mean) / std per output channel, against F.conv2d with W' computed here."""
     import torch.nn.functional as F
 
-    from models.convnet import StandardizedConv2d
+    from gradcache.models.convnet import StandardizedConv2d
 
     torch.manual_seed(0)
     net = ConvNet(width=8, norm="group")

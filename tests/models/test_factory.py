@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from models import IMAGE_ENCODER_PRESETS, ConvNet, ResNetEncoder, ViTEncoder, build_image_encoder
+from gradcache.models import IMAGE_ENCODER_PRESETS, ConvNet, ResNetEncoder, ViTEncoder, build_image_encoder
 
 
 @pytest.mark.parametrize(

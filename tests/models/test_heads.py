@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from models import LinearProjection, ProjectionHead
+from gradcache.models import LinearProjection, ProjectionHead
 
 
 @pytest.mark.parametrize("layers", [1, 2, 3])

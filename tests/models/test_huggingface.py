@@ -3,7 +3,7 @@ import sys
 import pytest
 import torch
 
-from models import HuggingFaceEncoder
+from gradcache.models import HuggingFaceEncoder
 
 @pytest.fixture(scope="module")
 def saved_bert(tmp_path_factory):

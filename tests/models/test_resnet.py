@@ -3,7 +3,7 @@ import torch
 import torchvision
 from torch import nn
 
-from models import ResNetEncoder
+from gradcache.models import ResNetEncoder
 
 
 @pytest.mark.parametrize("depth,out_dim,device", [(18, 512, "cpu"), (34, 512, "meta"), (50, 2048, "meta")])

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from models import ConvNet, ProjectionHead, SimCLRModel
+from gradcache.models import ConvNet, ProjectionHead, SimCLRModel
 
 
 def _model():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from models import ByteTokenizer, TextEncoder
+from gradcache.models import ByteTokenizer, TextEncoder
 
 TOKENIZER = ByteTokenizer(context_length=32)
 TEXTS = ["a photo of a cat", "dog", "a much longer caption about a red bus", "ok"]

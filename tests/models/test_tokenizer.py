@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from models import ByteTokenizer
+from gradcache.models import ByteTokenizer
 
 TEXTS = ["hello", "", "naïve café ☕", "a much longer sentence than the others"]
 

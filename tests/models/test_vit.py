@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from models import ViTEncoder
+from gradcache.models import ViTEncoder
 
 
 def _small(**kwargs):

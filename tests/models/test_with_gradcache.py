@@ -5,7 +5,7 @@ import copy
 import torch
 
 from gradcache import FullBatch, GradCache, losses
-from models import CLIP, ByteTokenizer, ConvNet, ProjectionHead, SimCLRModel, TextEncoder, ViTEncoder
+from gradcache.models import CLIP, ByteTokenizer, ConvNet, ProjectionHead, SimCLRModel, TextEncoder, ViTEncoder
 
 TOKENIZER = ByteTokenizer(context_length=24)
 CAPTIONS = ["a red bus", "cat", "two dogs playing in the snow", "ok", "a bowl of soup", "sky"]

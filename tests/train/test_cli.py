@@ -34,6 +34,14 @@ def test_smoke_every_mode_strategy_and_precision(tmp_path, tiny_args, mode, stra
         assert {"step", "loss", "lr", "samples_per_s"} <= set(next(csv.reader(handle)))
     assert (tmp_path / "curves.png").stat().st_size > 0
     assert json.loads(capsys.readouterr().out)["steps"] == 2  # the evaluation is printed
+    with open(tmp_path / "eval_log.csv", newline="") as handle:
+        evaluations = list(csv.DictReader(handle))
+    assert [int(row["step"]) for row in evaluations] == [0, 2]  # every mode: the model at step 0, and at the end
+    scored = {key for key in metrics if "recall@" in key or key in ("knn_top1", "zero_shot_top1")}
+    assert set(metrics["step0"]) == scored  # metrics.json keeps step 0 beside the final scores
+    assert {k: float(evaluations[0][k]) for k in scored} == pytest.approx({k: metrics["step0"][k] for k in scored})
+    if mode == "simclr":
+        assert metrics["step0"]["knn_top1"] == metrics["knn_top1_random_init"]
 
 
 def test_gradcache_and_full_batch_train_the_same_model(tmp_path, tiny_args):
@@ -123,3 +131,53 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path
     assert status == 1
     assert "non-finite at step 3" in capsys.readouterr().err
     assert load_checkpoint(tmp_path)["step"] == 2
+
+
+@pytest.mark.parametrize(("mode", "strategy"), [("simclr", "naive"), ("simclr", "gradcache"), ("clip", "naive")])
+def test_negatives_per_anchor_follows_the_strategy(tmp_path, tiny_args, mode, strategy):
+    """train_log.csv and metrics.json log what the loss sees: naive accumulation contrasts within a chunk."""
+    import gradcache
+
+    assert main(tiny_args(mode, tmp_path, "--strategy", strategy, "--steps", "1")) == 0
+    loss_kind = "ntxent" if mode == "simclr" else "clip"
+    expected = gradcache.negatives_per_anchor(strategy, loss_kind, batch_size=16, chunk_size=8)
+    assert expected == {("simclr", "naive"): 14, ("simclr", "gradcache"): 30, ("clip", "naive"): 7}[(mode, strategy)]
+    with open(tmp_path / "train_log.csv", newline="") as handle:
+        assert [int(row["negatives_per_anchor"]) for row in csv.DictReader(handle)] == [expected]
+    assert json.loads((tmp_path / "metrics.json").read_text())["negatives_per_anchor"] == expected
+
+
+def _learning_rates(folder):
+    with open(folder / "train_log.csv", newline="") as handle:
+        return [float(row["lr"]) for row in csv.DictReader(handle)]
+
+
+@pytest.mark.parametrize("longer", [["--steps", "5"], ["--epochs", "2"]])
+def test_resume_with_more_steps_continues_on_a_recomputed_schedule(tmp_path, tiny_args, capsys, longer):
+    """A finished 2-step run resumed with --steps 5 (or --epochs 2: 8 steps of 16 out of 64 images) trains the
+    new steps under the warm-up cosine schedule of the new length, and says so on stderr."""
+    from gradcache.train.optim import scaled_learning_rate
+    from gradcache.train.schedule import WarmupCosine
+
+    assert main(tiny_args("simclr", tmp_path)) == 0
+    before = load_checkpoint(tmp_path)
+    capsys.readouterr()
+    assert main(["train", "simclr", "--resume", str(tmp_path), *longer, "--quiet", "--workers", "0"]) == 0
+    total = 5 if longer[0] == "--steps" else 8
+    assert f"extended from 2 to {total} steps" in capsys.readouterr().err
+    after = load_checkpoint(tmp_path)
+    assert after["step"] == after["total_steps"] == total
+    assert [step for step, _ in _losses(tmp_path)] == list(range(1, total + 1))
+    peak = scaled_learning_rate(2e-3, 16, 256, "sqrt")
+    schedule = WarmupCosine(1, total)
+    assert _learning_rates(tmp_path)[2:] == pytest.approx([peak * schedule(s) for s in range(2, total)], rel=1e-5)
+    assert _learning_rates(tmp_path)[:2] == pytest.approx([peak * WarmupCosine(1, 2)(s) for s in range(2)], rel=1e-5)
+    for name in before["model"]:  # the new steps trained on from the saved weights
+        assert not torch.equal(before["model"][name], after["model"][name]) or "num_batches" in name
+
+
+def test_resume_may_not_shorten_a_run(tmp_path, tiny_args, capsys):
+    assert main(tiny_args("simclr", tmp_path, "--steps", "3")) == 0
+    assert main(["train", "simclr", "--resume", str(tmp_path), "--steps", "2"]) == 2
+    assert "fewer than the 3" in capsys.readouterr().err
+    assert load_checkpoint(tmp_path)["step"] == 3

@@ -102,3 +102,15 @@ def test_help_states_every_default(capsys):
                    "--warmup", "--precision", "--seed", "--resume"):
         assert option in text
     assert text.count("(default:") >= 30
+
+
+@pytest.mark.parametrize("mode", ["simclr", "clip"])
+def test_help_states_each_default_once(capsys, mode):
+    assert main(["train", mode, "--help"]) == 0
+    text = capsys.readouterr().out.split("options:", 1)[1]
+    blocks = ("\n" + text).split("\n  -")[1:]  # one per option: its flags and its help
+    assert len(blocks) >= 40
+    for block in blocks:
+        assert " ".join(block.split()).count("(default") <= 1, block
+    flat = " ".join(text.split())
+    assert "(default: None)" not in flat and ("(default: 6 when --steps is not given)" in flat or mode == "clip")

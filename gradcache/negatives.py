@@ -1,0 +1,76 @@
+"""How many negatives each anchor of a step is contrasted against: the figure a large batch exists for.
+
+negatives = 2 n - 2 (NT-Xent: 2n views, all but itself and its positive), n - 1 (CLIP, SigLIP: the other
+captions), n (1 + h) - 1 (InfoNCE with h hard negatives per query: every candidate of the batch but the
+positive), where n is what the loss sees at once: the global batch for GradCache and FullBatch, one
+micro-batch gathered over the ranks for NaiveAccumulation.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from gradcache.baselines import FullBatch, NaiveAccumulation
+from gradcache.cache import CachedLoss, GradCache
+from gradcache.losses import ClipLoss, InfoNCE, NTXent, SigLipLoss
+
+STRATEGY_NAMES = {"gradcache": GradCache, "cached_loss": CachedLoss, "full": FullBatch, "naive": NaiveAccumulation}
+LOSS_NAMES = {"ntxent": NTXent, "clip": ClipLoss, "siglip": SigLipLoss, "infonce": InfoNCE}
+
+
+def _name_of(value: object, names: dict[str, type], argument: str) -> str:
+    """A name of `names`, given the name, the class or an instance."""
+    if isinstance(value, str) and value in names:
+        return value
+    for name, kind in names.items():
+        if value is kind or isinstance(value, kind) or (isinstance(value, type) and issubclass(value, kind)):
+            return name
+    raise ValueError(f"{argument}={value!r} is not one of {sorted(names)} (a name, the class or an instance).")
+
+
+def negatives_per_anchor(
+    strategy: str | type | object,
+    loss: str | type | nn.Module,
+    batch_size: int,
+    chunk_size: int | None,
+    world_size: int = 1,
+    hard_negatives: int = 0,
+) -> int:
+    """Negatives per anchor in one step: 2n - 2 (NT-Xent), n - 1 (CLIP, SigLIP), n (1 + h) - 1 (InfoNCE).
+
+    Args:
+        strategy: "gradcache", "cached_loss", "full" or "naive" (or the class, or an instance).
+        loss: "ntxent", "clip", "siglip" or "infonce" (or the class, or an instance).
+        batch_size: the global batch: examples (pairs, images) summed over every rank.
+        chunk_size: examples per chunk on one rank; only "naive" reads it (its loss sees one micro-batch of
+            every rank), None meaning the whole per-rank batch.
+        world_size: ranks that share the batch (the strategies gather every rank's embeddings).
+        hard_negatives: h, hard negatives per query (InfoNCE only).
+
+    Raises:
+        ValueError: an unknown strategy or loss, a batch that the ranks cannot share, a size below 1, or hard
+            negatives with a loss other than InfoNCE.
+
+    Example:
+        >>> negatives_per_anchor("naive", "ntxent", batch_size=128, chunk_size=32)
+        62
+    """
+    strategy_name = _name_of(strategy, STRATEGY_NAMES, "strategy")
+    loss_name = _name_of(loss, LOSS_NAMES, "loss")
+    for name, value in (("batch_size", batch_size), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}.")
+    if batch_size % world_size:
+        raise ValueError(f"batch_size {batch_size} is not shared evenly by {world_size} ranks; give a multiple.")
+    if isinstance(hard_negatives, bool) or not isinstance(hard_negatives, int) or hard_negatives < 0:
+        raise ValueError(f"hard_negatives must be an int >= 0, got {hard_negatives!r}.")
+    if hard_negatives and loss_name != "infonce":
+        raise ValueError(f"hard_negatives={hard_negatives} needs loss 'infonce'; {loss_name!r} takes none.")
+    local = batch_size // world_size
+    seen = batch_size
+    if strategy_name == "naive":
+        seen = min(chunk_size or local, local) * world_size  # one micro-batch of every rank
+    if loss_name == "ntxent":
+        return 2 * seen - 2
+    return seen * (1 + hard_negatives) - 1

@@ -1,0 +1,119 @@
+"""The keyword options of every strategy, spelled once: their names and types (`Options`, which `help()` and an
+IDE show through `**options: Unpack[Options]`), their defaults (`DEFAULTS`) and their checks (`checked`)."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any, TypedDict
+
+import torch
+
+from gradcache.distributed import check_fsdp_reduce
+from gradcache.inputs import GetEmbedding, SplitFn
+from gradcache.precision import HALF_DTYPES
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import Unpack
+
+__all__ = ["DEFAULTS", "Options", "Unpack", "checked"]
+
+
+class Options(TypedDict, total=False):
+    """Keyword options of GradCache, CachedLoss, FullBatch and NaiveAccumulation (all optional).
+
+    get_embedding: maps an encoder's output to its (B, D) embedding tensor (default: the output itself).
+    split_fn: `split_fn(input, chunk_size) -> chunks` for inputs that are not tensors, mappings or sequences.
+    trim_padding: drop trailing all-padding columns per chunk of a mapping input with an `attention_mask`.
+        Exact only for encoders that ignore masked positions, which cannot be checked: off by default.
+    autocast_dtype: torch.bfloat16 or torch.float16 to run the encoders under autocast; the loss and the
+        embedding gradients stay in float32.
+    scaler: a `torch.amp.GradScaler`; `step` back-propagates `scaler.scale(loss)`, the caller runs
+        `scaler.step(optimizer)` and `scaler.update()`. CachedLoss refuses one: its caller owns the backward.
+    gather: under torch.distributed, compute the loss over the embeddings of every rank (the global batch,
+        ordered by rank); False keeps each rank's loss local. Default True.
+    fsdp_reduce: for encoders sharded with FSDP2's `fully_shard`, when gradients are reduce-scattered:
+        "chunk" (default) after every chunk's backward, so gradients stay sharded (one reduce-scatter per
+        chunk); "step" once per step, keeping unsharded gradients between chunks (one reduce-scatter, the
+        memory of whole gradients). Plain and DDP encoders always synchronise once per step. Measured
+        trade: benchmarks/results/sharding.md. Under FSDP2 every chunk's forward and backward is a
+        collective, so every rank must split its inputs into as many chunks (checked, ValueError).
+    memory_budget: bytes of autograd graphs that phase (1) may keep (GradCache, CachedLoss): chunks whose graphs
+        fit are encoded once, with their graph, and back-propagated directly in phase (3); only the others are
+        re-encoded. Counted as the bytes autograd saves for backward, each storage once, parameters and the
+        inputs left out (see `gradcache.graph_memory`). None (default): keep none, today's GradCache; a budget
+        holding every chunk costs what accumulation at the same chunk size costs. Ignored by FullBatch and
+        NaiveAccumulation, which keep every graph they build.
+    chunk_tokens: for mapping inputs with a 2-D `attention_mask` (GradCache, CachedLoss): chunks of at most this
+        many tokens, counted as rows x the chunk's own padded length, built over the examples sorted by
+        length and trimmed to their longest row (one example longer than the budget is a chunk of its own);
+        `chunk_size` still caps the rows. An int, or one per input with None where it does not apply (CLIP's
+        images). Embeddings and gradients come back in the caller's order. Exact only for encoders that ignore
+        masked positions, as `trim_padding`. FullBatch ignores it; NaiveAccumulation refuses it.
+    """
+
+    get_embedding: GetEmbedding | None
+    split_fn: SplitFn | None
+    trim_padding: bool
+    autocast_dtype: torch.dtype | None
+    scaler: Any | None
+    gather: bool
+    fsdp_reduce: str
+    memory_budget: int | None
+    chunk_tokens: int | Sequence[int | None] | None
+
+
+DEFAULTS: Options = {
+    "get_embedding": None,
+    "split_fn": None,
+    "trim_padding": False,
+    "autocast_dtype": None,
+    "scaler": None,
+    "gather": True,
+    "fsdp_reduce": "chunk",
+    "memory_budget": None,
+    "chunk_tokens": None,
+}
+
+
+def checked(options: dict[str, Any]) -> Options:
+    """Every option filled in (the defaults where not given) and checked, or a TypeError/ValueError that
+    names the option, the value and the fix."""
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown}; the options are {sorted(DEFAULTS)}.")
+    full: Options = {**DEFAULTS, **options}  # type: ignore[typeddict-item]
+    for name in ("get_embedding", "split_fn"):
+        if full[name] is not None and not callable(full[name]):
+            raise TypeError(f"{name} must be callable or None, got {full[name]!r}.")
+    for name in ("trim_padding", "gather"):
+        if not isinstance(full[name], bool):
+            raise TypeError(f"{name} must be True or False, got {full[name]!r}.")
+    dtype = full["autocast_dtype"]
+    if dtype is not None and dtype not in HALF_DTYPES:
+        raise ValueError(f"autocast_dtype must be torch.bfloat16, torch.float16 or None, got {dtype!r}.")
+    scaler = full["scaler"]
+    if scaler is not None and not (callable(getattr(scaler, "scale", None)) and hasattr(scaler, "update")):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler or None, got {scaler!r}.")
+    check_fsdp_reduce(full["fsdp_reduce"])
+    budget = full["memory_budget"]
+    if budget is not None:
+        _check_count("memory_budget", budget, 0, "a number of bytes (0 keeps no graph), or None")
+    tokens = full["chunk_tokens"]
+    if isinstance(tokens, Sequence) and not isinstance(tokens, str):
+        if not tokens:
+            raise ValueError("chunk_tokens is an empty sequence; give an int, or one int (or None) per input.")
+        for i, value in enumerate(tokens):
+            if value is not None:
+                _check_count(f"chunk_tokens[{i}]", value, 1, "tokens per chunk, or None for an input without one")
+    elif tokens is not None:
+        _check_count("chunk_tokens", tokens, 1, "tokens per chunk (rows x padded length)")
+    return full
+
+
+def _check_count(name: str, value: Any, least: int, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int ({meaning}), got {value!r}.")
+    if value < least:
+        raise ValueError(f"{name} must be at least {least} ({meaning}), got {value}.")

@@ -1,0 +1,71 @@
+"""Chunks by token budget: the examples of a mapping input sorted by length, cut where a chunk would hold more
+than `chunk_tokens` tokens (rows x the chunk's own padded length) or more than `chunk_size` rows.
+
+Fixed-size chunks carry the padding of their longest row; sorted chunks hold rows of like length, so each is
+trimmed to little padding and long rows share a chunk with few others. The chunks are copies in sorted
+order; `order[j]` is the caller's index of sorted row j, so `embeddings[order] = sorted_embeddings`.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from gradcache.inputs import trim_padding
+
+
+def has_token_mask(value: Any) -> bool:
+    """Whether `chunk_tokens` applies to an input: a mapping holding a 2-D `attention_mask`."""
+    return isinstance(value, Mapping) and isinstance(value.get("attention_mask"), torch.Tensor) and (
+        value["attention_mask"].dim() == 2
+    )
+
+
+def padded_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """Each row's length up to its last non-padding position (at least 1): (B, L) -> (B,)."""
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return (mask.ne(0) * positions).amax(dim=1).clamp_min(1)
+
+
+def token_plan(value: Mapping[str, Any], chunk_tokens: int, chunk_size: int) -> tuple[torch.Tensor, list[int]]:
+    """`order` (sorted row -> caller's row, longest first) and the rows of each chunk over that order."""
+    lengths = padded_lengths(value["attention_mask"])
+    order = torch.sort(lengths, descending=True, stable=True).indices
+    sorted_lengths = lengths[order].tolist()
+    sizes, start = [], 0
+    while start < len(sorted_lengths):
+        longest = sorted_lengths[start]  # descending: the first row sets the chunk's padded length
+        rows = max(1, min(chunk_size, chunk_tokens // longest, len(sorted_lengths) - start))
+        sizes.append(rows)
+        start += rows
+    return order, sizes
+
+
+def cut(value: Mapping[str, Any], order: torch.Tensor, sizes: list[int]) -> list[Any]:
+    """Rows `order` of every tensor of `value`, in consecutive chunks of `sizes` rows, each trimmed."""
+    rows = len(order)
+    chunks, start = [], 0
+    for size in sizes:
+        index = order[start : start + size]
+        chunk = {k: _rows(v, index, rows) for k, v in value.items()}
+        chunks.append(trim_padding(chunk))
+        start += size
+    return chunks
+
+
+def _rows(value: Any, index: torch.Tensor, rows: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows:
+        return value.index_select(0, index.to(value.device))
+    return value
+
+
+def split_to_count(sizes: list[int], count: int) -> list[int]:
+    """More chunks without changing any result: halve the largest chunk until there are `count` (for FSDP2,
+    where every rank must run as many chunks). Fewer rows than `count` cannot be split so far: unchanged."""
+    sizes = list(sizes)
+    while len(sizes) < count and max(sizes) > 1:
+        j = max(range(len(sizes)), key=sizes.__getitem__)
+        big = sizes[j]
+        sizes[j : j + 1] = [big - big // 2, big // 2]
+    return sizes

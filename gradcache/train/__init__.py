@@ -1,0 +1,1 @@
+"""The training program behind `gradcache train` and `gradcache eval` (see README.md beside this file)."""

@@ -1,0 +1,31 @@
+"""The image encoder of every mode: the `--model` preset of gradcache.models, with the options it takes.
+
+Options go by the preset's config class, not its name, so a new preset in
+`gradcache.models.IMAGE_ENCODER_PRESETS` of an existing class (another ResNet depth, a wider ViT) needs no
+change here.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from gradcache.models import IMAGE_ENCODER_PRESETS, ConvNetConfig, ResNetConfig, ViTConfig, build_image_encoder
+from gradcache.train.config import RunConfig
+
+
+def backbone_options(config: RunConfig) -> dict[str, Any]:
+    """The command-line options that the `--model` preset's config takes."""
+    preset = IMAGE_ENCODER_PRESETS[config.model]
+    if isinstance(preset, ConvNetConfig):
+        return dict(width=config.width, norm=config.norm)
+    if isinstance(preset, ResNetConfig):
+        return dict(norm=config.norm, small_stem=config.image_size <= 64)
+    if isinstance(preset, ViTConfig):
+        return dict(image_size=config.image_size)
+    return {}
+
+
+def build_backbone(config: RunConfig) -> nn.Module:
+    """A randomly initialised `--model` encoder, images (B, 3, H, W) -> (B, out_dim)."""
+    return build_image_encoder(config.model, **backbone_options(config))

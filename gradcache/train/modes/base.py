@@ -1,0 +1,98 @@
+"""What a training mode is: everything that differs between SimCLR, CLIP and the modes to come.
+
+The loop, the checkpoints and the command line know a mode only through this interface: its model, loss and
+encoders; its data and views; its evaluation and baselines; what runs after each optimizer step; and its
+options and their defaults. A new mode is one subclass in this folder, registered in `MODES`
+(gradcache/train/modes/__init__.py).
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from gradcache.train.batches import StepSampler
+from gradcache.train.config import RunConfig
+from gradcache.train.datasets import BUILT_IN_DATA, DataError
+from gradcache.train.image_set import DataSplits
+
+
+class Mode:
+    """One kind of contrastive training; subclasses fill in the class attributes and the methods that raise."""
+
+    name: str
+    help: str  # one line for `gradcache train --help`
+    loss_kind: str  # the loss's name for gradcache.negatives_per_anchor
+    path_data: str  # what a --data path holds, for help and errors
+    defaults: dict[str, Any] = {}  # RunConfig fields whose default differs in this mode
+    default_epochs: int = 1  # when neither --epochs nor --steps is given
+    trim_padding: bool = False  # the strategies may trim padding columns (exact only for masked encoders)
+
+    # --- options ----------------------------------------------------------------------------------------
+    def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
+                    run: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
+        """This mode's own options, each into its group; `default(field)` is the field's default here."""
+
+    def check(self, config: RunConfig) -> None:
+        """Refuse values of this mode's own options that cannot work (UsageError)."""
+
+    # --- data -------------------------------------------------------------------------------------------
+    def load_data(self, config: RunConfig) -> DataSplits:
+        """A built-in data set by name (`BUILT_IN_DATA`), or a path in this mode's format."""
+        if config.data in BUILT_IN_DATA:
+            return BUILT_IN_DATA[config.data](config)
+        if not Path(config.data).exists():
+            raise DataError(f"--data {config.data!r} does not exist; give {' or '.join(map(repr, BUILT_IN_DATA))}, "
+                            f"or {self.path_data}")
+        return self.load_path(Path(config.data), config)
+
+    def load_path(self, path: Path, config: RunConfig) -> DataSplits:
+        raise NotImplementedError
+
+    def batches(self, config: RunConfig, data: DataSplits, sampler: StepSampler) -> DataLoader:
+        """One batch of strategy inputs per step, in the order `sampler` gives."""
+        raise NotImplementedError
+
+    # --- model and loss ---------------------------------------------------------------------------------
+    def build_model(self, config: RunConfig) -> nn.Module:
+        raise NotImplementedError
+
+    def build_loss(self, config: RunConfig) -> nn.Module:
+        raise NotImplementedError
+
+    def encoders(self, model: nn.Module) -> nn.Module | list[nn.Module]:
+        """What the strategy encodes with: one module shared by every input, or one module per input."""
+        raise NotImplementedError
+
+    def after_step(self, config: RunConfig, loss: nn.Module) -> None:
+        """Runs after every optimizer step."""
+
+    # --- evaluation -------------------------------------------------------------------------------------
+    def evaluate(self, config: RunConfig, model: nn.Module, data: DataSplits,
+                 device: torch.device) -> dict[str, float]:
+        """The held-out metrics (percentages) of `model` as it is now, in eval mode, without gradients and
+        without touching the global random state, so evaluating during a run does not change the run."""
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.inference_mode():
+                return self.metrics(config, model, data, device)
+        finally:
+            model.train(was_training)
+
+    def metrics(self, config: RunConfig, model: nn.Module, data: DataSplits,
+                device: torch.device) -> dict[str, float]:
+        raise NotImplementedError
+
+    def baselines(self, config: RunConfig, data: DataSplits, initial: dict[str, float]) -> dict[str, float]:
+        """Scores that show what training bought, given the metrics of the model at step 0."""
+        return {}
+
+    def summary(self, loss: nn.Module) -> dict[str, Any]:
+        """What metrics.json adds for this mode."""
+        return {}

@@ -1,0 +1,100 @@
+"""CLIP: image-caption pairs, an image and a text tower, the symmetric contrastive loss with a learned
+temperature clamped after each step; scored by cross-modal recall@K and zero-shot classification."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from gradcache import losses
+from gradcache.models import CLIP as ClipModel
+from gradcache.models import ByteTokenizer, TextEncoder
+from gradcache.train.batches import StepSampler, training_batches
+from gradcache.train.config import RunConfig
+from gradcache.train.datasets import DataError, load_caption_table
+from gradcache.train.evaluate import embed_images, embed_texts, retrieval_recall, zero_shot_top1
+from gradcache.train.image_set import DataSplits
+from gradcache.train.modes.backbone import build_backbone
+from gradcache.train.modes.base import Mode
+
+
+class CLIP(Mode):
+    name = "clip"
+    help = "CLIP: image-caption pairs, symmetric contrastive loss with a learnable temperature"
+    loss_kind = "clip"
+    path_data = "a CSV/TSV of image paths and captions"
+    defaults = dict(temperature=0.07, lr=2e-3, batch_size=256, chunk_size=64)
+    default_epochs = 4
+    trim_padding = True  # TextEncoder ignores masked positions, so trimming is exact
+
+    def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
+                    run: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
+        data.add_argument("--csv-image-key", default=default("csv_image_key"), help="CSV column holding image paths")
+        data.add_argument("--csv-caption-key", default=default("csv_caption_key"),
+                          help="CSV column holding captions")
+        data.add_argument("--csv-separator", default=default("csv_separator"),
+                          help="CSV separator (default: tab for .tsv, else comma)")
+        model.add_argument("--context-length", type=int, default=default("context_length"),
+                           help="most tokens per caption")
+        model.add_argument("--text-width", type=int, default=default("text_width"), help="text transformer width")
+        model.add_argument("--text-layers", type=int, default=default("text_layers"),
+                           help="text transformer layers")
+        model.add_argument("--text-heads", type=int, default=default("text_heads"),
+                           help="text transformer attention heads")
+        run.add_argument("--max-logit-scale", type=float, default=default("max_logit_scale"),
+                         help="clamp of 1/temperature after each step")
+
+    def load_path(self, path: Path, config: RunConfig) -> DataSplits:
+        return load_caption_table(path, config.image_size, config.test_size, config.data_seed,
+                                  image_key=config.csv_image_key, caption_key=config.csv_caption_key,
+                                  separator=config.csv_separator)
+
+    def load_data(self, config: RunConfig) -> DataSplits:
+        data = super().load_data(config)
+        if data.train.captions is None:
+            raise DataError(f"--data {config.data} has no captions; CLIP needs image-caption pairs")
+        return data
+
+    def batches(self, config: RunConfig, data: DataSplits, sampler: StepSampler) -> DataLoader:
+        return training_batches(data.train, sampler, None, _tokenizer(config), config.workers)
+
+    def build_model(self, config: RunConfig) -> nn.Module:
+        text = TextEncoder(ByteTokenizer.vocab_size, context_length=config.context_length, width=config.text_width,
+                           layers=config.text_layers, heads=config.text_heads)
+        return ClipModel(build_backbone(config), text, embed_dim=config.projection_dim)
+
+    def build_loss(self, config: RunConfig) -> nn.Module:
+        return losses.ClipLoss(temperature=config.temperature, learnable=True, tile_size=config.tile_size)
+
+    def encoders(self, model: nn.Module) -> list[nn.Module]:
+        return [model.image_tower, model.text_tower]
+
+    def after_step(self, config: RunConfig, loss: nn.Module) -> None:
+        loss.clamp_logit_scale(config.max_logit_scale)
+
+    def metrics(self, config: RunConfig, model: nn.Module, data: DataSplits,
+                device: torch.device) -> dict[str, float]:
+        """Recall@1/5/10 both ways with their chance levels, and zero-shot top-1 where the data has classes."""
+        tokenizer = _tokenizer(config)
+        images = embed_images(model.encode_image, data.test.images, device)
+        texts = embed_texts(model.encode_text, tokenizer, data.test.captions, device)
+        metrics = retrieval_recall(images, texts, data.test.captions)
+        if data.test.labels is not None and data.test.class_names:
+            prompts = data.test.class_prompts or [[f"a photo of a {name}"] for name in data.test.class_names]
+            classes = np.stack([embed_texts(model.encode_text, tokenizer, p, device).mean(0) for p in prompts])
+            classes /= np.linalg.norm(classes, axis=1, keepdims=True)
+            metrics["zero_shot_top1"] = zero_shot_top1(images, data.test.labels, classes)
+        return metrics
+
+    def summary(self, loss: nn.Module) -> dict[str, Any]:
+        return {"temperature": loss.temperature}
+
+
+def _tokenizer(config: RunConfig) -> ByteTokenizer:
+    return ByteTokenizer(config.context_length)

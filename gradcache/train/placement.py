@@ -1,0 +1,114 @@
+"""Where a run's parameters live: replicated on every rank (one process, or DDP under torchrun) or sharded
+block by block (`--fsdp`, FSDP2). Everything the loop would otherwise branch on for sharding is here.
+
+|                         | Replicated                          | Sharded (`--fsdp`)                               |
+|-------------------------|-------------------------------------|--------------------------------------------------|
+| process group           | torchrun's, if launched             | torchrun's, or a one-process group for the run   |
+| encoders                | DDP-wrapped when world size > 1     | `fully_shard` per block (optimizer built after)  |
+| checkpoint              | `last.pt`, written by rank 0        | `last.dcp`, every rank writes its shards         |
+| who evaluates           | rank 0                              | every rank: sharded forwards are collectives     |
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gradcache import distributed
+from gradcache.train.config import RunConfig
+from gradcache.train.run_checkpoint import RunCheckpoint, run_checkpoint
+
+
+def init_distributed_if_launched(device: str) -> None:
+    """Under `torchrun` (WORLD_SIZE > 1 in the environment) join the process group: NCCL on CUDA, else gloo."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+
+
+def device_of(name: str) -> torch.device:
+    """`--device cuda` under torchrun means this process's GPU, cuda:LOCAL_RANK."""
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and distributed.is_distributed():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    return device
+
+
+class Replicated:
+    """Every rank holds the whole model; DDP averages the gradients when there is more than one."""
+
+    sharded = False
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+
+    def process_group(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
+        """What the strategy encodes with (built before the optimizer)."""
+        if distributed.world_size() == 1:
+            return encoders
+        wrap = lambda e: nn.parallel.DistributedDataParallel(  # noqa: E731
+            e, device_ids=[device.index] if device.type == "cuda" else None)
+        return wrap(encoders) if isinstance(encoders, nn.Module) else [wrap(e) for e in encoders]
+
+    def evaluates(self) -> bool:
+        return distributed.rank() == 0
+
+    def gathered(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def checkpoint(self, output_dir: str | os.PathLike) -> RunCheckpoint:
+        return run_checkpoint(Path(output_dir), self.sharded)
+
+
+class Sharded(Replicated):
+    """Each encoder sharded block by block with FSDP2; the optimizer must be built over the shards."""
+
+    sharded = True
+
+    @contextlib.contextmanager
+    def process_group(self) -> Iterator[None]:
+        """Without torchrun, a one-process group (FSDP2 needs one even on one rank), ended on the way out."""
+        if distributed.is_distributed():
+            yield
+            return
+        backend = "cpu:gloo,cuda:nccl" if self.config.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
+        from gradcache.train.fsdp import shard_encoder
+
+        for encoder in [encoders] if isinstance(encoders, nn.Module) else encoders:
+            shard_encoder(encoder, cpu_offload=self.config.cpu_offload)
+        return encoders
+
+    def evaluates(self) -> bool:
+        return True
+
+    @contextlib.contextmanager
+    def gathered(self, model: nn.Module) -> Iterator[None]:
+        """Every FSDP unit of `model` unsharded (evaluation calls methods such as `embed`, which the forward
+        hooks of the root unit do not see); a collective, so every rank enters it."""
+        units = [m for m in model.modules() if callable(getattr(m, "set_requires_gradient_sync", None))]
+        for unit in units:
+            unit.unshard()
+        try:
+            yield
+        finally:
+            for unit in units:
+                unit.reshard()
+
+
+def placement_for(config: RunConfig) -> Replicated:
+    return Sharded(config) if config.fsdp else Replicated(config)

@@ -1,0 +1,108 @@
+"""Everything `gradcache train` checks before a run writes anything: option values, the resume, the output
+folder and the data. A problem raises UsageError, DataError or CheckpointError (exit status 2), naming the
+option, the value and the fix."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+
+from gradcache import distributed
+from gradcache.models import IMAGE_ENCODER_PRESETS, ViTConfig
+from gradcache.train.config import RunConfig, UsageError
+from gradcache.train.image_set import DataSplits
+from gradcache.train.modes import MODES
+from gradcache.train.resume import check_length, merge_resume
+from gradcache.train.run_checkpoint import RunCheckpoint
+
+POSITIVE = ("threads", "batch_size", "chunk_size", "steps", "epochs", "image_size", "train_size", "test_size",
+            "checkpoint_every", "knn_k", "base_batch_size", "width", "projection_dim")
+
+
+def prepare_run(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckpoint | None, DataSplits]:
+    """Check the options, merge a resume checkpoint, pick the output folder and load the data; write nothing."""
+    config, saved = merge_resume(given, explicit) if given.resume is not None else (given, None)
+    mode = MODES[config.mode]
+    if config.steps is None and config.epochs is None:
+        config = dataclasses.replace(config, epochs=mode.default_epochs)
+    check_options(config)
+    if config.output_dir is None:
+        config = dataclasses.replace(config, output_dir=str(Path("runs") / f"{config.mode}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    output = Path(config.output_dir)
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output-dir {output} exists and is not a folder; choose another path")
+    if saved is None and any((output / name).exists() for name in ("last.pt", "last.dcp", "train_log.csv")):
+        raise UsageError(f"--output-dir {output} already holds a run; pass --resume {output} to continue it, "
+                         "or choose another --output-dir")
+    data = mode.load_data(config)
+    if len(data.train) < config.batch_size:
+        raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training images; "
+                         "pass a smaller --batch-size or use more data")
+    if saved is not None:
+        check_length(config, saved, len(data.train))
+    return config, saved, data
+
+
+def check_options(config: RunConfig) -> None:
+    """Refuse option values that cannot work, naming the option, the value and the fix."""
+    for name in POSITIVE:
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if config.tile_size is not None and config.tile_size < 1:
+        raise UsageError(f"--tile-size must be at least 1 (or omitted for the dense loss), got {config.tile_size}")
+    if config.batch_size < 2:
+        raise UsageError(f"--batch-size {config.batch_size}: a contrastive batch needs at least 2 examples")
+    world_size = distributed.world_size()
+    if config.batch_size % world_size:
+        raise UsageError(f"--batch-size {config.batch_size} is not divisible by the {world_size} processes; "
+                         f"use a multiple of {world_size}")
+    local = config.batch_size // world_size
+    if config.strategy == "naive" and local % min(config.chunk_size, local):
+        raise UsageError(f"--strategy naive needs the per-process batch ({local}) divisible by --chunk-size "
+                         f"{config.chunk_size}, so every micro-batch has the same negatives; e.g. --chunk-size "
+                         f"{_divisor_below(local, config.chunk_size)}")
+    for name in ("lr", "temperature", "knn_temperature"):
+        if getattr(config, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}")
+    if config.warmup < 0 or config.weight_decay < 0 or config.workers < 0 or config.eval_every < 0:
+        raise UsageError("--warmup, --weight-decay, --workers and --eval-every must not be negative")
+    MODES[config.mode].check(config)
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
+    _check_sharding(config)
+    preset = IMAGE_ENCODER_PRESETS[config.model]
+    if isinstance(preset, ViTConfig) and config.image_size % preset.patch_size:
+        raise UsageError(f"--model {config.model} needs --image-size divisible by its patch size {preset.patch_size}, "
+                         f"got {config.image_size}")
+
+
+def _check_sharding(config: RunConfig) -> None:
+    """--cpu-offload needs --fsdp; 8-bit AdamW needs bitsandbytes with a backend for --device, and plain
+    (unsharded) parameters."""
+    if config.cpu_offload and not config.fsdp:
+        raise UsageError("--cpu-offload moves FSDP shards to CPU memory and needs --fsdp; add --fsdp or drop "
+                         "--cpu-offload")
+    if config.optimizer != "adamw8bit":
+        return
+    if config.fsdp:
+        raise UsageError("--optimizer adamw8bit cannot step parameters sharded by --fsdp (bitsandbytes reads plain "
+                         "tensors); use --optimizer adamw with --fsdp (and --cpu-offload to move its state to CPU "
+                         "memory), or adamw8bit without --fsdp")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as error:
+        raise UsageError("--optimizer adamw8bit needs bitsandbytes: pip install bitsandbytes (or choose "
+                         "--optimizer adamw)") from error
+    from gradcache.train.fsdp import check_8bit_adamw  # imports torch.distributed.checkpoint: only when asked
+
+    try:
+        check_8bit_adamw(config.device)
+    except RuntimeError as error:
+        raise UsageError(str(error)) from error
+
+
+def _divisor_below(number: int, limit: int) -> int:
+    return max(d for d in range(1, min(number, limit) + 1) if number % d == 0)

@@ -1,0 +1,58 @@
+"""Smoke tests of benchmarks/frontier.py and benchmarks/gpu.py at tiny sizes on the CPU."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from benchmarks import frontier, gpu
+from benchmarks.frontier_workloads import BUDGET_FRACTIONS, build_steps, sentences
+
+TINY = {"workload": "simclr", "batch": 8, "chunk": 4, "chunk_tokens": None, "image_size": 8, "max_length": 32,
+        "threads": 0, "device": "cpu", "memory_budget_gb": 0, "config": "budget_50"}
+
+
+def test_frontier_times_every_configuration_round_robin_and_writes_csv_and_png(tmp_path: Path, read_csv) -> None:
+    flags = ["--workload", "simclr", "--batch", "8", "--chunk", "4", "--image-size", "8", "--rounds", "1",
+             "--threads", "0", "--only", "time", "--configs", "full_batch,naive,budget_100",
+             "--output-dir", str(tmp_path)]
+    assert frontier.main(flags) == 0
+    header, rows = read_csv(tmp_path / "frontier_simclr.csv")
+    assert header == frontier.COLUMNS
+    assert [row["config"] for row in rows] == ["full_batch", "naive", "budget_100"]
+    assert all(float(row["step_s"]) > 0 and row["loadavg_1m"] for row in rows)
+    assert (tmp_path / "frontier_simclr.png").stat().st_size > 0
+
+
+def test_a_memory_point_builds_only_its_configuration_and_measures() -> None:
+    steps, info = build_steps(TINY, torch.device("cpu"), only="budget_50")
+    assert list(steps) == ["budget_50"] and info["budget_50"]["kept_fraction"] == 0.5
+    everything, _ = build_steps(TINY, torch.device("cpu"))
+    assert list(everything) == ["full_batch", "naive", *(f"budget_{round(f * 100)}" for f in BUDGET_FRACTIONS)]
+    result = frontier.memory_point(TINY)
+    assert result["status"] == "ok" and result["peak_mb"] >= 0
+
+
+def test_text_sentences_are_real_and_long_tailed() -> None:
+    texts = sentences(200)
+    words = sorted(len(t.split()) for t in texts)
+    assert len(set(texts)) > 100 and all(w >= 4 for w in words)
+    assert words[-10] > 3 * words[100]  # the longest tenth, several times the median
+
+
+def test_text_configurations_include_token_chunks_and_the_peer() -> None:
+    settings = {**TINY, "workload": "text", "batch": 4, "chunk": 2}
+    steps, info = build_steps(settings, torch.device("cpu"), only="chunk_tokens")
+    assert list(steps) == ["chunk_tokens"] and info["chunk_tokens"]["chunk_tokens"] >= 1
+    steps["chunk_tokens"]()
+    assert {"st_cached", "st_cached_tokens"} <= set(info)
+
+
+def test_gpu_benchmark_runs_at_smoke_size_on_cpu(tmp_path: Path, read_csv) -> None:
+    assert gpu.main(["--device", "cpu", "--output-dir", str(tmp_path)]) == 0  # every exactness case within tolerance
+    header, rows = read_csv(tmp_path / "gpu.csv")
+    assert header == gpu.COLUMNS
+    assert {row["section"] for row in rows} == {"exactness", "frontier", "tiled_clip"}
+    cases = {row["case"] for row in rows}
+    assert {"memory_budget_half", "chunk_tokens", "bf16_autocast", "fp16_grad_scaler", "naive_differs"} <= cases
+    assert all(row["status"] == "ok" for row in rows)

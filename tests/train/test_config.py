@@ -1,0 +1,82 @@
+"""RunConfig: what a checkpoint stores, read back by version; what a version-1 checkpoint lacked is filled in
+with the values its run trained under, and such a checkpoint still resumes."""
+import dataclasses
+
+import pytest
+import torch
+
+from gradcache.cli import main
+from gradcache.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from gradcache.train.config import CONFIG_VERSION, RunConfig
+from gradcache.train.modes import MODES
+
+V1_ADDED_LATER = ("rotation", "fsdp", "fsdp_reduce", "cpu_offload")
+CLIP_ONLY = ("csv_image_key", "csv_caption_key", "csv_separator", "context_length", "text_width", "text_layers",
+             "text_heads", "max_logit_scale")
+
+
+def _version_1(config: RunConfig, absent: tuple[str, ...]) -> dict:
+    """The argparse namespace a version-1 checkpoint stored: no version, argparse's own entry, fields absent."""
+    stored = {k: v for k, v in dataclasses.asdict(config).items() if k not in absent}
+    return {**stored, "subcommand": "train"}
+
+
+def test_round_trip():
+    config = RunConfig(mode="clip", batch_size=64, steps=3, tile_size=16, fsdp=True)
+    stored = config.to_dict()
+    assert stored["config_version"] == CONFIG_VERSION
+    assert RunConfig.from_dict(stored) == config
+
+
+def test_version_1_gets_the_values_its_run_trained_under():
+    simclr = RunConfig(mode="simclr", width=8, crop_min_scale=0.3, text_width=999, max_logit_scale=7.0)
+    read = RunConfig.from_dict(_version_1(simclr, V1_ADDED_LATER + CLIP_ONLY))
+    assert read.width == 8 and read.crop_min_scale == 0.3
+    assert (read.rotation, read.fsdp, read.fsdp_reduce, read.cpu_offload) == (0.0, False, "chunk", False)
+    assert (read.text_width, read.max_logit_scale) == (128, 100.0)  # the clip options it never had
+    clip = RunConfig(mode="clip", hidden_dim=7)
+    assert RunConfig.from_dict(_version_1(clip, ("hidden_dim", "crop_min_scale"))).hidden_dim == 512
+
+
+def test_a_newer_or_an_incomplete_checkpoint_is_refused():
+    with pytest.raises(CheckpointError, match="newer gradcache"):
+        RunConfig.from_dict({**RunConfig().to_dict(), "config_version": CONFIG_VERSION + 1})
+    stored = RunConfig().to_dict()
+    del stored["lr"]
+    with pytest.raises(CheckpointError, match=r"lack \['lr'\]"):
+        RunConfig.from_dict(stored)
+
+
+def test_every_mode_default_is_a_config_field():
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    for mode in MODES.values():
+        assert set(mode.defaults) <= names, mode.name
+
+
+def test_a_version_1_checkpoint_resumes(tmp_path, tiny_args, monkeypatch):
+    """A run cut after step 3 (checkpoint at step 2), its checkpoint rewritten as version 1 wrote it, resumes
+    into the weights of the uninterrupted run."""
+    from gradcache.train.run_log import RunLog
+
+    args = ["--steps", "4", "--checkpoint-every", "2"]
+    assert main(tiny_args("simclr", tmp_path / "whole", *args)) == 0
+    original = RunLog.log_step
+
+    def crash_after_step_3(self, row):
+        original(self, row)
+        if row["step"] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunLog, "log_step", crash_after_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        main(tiny_args("simclr", tmp_path / "cut", *args))
+    monkeypatch.setattr(RunLog, "log_step", original)
+    state = load_checkpoint(tmp_path / "cut")
+    state["args"] = _version_1(RunConfig.from_dict(state["args"]), V1_ADDED_LATER + CLIP_ONLY)
+    del state["initial"]  # version 1 kept no step-0 metrics beside the baselines
+    save_checkpoint(state, tmp_path / "cut" / "last.pt")
+    assert main(["train", "simclr", "--resume", str(tmp_path / "cut"), "--quiet", "--workers", "0"]) == 0
+    resumed, whole = load_checkpoint(tmp_path / "cut"), load_checkpoint(tmp_path / "whole")
+    assert resumed["step"] == 4 and resumed["args"]["config_version"] == CONFIG_VERSION
+    for name in whole["model"]:
+        assert torch.equal(resumed["model"][name], whole["model"][name]), name

@@ -1,7 +1,8 @@
 """Argument checks shared by every loss: each raises before any state is touched and names the bad input.
 
 Hyperparameters are checked once in ``__init__``; embeddings on every ``forward``. The NaN/inf count is a
-single reduction over (N, D), cheap next to the N x N similarity work of the loss itself.
+reduction over (N, D), cheap next to the N x N similarity work of the loss itself; it runs over blocks of
+``CHECK_ROWS`` rows, so that its temporaries are not a copy of the inputs beside a tiled loss that keeps none.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from numbers import Real
 
 import torch
 
-__all__ = ["check_tile_size", "check_temperature", "check_finite_number", "check_embeddings", "check_same_rows"]
+__all__ = ["check_tile_size", "check_column_tile_size", "check_temperature", "check_finite_number",
+           "check_embeddings", "check_same_rows"]
+
+CHECK_ROWS = 4096  # rows per block of the NaN/inf count
 
 
 def check_tile_size(tile_size: object) -> int | None:
@@ -26,6 +30,23 @@ def check_tile_size(tile_size: object) -> int | None:
     if tile_size < 1:
         raise ValueError(f"tile_size must be None (dense) or an int >= 1 (rows per tile), got {tile_size}")
     return tile_size
+
+
+def check_column_tile_size(column_tile_size: object, tile_size: int | None) -> int | None:
+    """Return ``column_tile_size`` if it is None or an int >= 1 beside a set ``tile_size``; raise otherwise."""
+    if column_tile_size is None:
+        return None
+    if isinstance(column_tile_size, bool) or not isinstance(column_tile_size, int) or column_tile_size < 1:
+        raise ValueError(
+            f"column_tile_size must be None (square tiles of tile_size) or an int >= 1 (columns per tile), "
+            f"got {column_tile_size!r} of type {type(column_tile_size).__name__}"
+        )
+    if tile_size is None:
+        raise ValueError(
+            f"column_tile_size={column_tile_size} needs tile_size set too: the dense loss (tile_size=None) has no "
+            f"tiles; pass tile_size=<rows per tile> or drop column_tile_size"
+        )
+    return column_tile_size
 
 
 def check_temperature(temperature: object, name: str = "temperature") -> float:
@@ -77,7 +98,7 @@ def check_embeddings(**named: torch.Tensor) -> None:
                 f"project both to the same embedding size"
             )
         with torch.no_grad():
-            bad = int((~torch.isfinite(tensor)).sum())
+            bad = int(sum((~torch.isfinite(block)).sum() for block in tensor.split(CHECK_ROWS)))  # one sync
         if bad:
             raise ValueError(f"{name} has {bad} NaN/inf entries (shape {tuple(tensor.shape)})")
 

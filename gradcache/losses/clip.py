@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import check_embeddings, check_same_rows, check_temperature, check_tile_size
+from .checks import check_column_tile_size, check_embeddings, check_same_rows, check_temperature, check_tile_size
 from .precision import compute_dtype, full_precision, unit_rows
 from .tiled_logsumexp import tiled_logsumexp
 
@@ -27,15 +27,18 @@ class ClipLoss(nn.Module):
         temperature: initial t > 0; stored as ``logit_scale = log(1 / t)``.
         learnable: make ``logit_scale`` an ``nn.Parameter`` (else a buffer). Call ``clamp_logit_scale()``
             after each optimizer step, as CLIP does; clamping inside forward would zero its gradient.
-        tile_size: None for the dense (N, N) logits; an int to compute forward and backward in strips of that
-            many rows, memory O(tile_size * N + N * D), same value and gradients (``logit_scale`` included).
+        tile_size: None for the dense (N, N) logits; an int to compute forward and backward in tiles of that
+            many rows, memory O(tile_size * column_tile_size + N) above the embeddings and their gradients,
+            same value and gradients (``logit_scale`` included).
+        column_tile_size: columns per tile, with ``tile_size`` set; None for square tiles of ``tile_size``.
+            At least the column count gives strips of ``tile_size`` rows against every column.
 
     Shapes (``forward``):
         image: (N, D); text: (N, D), row i the caption of image i.
         Returns a 0-dim tensor in float32 (float64 for float64 inputs).
 
     Raises:
-        ValueError: temperature <= 0, bad tile_size, mismatched N or D, NaN/inf entries.
+        ValueError: temperature <= 0, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries.
         TypeError: a non-tensor or non-floating input.
 
     Example:
@@ -46,10 +49,12 @@ class ClipLoss(nn.Module):
 
     logit_scale: torch.Tensor
 
-    def __init__(self, temperature: float = 0.07, learnable: bool = True, tile_size: int | None = None) -> None:
+    def __init__(self, temperature: float = 0.07, learnable: bool = True, tile_size: int | None = None,
+                 column_tile_size: int | None = None) -> None:
         super().__init__()
         temperature = check_temperature(temperature)
         self.tile_size = check_tile_size(tile_size)
+        self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
         self.learnable = bool(learnable)
         logit_scale = torch.tensor(math.log(1.0 / temperature))
         if self.learnable:
@@ -63,7 +68,8 @@ class ClipLoss(nn.Module):
         return float(torch.exp(-self.logit_scale.detach()))
 
     def extra_repr(self) -> str:
-        return f"temperature={self.temperature:.4g}, learnable={self.learnable}, tile_size={self.tile_size}"
+        return (f"temperature={self.temperature:.4g}, learnable={self.learnable}, tile_size={self.tile_size}, "
+                f"column_tile_size={self.column_tile_size}")
 
     @torch.no_grad()
     def clamp_logit_scale(self, max_scale: float = 100.0) -> None:
@@ -76,15 +82,16 @@ class ClipLoss(nn.Module):
         n = check_same_rows(image=image, text=text)
         dtype = compute_dtype(image, text)
         with full_precision(image.device):
-            images, texts = unit_rows(image, dtype), unit_rows(text, dtype)
             scale = self.logit_scale.to(dtype).exp()
             if self.tile_size is None:
+                images, texts = unit_rows(image, dtype), unit_rows(text, dtype)
                 logits = images @ texts.T * scale  # (N, N), row i: image i against every caption
                 labels = torch.arange(n, device=images.device)
                 return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
-            targets = torch.arange(n, device=images.device)
-            # Row i: image i against every caption; column j: caption j against every image.
+            targets = torch.arange(n, device=image.device)
+            # Row i: image i against every caption; column j: caption j against every image (normalised inside).
             image_losses, text_losses = tiled_logsumexp(
-                images, texts, scale, targets, self.tile_size, with_columns=True
+                [image.to(dtype)], [text.to(dtype)], scale, targets, self.tile_size, self.column_tile_size,
+                with_columns=True,
             )
             return (image_losses.mean() + text_losses.mean()) / 2

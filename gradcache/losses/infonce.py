@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import check_embeddings, check_same_rows, check_temperature, check_tile_size
+from .checks import check_column_tile_size, check_embeddings, check_same_rows, check_temperature, check_tile_size
 from .precision import compute_dtype, full_precision, unit_rows
 from .tiled_logsumexp import tiled_logsumexp
 
@@ -25,8 +25,11 @@ class InfoNCE(nn.Module):
         temperature: t > 0; divides the cosine similarity.
         symmetric: also score each positive against all queries (target: its own query) and average the two
             directions; hard negatives take part only in the query-to-positive direction.
-        tile_size: None for the dense (N, N * (1 + h)) logits; an int to compute forward and backward in strips
-            of that many queries, memory O(tile_size * N * (1 + h) + N * D), same value and gradients.
+        tile_size: None for the dense (N, N * (1 + h)) logits; an int to compute forward and backward in tiles
+            of that many queries, memory O(tile_size * column_tile_size + N * (1 + h)) above the embeddings and
+            their gradients, same value and gradients.
+        column_tile_size: columns per tile, with ``tile_size`` set; None for square tiles of ``tile_size``.
+            At least N * (1 + h) gives strips of ``tile_size`` rows against every column.
 
     Shapes (``forward``):
         query: (N, D); positive: (N, D), row i is the positive of query i; negatives: optional (N * h, D),
@@ -34,8 +37,8 @@ class InfoNCE(nn.Module):
         Returns a 0-dim tensor in float32 (float64 for float64 inputs).
 
     Raises:
-        ValueError: temperature <= 0, bad tile_size, mismatched N or D, NaN/inf entries, or a negatives row
-            count that is not a multiple of N. TypeError: a non-tensor or non-floating input.
+        ValueError: temperature <= 0, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries, or a
+            negatives row            count that is not a multiple of N. TypeError: a non-tensor or non-floating input.
 
     Example:
         >>> loss_fn = InfoNCE(temperature=0.05)
@@ -43,14 +46,19 @@ class InfoNCE(nn.Module):
         >>> loss = loss_fn(query, positive)
     """
 
-    def __init__(self, temperature: float = 0.05, symmetric: bool = False, tile_size: int | None = None) -> None:
+    def __init__(
+        self, temperature: float = 0.05, symmetric: bool = False, tile_size: int | None = None,
+        column_tile_size: int | None = None,
+    ) -> None:
         super().__init__()
         self.temperature = check_temperature(temperature)
         self.symmetric = bool(symmetric)
         self.tile_size = check_tile_size(tile_size)
+        self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
 
     def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, symmetric={self.symmetric}, tile_size={self.tile_size}"
+        return (f"temperature={self.temperature}, symmetric={self.symmetric}, tile_size={self.tile_size}, "
+                f"column_tile_size={self.column_tile_size}")
 
     def forward(
         self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
@@ -67,12 +75,14 @@ class InfoNCE(nn.Module):
             )
         dtype = compute_dtype(*inputs.values())
         with full_precision(query.device):
-            q, p = unit_rows(query, dtype), unit_rows(positive, dtype)
-            candidates = p if negatives is None else torch.cat([p, unit_rows(negatives, dtype)])  # (N * (1 + h), D)
             scale = 1.0 / self.temperature
             if self.tile_size is None:
+                q, p = unit_rows(query, dtype), unit_rows(positive, dtype)
+                candidates = p if negatives is None else torch.cat([p, unit_rows(negatives, dtype)])  # (N(1+h), D)
                 return self._dense(q, candidates, scale, n)
-            return self._tiled(q, candidates, scale)
+            # The candidates [positive; negatives] stay apart: the tiled function stacks them tile by tile.
+            candidates = [t.to(dtype) for t in inputs.values()][1:]
+            return self._tiled(query.to(dtype), candidates, scale)
 
     def _dense(self, q: torch.Tensor, candidates: torch.Tensor, scale: float, n: int) -> torch.Tensor:
         logits = q @ candidates.T * scale  # (N, N * (1 + h)); column i is the positive of row i
@@ -83,12 +93,13 @@ class InfoNCE(nn.Module):
             loss = (loss + F.cross_entropy(logits[:, :n].T, labels)) / 2  # (N, N)
         return loss
 
-    def _tiled(self, q: torch.Tensor, candidates: torch.Tensor, scale: float) -> torch.Tensor:
-        scale_tensor = torch.tensor(scale, dtype=q.dtype, device=q.device)
-        targets = torch.arange(q.shape[0], device=q.device)
+    def _tiled(self, query: torch.Tensor, candidates: list[torch.Tensor], scale: float) -> torch.Tensor:
+        scale_tensor = torch.tensor(scale, dtype=query.dtype, device=query.device)
+        targets = torch.arange(query.shape[0], device=query.device)
         # Column j < N is positive j scored against every query; hard negatives have no column term.
         query_losses, positive_losses = tiled_logsumexp(
-            q, candidates, scale_tensor, targets, self.tile_size, with_columns=self.symmetric
+            [query], candidates, scale_tensor, targets, self.tile_size, self.column_tile_size,
+            with_columns=self.symmetric,
         )
         loss = query_losses.mean()
         if positive_losses is not None:

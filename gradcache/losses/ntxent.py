@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import check_embeddings, check_same_rows, check_temperature, check_tile_size
+from .checks import check_column_tile_size, check_embeddings, check_same_rows, check_temperature, check_tile_size
 from .precision import compute_dtype, full_precision, unit_rows
 from .tiled_logsumexp import tiled_logsumexp
 
@@ -22,15 +22,18 @@ class NTXent(nn.Module):
 
     Args:
         temperature: t > 0; divides the cosine similarity.
-        tile_size: None for the dense (2N, 2N) logits; an int to compute forward and backward in strips of that
-            many views, memory O(tile_size * 2N + N * D), same value and gradients.
+        tile_size: None for the dense (2N, 2N) logits; an int to compute forward and backward in tiles of that
+            many views, memory O(tile_size * column_tile_size + N) above the embeddings and their gradients,
+            same value and gradients.
+        column_tile_size: columns per tile, with ``tile_size`` set; None for square tiles of ``tile_size``.
+            At least 2N gives strips of ``tile_size`` rows against every column.
 
     Shapes (``forward``):
         z1: (N, D), one view per example; z2: (N, D), row i the other view of row i of ``z1``.
         Returns a 0-dim tensor in float32 (float64 for float64 inputs).
 
     Raises:
-        ValueError: temperature <= 0, bad tile_size, mismatched N or D, NaN/inf entries.
+        ValueError: temperature <= 0, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries.
         TypeError: a non-tensor or non-floating input.
 
     Example:
@@ -39,31 +42,35 @@ class NTXent(nn.Module):
         >>> loss = loss_fn(z1, z2)
     """
 
-    def __init__(self, temperature: float = 0.5, tile_size: int | None = None) -> None:
+    def __init__(
+        self, temperature: float = 0.5, tile_size: int | None = None, column_tile_size: int | None = None
+    ) -> None:
         super().__init__()
         self.temperature = check_temperature(temperature)
         self.tile_size = check_tile_size(tile_size)
+        self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
 
     def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, tile_size={self.tile_size}"
+        return f"temperature={self.temperature}, tile_size={self.tile_size}, column_tile_size={self.column_tile_size}"
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         check_embeddings(z1=z1, z2=z2)
         n = check_same_rows(z1=z1, z2=z2)
         dtype = compute_dtype(z1, z2)
         with full_precision(z1.device):
-            u1, u2 = unit_rows(z1, dtype), unit_rows(z2, dtype)
-            views = torch.cat([u1, u2])  # (2N, D)
             scale = 1.0 / self.temperature
             # View k < N pairs with k + N and the other way round.
-            targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(views.device)  # (2N,)
+            targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z1.device)  # (2N,)
             if self.tile_size is None:
+                views = torch.cat([unit_rows(z1, dtype), unit_rows(z2, dtype)])  # (2N, D)
                 logits = views @ views.T * scale  # (2N, 2N)
                 self_pairs = torch.eye(2 * n, dtype=torch.bool, device=views.device)
                 logits = logits.masked_fill(self_pairs, float("-inf"))
                 return F.cross_entropy(logits, targets)
-            scale_tensor = torch.tensor(scale, dtype=dtype, device=views.device)
+            scale_tensor = torch.tensor(scale, dtype=dtype, device=z1.device)
+            # The 2N views [z1; z2] as rows and as columns, stacked and normalised inside, tile by tile.
+            views = [z1.to(dtype), z2.to(dtype)]
             view_losses, _ = tiled_logsumexp(
-                views, views, scale_tensor, targets, self.tile_size, exclude_diagonal=True
+                views, views, scale_tensor, targets, self.tile_size, self.column_tile_size, exclude_diagonal=True
             )
             return view_losses.mean()

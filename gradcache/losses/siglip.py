@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import check_embeddings, check_finite_number, check_same_rows, check_temperature, check_tile_size
+from .checks import (check_column_tile_size, check_embeddings, check_finite_number, check_same_rows,
+                     check_temperature, check_tile_size)
 from .precision import compute_dtype, full_precision, unit_rows
 from .tiled_sigmoid import tiled_sigmoid_pair_loss
 
@@ -26,15 +27,19 @@ class SigLipLoss(nn.Module):
         temperature: initial t > 0; stored as ``logit_scale = log(1 / t)`` (the paper's t' = log 10 at t = 0.1).
         bias: initial bias b (the paper starts at -10 so the many negatives do not dominate early steps).
         learnable: make ``logit_scale`` and ``bias`` ``nn.Parameter``s (else buffers).
-        tile_size: None for the dense (N, N) logits; an int to compute forward and backward in strips of that
-            many rows, memory O(tile_size * N + N * D), same value and gradients (scale and bias included).
+        tile_size: None for the dense (N, N) logits; an int to compute forward and backward in tiles of that
+            many rows, memory O(tile_size * column_tile_size + N) above the embeddings and their gradients,
+            same value and gradients (scale and bias included).
+        column_tile_size: columns per tile, with ``tile_size`` set; None for square tiles of ``tile_size``.
+            At least the column count gives strips of ``tile_size`` rows against every column.
 
     Shapes (``forward``):
         a: (N, D), e.g. images; b: (N, D), row i the pair of row i of ``a``.
         Returns a 0-dim tensor in float32 (float64 for float64 inputs).
 
     Raises:
-        ValueError: temperature <= 0, non-finite bias, bad tile_size, mismatched N or D, NaN/inf entries.
+        ValueError: temperature <= 0, non-finite bias, bad tile_size or column_tile_size, mismatched N or D,
+            NaN/inf entries.
         TypeError: a non-tensor or non-floating input.
 
     Example:
@@ -47,12 +52,14 @@ class SigLipLoss(nn.Module):
     bias: torch.Tensor
 
     def __init__(
-        self, temperature: float = 0.1, bias: float = -10.0, learnable: bool = True, tile_size: int | None = None
+        self, temperature: float = 0.1, bias: float = -10.0, learnable: bool = True, tile_size: int | None = None,
+        column_tile_size: int | None = None,
     ) -> None:
         super().__init__()
         temperature = check_temperature(temperature)
         bias = check_finite_number(bias, "bias")
         self.tile_size = check_tile_size(tile_size)
+        self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
         self.learnable = bool(learnable)
         logit_scale, bias_tensor = torch.tensor(math.log(1.0 / temperature)), torch.tensor(bias)
         if self.learnable:
@@ -70,7 +77,7 @@ class SigLipLoss(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"temperature={self.temperature:.4g}, bias={float(self.bias.detach()):.4g}, "
-            f"learnable={self.learnable}, tile_size={self.tile_size}"
+            f"learnable={self.learnable}, tile_size={self.tile_size}, column_tile_size={self.column_tile_size}"
         )
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -78,10 +85,14 @@ class SigLipLoss(nn.Module):
         n = check_same_rows(a=a, b=b)
         dtype = compute_dtype(a, b)
         with full_precision(a.device):
-            ua, ub = unit_rows(a, dtype), unit_rows(b, dtype)
             scale, bias = self.logit_scale.to(dtype).exp(), self.bias.to(dtype)
             if self.tile_size is None:
+                ua, ub = unit_rows(a, dtype), unit_rows(b, dtype)
                 logits = ua @ ub.T * scale + bias  # (N, N)
                 labels = 2 * torch.eye(n, dtype=dtype, device=ua.device) - 1  # (N, N): +1 diagonal, -1 elsewhere
                 return -F.logsigmoid(labels * logits).sum() / n
-            return tiled_sigmoid_pair_loss(ua, ub, scale, bias, self.tile_size) / n
+            # Normalised inside, tile by tile.
+            total = tiled_sigmoid_pair_loss(
+                a.to(dtype), b.to(dtype), scale, bias, self.tile_size, self.column_tile_size
+            )
+            return total / n

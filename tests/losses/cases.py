@@ -14,7 +14,7 @@ from gradcache.losses import ClipLoss, InfoNCE, NTXent, SigLipLoss
 @dataclass(frozen=True)
 class LossCase:
     name: str
-    make: Callable[..., nn.Module]  # make(tile_size, temperature=None) -> loss module
+    make: Callable[..., nn.Module]  # make(tile_size, temperature=None, column_tile_size=None) -> loss module
     hard_negatives: int | None = None  # InfoNCE only: h hard negatives per query as a third input
 
     def inputs(self, n: int, d: int, dtype: torch.dtype = torch.float64, seed: int = 0) -> list[torch.Tensor]:
@@ -29,8 +29,9 @@ class LossCase:
 
 
 def _with_temperature(factory, default: float):
-    def make(tile_size, temperature: float | None = None):
-        return factory(temperature=default if temperature is None else temperature, tile_size=tile_size)
+    def make(tile_size, temperature: float | None = None, column_tile_size: int | None = None):
+        return factory(temperature=default if temperature is None else temperature, tile_size=tile_size,
+                       column_tile_size=column_tile_size)
 
     return make
 

@@ -18,6 +18,21 @@ def test_bad_tile_size(loss_class, _, tile_size):
 
 
 @pytest.mark.parametrize("loss_class, _", LOSSES)
+@pytest.mark.parametrize("column_tile_size", [0, -1, 4.0, "4", False])
+def test_bad_column_tile_size(loss_class, _, column_tile_size):
+    with pytest.raises(ValueError, match=rf"column_tile_size must be None .* got {column_tile_size!r}"):
+        loss_class(tile_size=8, column_tile_size=column_tile_size)
+
+
+@pytest.mark.parametrize("loss_class, _", LOSSES)
+def test_column_tile_size_needs_a_tile_size(loss_class, _):
+    with pytest.raises(ValueError, match=r"column_tile_size=16 needs tile_size set too"):
+        loss_class(column_tile_size=16)
+    assert loss_class(tile_size=8, column_tile_size=16).column_tile_size == 16
+    assert loss_class(tile_size=8).column_tile_size is None
+
+
+@pytest.mark.parametrize("loss_class, _", LOSSES)
 @pytest.mark.parametrize("temperature", [0.0, -0.1, float("nan"), float("inf"), "0.1", None])
 def test_bad_temperature(loss_class, _, temperature):
     with pytest.raises(ValueError, match="temperature"):

@@ -7,15 +7,18 @@ import torch
 
 from .cases import CASE_IDS, CASES, loss_and_grads
 
-# (N, tile_size): N a multiple of the tile, not a multiple, smaller than the tile, tile 1, N = 1.
-SHAPES = [(12, 4), (13, 5), (7, 64), (5, 1), (1, 3)]
+# (N, tile_size, column_tile_size), None = square tiles. N a multiple of the tiles, not a multiple, smaller than
+# a tile, tiles of 1 (NT-Xent's self pair then fills a whole tile), taller and wider tiles than square, the
+# strip scheme (columns per tile >= every column count here), N = 1.
+SHAPES = [(12, 4, None), (13, 5, None), (13, 5, 3), (13, 3, 5), (7, 64, None), (7, 2, 64), (5, 1, 1), (6, 4, 1),
+          (1, 3, None), (1, 1, 2)]
 
 
-@pytest.mark.parametrize("n, tile_size", SHAPES)
+@pytest.mark.parametrize("n, tile_size, column_tile_size", SHAPES)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_tiled_equals_dense_in_float64(case, n, tile_size):
+def test_tiled_equals_dense_in_float64(case, n, tile_size, column_tile_size):
     dense = case.make(None).double()
-    tiled = case.make(tile_size).double()
+    tiled = case.make(tile_size, column_tile_size=column_tile_size).double()
     tiled.load_state_dict(dense.state_dict())
     inputs = case.inputs(n, 6, seed=n)
     dense_loss, dense_grads, dense_param_grads = loss_and_grads(dense, inputs)
@@ -40,8 +43,9 @@ def test_tiled_float32_is_as_accurate_as_dense_float32(case, temperature):
 
     Each error is the worst over four input draws, so one lucky dense rounding does not decide the bound.
     """
-    n, d, tile_size = 41, 16, 16  # three strips, the last one partial
-    dense_fn, tiled_fn = case.make(None, temperature), case.make(tile_size, temperature)
+    n, d, tile_size, column_tile_size = 41, 16, 16, 7  # 3 x 6 tiles (more for wider candidates), ragged edges
+    dense_fn = case.make(None, temperature)
+    tiled_fn = case.make(tile_size, temperature, column_tile_size=column_tile_size)
     tiled_fn.load_state_dict(dense_fn.state_dict())
     reference_fn = copy.deepcopy(dense_fn).double()
     flatten = lambda result: [result[0]] + result[1] + result[2]  # noqa: E731
@@ -65,9 +69,11 @@ def test_tiled_float32_is_as_accurate_as_dense_float32(case, temperature):
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_tile_size_is_only_a_memory_knob(case):
-    """Several tile sizes, one answer; and the module copies its tile size, not its state."""
+    """Several tile shapes, one answer; and the module copies its tile sizes, not its state."""
     inputs = case.inputs(10, 4, seed=3)
-    losses = [loss_and_grads(case.make(tile_size).double(), inputs)[0] for tile_size in (1, 3, 10, 11)]
+    shapes = [(1, None), (3, None), (10, None), (11, None), (3, 7), (7, 3), (4, 100)]
+    losses = [loss_and_grads(case.make(rows, column_tile_size=columns).double(), inputs)[0] for rows, columns in shapes]
     for loss in losses[1:]:
         torch.testing.assert_close(loss, losses[0], rtol=1e-12, atol=1e-14)
-    assert copy.deepcopy(case.make(3)).tile_size == 3
+    copied = copy.deepcopy(case.make(3, column_tile_size=5))
+    assert (copied.tile_size, copied.column_tile_size) == (3, 5)

@@ -2,7 +2,7 @@
 the pretrained all-MiniLM-L6-v2 on real sentences of long-tailed length.
 
 Configurations: FullBatch, NaiveAccumulation, GradCache with `memory_budget` at 0, 25, 50, 75 and 100% of the
-full batch's graph; for text also `chunk_tokens` against fixed chunks with `trim_padding`, and
+full batch's graph, and (timed only) one chunked forward without a graph, the unit of GradCache's extra work; for text also `chunk_tokens` against fixed chunks with `trim_padding`, and
 sentence-transformers' CachedMultipleNegativesRankingLoss with and without its `mini_batch_num_tokens`.
 Memory: a fresh process per configuration (peak RSS on CPU, `torch.cuda.max_memory_allocated` on CUDA).
 Time: every configuration in one process, round robin, the median of `--rounds` rounds, load average recorded.
@@ -29,6 +29,7 @@ from benchmarks.options import HelpFormatter, add_shared_options, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 
 MB = 2**20
+REFERENCE = "nograd_forward"  # phase (1) alone: one chunked forward without a graph
 COLUMNS = ["workload", "config", "batch", "chunk", "chunk_tokens", "status", "peak_mb", "step_s", "rounds",
            "kept_fraction", "error", "device", "threads", "cpu_count", "loadavg_1m", "loadavg_5m", "torch_version",
            "gradcache_version", "python_version", "timestamp_utc"]
@@ -112,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     del steps
     if args.only != "time":
         for name in names:
+            if name == REFERENCE:  # not a training step: timed as the unit of GradCache's extra work only
+                continue
             result = run_point(__spec__.name, {**settings, "config": name}, args.time_budget_s)
             rows[name].update({k: v for k, v in result.items() if k in COLUMNS})
     context = machine_context(args.threads, args.device)
@@ -134,7 +137,7 @@ def plot_frontier(path: Any, rows: list[dict[str, Any]], title: str) -> None:
     if budgets:
         axis.plot([r["peak_mb"] for r in budgets], [r["step_s"] for r in budgets], "-", color="tab:blue", alpha=0.5)
     for row in rows:
-        if _plottable(row):
+        if _plottable(row) and row["config"] != REFERENCE:
             axis.plot(row["peak_mb"], row["step_s"], "o")
             axis.annotate(row["config"], (row["peak_mb"], row["step_s"]), fontsize=8, xytext=(4, 4),
                           textcoords="offset points")

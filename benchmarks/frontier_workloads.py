@@ -55,6 +55,8 @@ def build_steps(settings: dict[str, Any], device: torch.device,
             if only in (None, name):
                 steps[name] = _st_step(model, inputs, chunk, per_tokens)
             info[name] = {"chunk_tokens": per_tokens}
+    if only in (None, "nograd_forward"):  # GradCache's extra work over accumulation: its phase (1) alone
+        steps["nograd_forward"] = lambda: _encode_without_graph(encoder, inputs, chunk, trim)
     parameters = [*encoder.parameters(), *loss.parameters()]
     for name, make in makers.items():
         if only in (None, name):
@@ -69,6 +71,15 @@ def _zeroing(step: Callable[[], Any], parameters: list[nn.Parameter]) -> Callabl
         for p in parameters:
             p.grad = None
     return run
+
+
+@torch.no_grad()
+def _encode_without_graph(encoder: nn.Module, inputs: tuple[Any, ...], chunk: int, trim: bool) -> None:
+    """Every chunk of every input through the encoder without a graph, as GradCache's phase (1) does."""
+    for value in inputs:
+        for piece in split(value, chunk):
+            piece = trim_padding(piece) if trim else piece
+            encoder(**piece) if isinstance(piece, dict) else encoder(piece)
 
 
 def _graph_bytes(encoder: nn.Module, inputs: tuple[Any, ...], chunk: int, trim: bool) -> int:

@@ -69,8 +69,8 @@ def check_options(config: RunConfig) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}")
     if config.warmup < 0 or config.weight_decay < 0 or config.workers < 0 or config.eval_every < 0:
         raise UsageError("--warmup, --weight-decay, --workers and --eval-every must not be negative")
-    MODES[config.mode].check_model(config)
     MODES[config.mode].check(config)
+    MODES[config.mode].check_model(config)  # after the plain values: it may load a model folder
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
     _check_sharding(config)

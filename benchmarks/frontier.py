@@ -17,13 +17,12 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from benchmarks.fresh_process import PeakMemory, report, run_point
+from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
 from benchmarks.frontier_workloads import WORKLOADS, build_steps
 from benchmarks.options import HelpFormatter, add_shared_options, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
@@ -79,13 +78,7 @@ def round_robin(steps: dict[str, Callable[[], None]], rounds: int, device: torch
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(median_time(step, 1, 0, device)[0])  # one timed call
     return {name: statistics.median(values) for name, values in times.items()}
 
 

@@ -27,8 +27,17 @@ OVER_MEMORY_EXIT = 3  # the child's exit status when its watchdog saw RSS over t
 
 
 def rss_peak_bytes() -> int:
-    """This process's peak resident set size so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak resident set size so far: its own memory's high-water mark (VmHWM) where Linux
+    shows it. ru_maxrss is not that: across exec it keeps the parent's high-water mark, so a child started by a
+    large parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def _rss_now_bytes() -> int:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
-from benchmarks.frontier_workloads import WORKLOADS, build_steps
+from benchmarks.frontier_workloads import WORKLOADS, build_steps, configuration_names
 from benchmarks.options import HelpFormatter, add_shared_options, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 
@@ -91,25 +91,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    steps, info = build_steps(settings, device)
-    names = args.configs.split(",") if args.configs else list(steps)
-    unknown = sorted(set(names) - set(steps))
+    names = args.configs.split(",") if args.configs else configuration_names(args.workload)
+    unknown = sorted(set(names) - set(configuration_names(args.workload)))
     if unknown:
-        print(f"unknown configurations {unknown}; choose from {list(steps)}", file=sys.stderr)
+        print(f"unknown configurations {unknown}; choose from {configuration_names(args.workload)}", file=sys.stderr)
         return 2
     rows = {name: {"workload": args.workload, "config": name, "batch": args.batch, "chunk": args.chunk,
-                   "status": "ok", **info.get(name, {})} for name in names}
-    if args.only != "memory":
-        timed = round_robin({name: steps[name] for name in names}, args.rounds, device)
-        for name, seconds in timed.items():
-            rows[name].update(step_s=seconds, rounds=args.rounds)
-    del steps
+                   "status": "ok"} for name in names}
+    # Memory first, while this process holds no model: a child's peak RSS counts from its parent's size at fork.
     if args.only != "time":
         for name in names:
             if name == REFERENCE:  # not a training step: timed as the unit of GradCache's extra work only
                 continue
             result = run_point(__spec__.name, {**settings, "config": name}, args.time_budget_s)
             rows[name].update({k: v for k, v in result.items() if k in COLUMNS})
+    steps, info = build_steps(settings, device)
+    for name in names:
+        rows[name].update(info.get(name, {}))
+    if args.only != "memory":
+        timed = round_robin({name: steps[name] for name in names}, args.rounds, device)
+        for name, seconds in timed.items():
+            rows[name].update(step_s=seconds, rounds=args.rounds)
+    del steps
     context = machine_context(args.threads, args.device)
     table = [{**row, **context} for row in rows.values()]
     folder = output_folder(args)

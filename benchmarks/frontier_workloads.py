@@ -25,6 +25,13 @@ BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 TEMPERATURE = 0.05  # sentence-transformers' scale 20
 
 
+def configuration_names(workload: str) -> list[str]:
+    """The configurations `build_steps` builds for `workload`, known before anything is built (the memory pass
+    runs in fresh processes while the parent still holds nothing)."""
+    names = ["nograd_forward", "full_batch", "naive", *(f"budget_{round(f * 100)}" for f in BUDGET_FRACTIONS)]
+    return names + (["chunk_tokens", "st_cached", "st_cached_tokens"] if workload == "text" else [])
+
+
 def build_steps(settings: dict[str, Any], device: torch.device,
                 only: str | None = None) -> tuple[dict[str, Callable[[], None]], dict[str, dict[str, Any]]]:
     """name -> one training step (gradients zeroed after it), and name -> what a row records about it.

@@ -68,12 +68,19 @@ class DataSplits:
     name: str
 
 
+def held_out_order(count: int, test_size: int, seed: int, items: str) -> torch.Tensor:
+    """A permutation of `count` items that depends only on `seed`; its first `test_size` are held out.
+
+    Raises:
+        ValueError: unless 0 < test_size < count (the message names `items` and the fix).
+    """
+    if not 0 < test_size < count:
+        raise ValueError(f"the held-out split needs 0 < --test-size < {count} {items}, got {test_size}; "
+                         f"pass a smaller --test-size or provide more {items}")
+    return torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+
+
 def random_split(images: ImageSet, test_size: int, seed: int, name: str) -> DataSplits:
     """Hold out `test_size` images chosen by a permutation that depends only on `seed`."""
-    if not 0 < test_size < len(images):
-        raise ValueError(
-            f"the held-out split needs 0 < test size < {len(images)} images, got {test_size}; "
-            "pass a smaller --test-size or provide more images"
-        )
-    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))
+    order = held_out_order(len(images), test_size, seed, "images")
     return DataSplits(train=images.subset(order[test_size:]), test=images.subset(order[:test_size]), name=name)

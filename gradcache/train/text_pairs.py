@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from gradcache.train.datasets import DataError
+from gradcache.train.image_set import held_out_order
 
 SEPARATORS = {".tsv": "\t", ".csv": ","}
 JSON_LINES = (".jsonl",)
@@ -68,10 +69,10 @@ class TextSplits:
 
 def split_pairs(pairs: TextPairs, test_size: int, seed: int, name: str) -> TextSplits:
     """Hold out `test_size` rows chosen by a permutation that depends only on `seed`."""
-    if not 0 < test_size < len(pairs):
-        raise DataError(f"the held-out split needs 0 < --test-size < {len(pairs)} rows, got {test_size}; "
-                        "pass a smaller --test-size or provide more rows")
-    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed))
+    try:
+        order = held_out_order(len(pairs), test_size, seed, "rows")
+    except ValueError as error:
+        raise DataError(str(error)) from error
     return TextSplits(train=pairs.subset(order[test_size:]), test=pairs.subset(order[:test_size]), name=name)
 
 

@@ -7,8 +7,9 @@ from gradcache import losses
 from gradcache.baselines import FullBatch, NaiveAccumulation
 from gradcache.cache import CachedLoss, GradCache
 from gradcache.negatives import negatives_per_anchor
-from gradcache.strategy import NonFiniteLossError
+from gradcache.non_finite import NonFiniteEmbeddingError, NonFiniteError, NonFiniteLossError
 
-__all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "NonFiniteLossError", "losses",
+__all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "NonFiniteError", "NonFiniteLossError",
+           "NonFiniteEmbeddingError", "losses",
            "negatives_per_anchor"]
 __version__ = "0.1.0"

@@ -10,16 +10,13 @@ from torch import nn
 
 from gradcache.distributed import all_gather_with_grad
 from gradcache.inputs import batch_length, encode, trim_padding
+from gradcache.non_finite import NonFiniteLossError
 from gradcache.options import Options, Unpack, checked
 from gradcache.precision import autocast_context, autocast_off_everywhere, upcast
 from gradcache.token_chunks import has_token_mask
 
 LossFn = Callable[..., torch.Tensor]
 Encoders = nn.Module | Sequence[nn.Module]
-
-
-class NonFiniteLossError(ValueError):
-    """The loss of a step is NaN or infinite; raised before any gradient of that step is written."""
 
 
 def _check_chunk_size(chunk_size: Any, name: str = "chunk_size") -> None:

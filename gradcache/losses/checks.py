@@ -12,6 +12,8 @@ from numbers import Real
 
 import torch
 
+from gradcache.non_finite import NonFiniteEmbeddingError
+
 __all__ = ["check_tile_size", "check_column_tile_size", "check_temperature", "check_finite_number",
            "check_embeddings", "check_same_rows"]
 
@@ -100,7 +102,7 @@ def check_embeddings(**named: torch.Tensor) -> None:
         with torch.no_grad():
             bad = int(sum((~torch.isfinite(block)).sum() for block in tensor.split(CHECK_ROWS)))  # one sync
         if bad:
-            raise ValueError(f"{name} has {bad} NaN/inf entries (shape {tuple(tensor.shape)})")
+            raise NonFiniteEmbeddingError(f"{name} has {bad} NaN/inf entries (shape {tuple(tensor.shape)})")
 
 
 def check_same_rows(**named: torch.Tensor) -> int:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from gradcache import distributed
-from gradcache.strategy import NonFiniteLossError
+from gradcache.non_finite import NonFiniteLossError
 from gradcache.train.checkpoint import capture_random_state, restore_random_state
 from gradcache.train.config import RunConfig
 from gradcache.train.image_set import DataSplits

@@ -37,7 +37,8 @@ def _register_eval(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("eval", help="evaluate a saved checkpoint on its run's held-out split",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint file (last.pt), a sharded checkpoint folder (last.dcp of an "
-                        "--fsdp run), or a run folder holding either")
+                        "--fsdp run), or a run folder holding either (its newest good checkpoint: a damaged last.pt "
+                        "falls back to previous.pt, with a warning)")
     parser.add_argument("--device", default="cpu", help="where to run the encoders")
     parser.add_argument("--output-json", default=None, help="also write the metrics to this JSON file")
     parser.set_defaults(command=_run_eval)
@@ -64,19 +65,31 @@ def _default_train_argv(argv: list[str]) -> list[str]:
 
 
 def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
+    import torch
+
+    from gradcache.train import exit_status
+    from gradcache.train.checkpoint import DiskFull
     from gradcache.train.loop import TrainingDiverged, train
     from gradcache.train.modes import MODES
     from gradcache.train.options import config_from_args, explicit_options
-    from gradcache.train.placement import init_distributed_if_launched
+    from gradcache.train.placement import collective_failure, init_distributed_if_launched
     from gradcache.train.preflight import prepare_run
 
-    init_distributed_if_launched(args.device)
-    config, saved, data = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
+    init_distributed_if_launched(args.device, args.collective_timeout)
+    config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
     try:
-        summary = train(config, saved, data)
+        with lock:  # one job per run folder, until this one ends
+            summary = train(config, saved, data)
     except TrainingDiverged as error:
         print(f"gradcache train: {error}", file=sys.stderr)
         return 1
+    except DiskFull as error:
+        print(f"gradcache train: {error}; the previous checkpoint is kept. Free space, then continue with "
+              f"--resume {config.output_dir}", file=sys.stderr)
+        return exit_status.DISK_FULL
+    except torch.distributed.DistError as error:  # a peer rank died, or froze past --collective-timeout
+        print(f"gradcache train: {collective_failure(error, config.collective_timeout)}", file=sys.stderr)
+        return exit_status.COLLECTIVE_TIMEOUT
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "

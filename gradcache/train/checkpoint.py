@@ -1,53 +1,98 @@
-"""Atomic checkpoints: write a temporary file in the same folder, fsync it, then `os.replace` it into place.
+"""Atomic checkpoints that carry their own checksum, with the previous one kept beside the newest.
 
-A crash at any point of a save leaves the previous checkpoint whole: until the rename, the old file is untouched,
-and the rename itself is atomic on POSIX and Windows within one file system. A checkpoint is a plain dict of
-tensors, numbers, strings and containers, so it loads with `torch.load(weights_only=True)`.
+A save writes a temporary file in the same folder, fsyncs it, then renames it into place (`os.replace`): a crash
+at any point leaves the previous checkpoint whole, since until the rename the old file is untouched and the
+rename itself is atomic within one file system. Given `previous=`, the file being replaced is first renamed
+there, so a run folder holds `last.pt` and `previous.pt`. A checkpoint is a plain dict of tensors, numbers,
+strings and containers, loaded with `torch.load(weights_only=True)` (a file from elsewhere never runs code),
+plus `CHECKSUM_KEY`: the sha256 of the rest (gradcache/train/checksum.py), checked on every load.
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gradcache.train.checksum import CHECKSUM_KEY, content_sha256
 
 EXTRA_FILE = "extra.pt"  # in a sharded checkpoint folder: rank 0's step, run options and random state
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class CheckpointError(ValueError):
-    """A checkpoint cannot be read, or does not belong to the run that tries to resume from it."""
+    """A checkpoint cannot be read, fails its checksum, or does not belong to the run that tries to use it."""
 
 
-def sharded_folder(path: str | os.PathLike) -> Path | None:
-    """The folder to read the sharded checkpoint `path` from: `path` itself or, where a save stopped between its
-    two renames (see `gradcache.train.fsdp.save_sharded`), its `.old` copy; None where neither holds one."""
+class DiskFull(OSError):
+    """A save ran out of space; the previous checkpoint is untouched and no temporary file is left."""
+
+    def __init__(self, folder: Path, needed_bytes: int, free_bytes: int) -> None:
+        self.folder, self.needed_bytes, self.free_bytes = folder, needed_bytes, free_bytes
+        super().__init__(errno.ENOSPC, f"no space left to save a checkpoint in {folder}: it needs about "
+                         f"{_megabytes(needed_bytes)} free, {_megabytes(free_bytes)} is free")
+
+
+def is_sharded_folder(path: str | os.PathLike) -> bool:
+    """A folder written by `gradcache.train.fsdp.save_sharded`: shards, `.metadata` and `EXTRA_FILE`."""
     path = Path(path)
-    for folder in (path, path.with_name(path.name + ".old")):
-        if (folder / ".metadata").is_file() and (folder / EXTRA_FILE).is_file():
-            return folder
-    return None
+    return (path / ".metadata").is_file() and (path / EXTRA_FILE).is_file()
 
 
-def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write `state` to `path` atomically; a failure leaves `path` as it was and no temporary file behind."""
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: str | os.PathLike | None = None) -> Path:
+    """Write `state` with its checksum to `path` atomically, first renaming an existing `path` to `previous`
+    (when given). A failure leaves both as they were and no temporary file behind.
+
+    Raises:
+        DiskFull: the file system ran out of space (or quota); it names the folder and the space needed.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    state = {**state, CHECKSUM_KEY: content_sha256(state)}
     handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
     try:
         with handle:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        if previous is not None and path.exists():
+            os.replace(path, previous)  # a crash before the next rename leaves previous alone: it is read then
         os.replace(handle.name, path)
+    except OSError as error:
+        Path(handle.name).unlink(missing_ok=True)
+        if error.errno in NO_SPACE:
+            raise DiskFull(path.parent, _size_needed(state, path), shutil.disk_usage(path.parent).free) from error
+        raise
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
-    _fsync_directory(path.parent)  # make the rename itself durable
+    _fsync_directory(path.parent)  # make the renames themselves durable
     return path
+
+
+def _size_needed(state: dict[str, Any], path: Path) -> int:
+    """The size of the checkpoint already there, else the bytes of the tensors being saved."""
+    if path.is_file():
+        return path.stat().st_size
+    total, stack = 0, [state]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return total
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
 
 
 def _fsync_directory(folder: Path) -> None:
@@ -60,25 +105,34 @@ def _fsync_directory(folder: Path) -> None:
         os.close(descriptor)
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint file, or a run folder's `last.pt`."""
+def read_checked(path: str | os.PathLike) -> dict[str, Any]:
+    """The dict in the file `path`, after checking its checksum (files written before checksums have none).
+
+    Raises:
+        CheckpointError: missing, unreadable, not a dict, or its contents differ from its checksum.
+    """
     path = Path(path)
-    if path.is_dir():
-        path = path / "last.pt"
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; give a checkpoint file or a run folder "
-                              "holding last.pt")
-    return path
-
-
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by `save_checkpoint` (a file, or a run folder's `last.pt`)."""
-    path = resolve_checkpoint(path)
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several unrelated types for a corrupt or foreign file
-        raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {error}") from error
-    if not isinstance(state, dict) or "args" not in state or "model" not in state:
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r} (truncated or damaged?): {error}") from error
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{str(path)!r} is not a gradcache checkpoint (it holds a {type(state).__name__})")
+    stored = state.pop(CHECKSUM_KEY, None)
+    if stored is not None and stored != content_sha256(state):
+        raise CheckpointError(f"checkpoint {str(path)!r} fails its checksum: its contents changed after it was "
+                              "written (damaged disk or copy)")
+    return state
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a training checkpoint written by `save_checkpoint`: a file, or a run folder's `last.pt` (no fallback:
+    `gradcache.train.run_checkpoint.open_checkpoint` is what chooses between `last.pt` and `previous.pt`)."""
+    path = Path(path)
+    state = read_checked(path / "last.pt" if path.is_dir() else path)
+    if "args" not in state or "model" not in state:
         raise CheckpointError(f"{str(path)!r} is not a gradcache training checkpoint (no 'args' or 'model')")
     return state
 

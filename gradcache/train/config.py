@@ -12,7 +12,7 @@ from typing import Any
 
 from gradcache.train.checkpoint import CheckpointError
 
-CONFIG_VERSION = 3
+CONFIG_VERSION = 4
 
 
 class UsageError(ValueError):
@@ -79,6 +79,7 @@ class RunConfig:
     fsdp_reduce: str = "chunk"
     cpu_offload: bool = False
     seed: int = 0
+    collective_timeout: float = 1800.0  # seconds a collective may wait for a peer rank (torchrun runs)
     # output
     output_dir: str | None = None
     resume: str | None = None
@@ -129,6 +130,8 @@ _V1_ADDED_LATER = dict(rotation=0.0, fsdp=False, fsdp_reduce="chunk", cpu_offloa
 # Version 3 added the text mode's options (image runs never read them) and clip's --pretrained.
 _V3_ADDED = dict(pooling=None, max_length=128, separate_towers=False, query_key="query", positive_key="positive",
                  negative_keys=None, negatives_per_query=None, symmetric=False, pretrained=None)
+# Version 4 added --collective-timeout (run-local: a resume may give another).
+_V4_ADDED = dict(collective_timeout=1800.0)
 
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
@@ -141,4 +144,6 @@ def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
         values = {**_V1_ADDED_LATER, **_V1_ABSENT.get(values.get("mode"), {}), **values}
     if version < 3:
         values = {**_V3_ADDED, **values}
+    if version < 4:
+        values = {**_V4_ADDED, **values}
     return values

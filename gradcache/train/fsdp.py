@@ -29,7 +29,16 @@ from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from gradcache import distributed
-from gradcache.train.checkpoint import EXTRA_FILE, CheckpointError, save_checkpoint, sharded_folder
+from gradcache.train.checkpoint import (
+    EXTRA_FILE,
+    NO_SPACE,
+    CheckpointError,
+    DiskFull,
+    is_sharded_folder,
+    read_checked,
+    save_checkpoint,
+)
+from gradcache.train.checksum import files_sha256
 
 BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
 
@@ -93,19 +102,27 @@ def _outermost_blocks(module: nn.Module, block: Callable) -> list[nn.Module]:
 
 
 # --- sharded checkpoints ----------------------------------------------------------------------------------
+FILES_KEY = "files"  # in extra.pt: sha256 of every other file of the folder, checked by check_sharded_files
+
+
 def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 extra: dict[str, Any] | None = None) -> Path:
+                 extra: dict[str, Any] | None = None, previous: str | os.PathLike | None = None) -> Path:
     """Every rank writes its shards of `model` and `optimizer` to `folder` (torch.distributed.checkpoint).
 
     `model` holds everything trained (encoders and loss, e.g. an `nn.ModuleDict`); `optimizer` steps exactly
     its parameters. Keys are parameter names, not ranks, so `load_sharded` reads it on any number of ranks,
     one process without a process group included. `extra` (step, arguments, scheduler; rank 0's copy is written,
-    with the saving `world_size`, to `extra.pt` beside the shards) must load with `weights_only=True`.
-    The shards go to `<folder>.partial`, which rank 0 then swaps in, so a crash mid-save leaves the previous
-    checkpoint whole. Call on every rank, with a folder every rank can reach.
+    with the saving `world_size` and the sha256 of every shard file, to `extra.pt` beside the shards) must load
+    with `weights_only=True`. The shards go to `<folder>.partial`, which rank 0 then renames into place, first
+    renaming the folder it replaces to `previous` (when given; else that one is deleted), so a crash mid-save
+    leaves a whole checkpoint. Call on every rank, with a folder every rank can reach.
+
+    Raises:
+        DiskFull: no space left for the shards (on any rank); the partial folder is removed.
     """
     folder = Path(folder)
-    partial, old = folder.with_name(folder.name + ".partial"), folder.with_name(folder.name + ".old")
+    partial = folder.with_name(folder.name + ".partial")
+    replaced = Path(previous) if previous is not None else folder.with_name(folder.name + ".old")
     grouped = distributed.is_distributed()
     leader = distributed.rank() == 0
     if leader:
@@ -113,23 +130,69 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     if grouped:
         dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), no_dist=not grouped)
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), no_dist=not grouped)
+        if leader:
+            files = files_sha256(partial)
+            save_checkpoint({**(extra or {}), "world_size": distributed.world_size(), FILES_KEY: files},
+                            partial / EXTRA_FILE)
+    except Exception as error:
+        if leader:
+            shutil.rmtree(partial, ignore_errors=True)
+        if _out_of_space(error) and not isinstance(error, DiskFull):
+            raise DiskFull(folder.parent, _folder_size(folder), shutil.disk_usage(folder.parent).free) from error
+        raise
     if leader:
-        save_checkpoint({**(extra or {}), "world_size": distributed.world_size()}, partial / EXTRA_FILE)
-        shutil.rmtree(old, ignore_errors=True)
         if folder.exists():
-            os.replace(folder, old)
-        os.replace(partial, folder)  # between the two renames, load_sharded falls back to <folder>.old
-        shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(replaced, ignore_errors=True)
+            os.replace(folder, replaced)  # until the next rename the run folder's resolver reads `previous`
+        os.replace(partial, folder)
+        if previous is None:
+            shutil.rmtree(replaced, ignore_errors=True)
     if grouped:
         dist.barrier()  # nobody reads the folder before it is whole
     return folder
 
 
+def _out_of_space(error: BaseException | None) -> bool:
+    """An ENOSPC anywhere in `error`'s chain, or in the per-rank failures torch.distributed.checkpoint gathers."""
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return True
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict) and any(_out_of_space(getattr(f, "exc", f)) for f in failures.values()
+                                              if isinstance(getattr(f, "exc", f), BaseException)):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def _folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) if folder.is_dir() else 0
+
+
+def check_sharded_files(folder: str | os.PathLike) -> None:
+    """Raise CheckpointError unless `folder` is a whole sharded checkpoint: `extra.pt` passes its checksum, and
+    every shard file named in it is there with the sha256 it was written with (folders written before these
+    checksums are checked for `extra.pt` alone)."""
+    folder = _resolve_sharded(Path(folder))
+    expected = read_checked(folder / EXTRA_FILE).get(FILES_KEY)
+    if expected is None:
+        return
+    actual = files_sha256(folder, exclude=(EXTRA_FILE,))
+    for name, digest in expected.items():
+        if name not in actual:
+            raise CheckpointError(f"sharded checkpoint {str(folder)!r} lacks its file {name}")
+        if actual[name] != digest:
+            raise CheckpointError(f"sharded checkpoint {str(folder)!r}: {name} fails its checksum (truncated, or "
+                                  "changed after it was written)")
+
+
 def sharded_extra(folder: str | os.PathLike) -> dict[str, Any]:
     """The `extra` of a `save_sharded` folder, without a model: what `--resume` needs to rebuild the run."""
     folder = _resolve_sharded(Path(folder))
-    return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+    return read_checked(folder / EXTRA_FILE)
 
 
 def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -144,7 +207,7 @@ def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = _read(folder, {"model": model_state, "optimizer": optimizer_state})
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+    return read_checked(folder / EXTRA_FILE)
 
 
 def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
@@ -157,7 +220,7 @@ def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str,
     folder = _resolve_sharded(Path(folder))
     state = _read(folder, {"model": get_model_state_dict(model)})
     set_model_state_dict(model, state["model"])
-    return torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+    return read_checked(folder / EXTRA_FILE)
 
 
 def check_sharded_model(folder: str | os.PathLike, model: nn.Module) -> None:
@@ -188,13 +251,13 @@ def _read(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve_sharded(folder: Path) -> Path:
-    """`folder`, or its `.old` copy where a save stopped between its two renames."""
-    found = sharded_folder(folder)
-    if found is None:
+    """`folder`, if it is a sharded checkpoint (choosing between `last.dcp` and `previous.dcp` is
+    `gradcache.train.run_checkpoint`'s)."""
+    if not is_sharded_folder(folder):
         hint = (" it is a single-file checkpoint: resume without --fsdp" if folder.is_file()
                 else " give the folder that save_sharded wrote (it holds .metadata and extra.pt)")
         raise CheckpointError(f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint;{hint}")
-    return found
+    return folder
 
 
 # --- 8-bit AdamW -------------------------------------------------------------------------------------------

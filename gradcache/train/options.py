@@ -96,12 +96,17 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                        "per step (step: whole gradients between chunks, fewer collectives)")
     shard.add_argument("--cpu-offload", action="store_true", help="--fsdp: keep sharded parameters, gradients "
                        "and optimizer state in CPU memory; the optimizer steps on CPU")
+    shard.add_argument("--collective-timeout", type=float, default=default("collective_timeout"),
+                       help="seconds a collective waits for the other ranks before the step fails (a rank that "
+                       "died or froze); longer than the slowest evaluation or save, which the others wait for")
 
     output = parser.add_argument_group("output")
     output.add_argument("--output-dir", default=None, help="run folder (default: runs/<mode>-<time>; "
                         "on --resume: the checkpoint's folder)")
-    output.add_argument("--resume", default=None, help="continue from this checkpoint (or run folder); a larger "
-                        "--steps or --epochs extends the run (default: start a new run)")
+    output.add_argument("--resume", default=None, help="continue from this checkpoint, or from a run folder's "
+                        "newest good one (falling back to previous.pt with a warning); 'auto': from --output-dir's "
+                        "if it holds one, else start afresh there (for torchrun --max-restarts); a larger --steps "
+                        "or --epochs extends the run (default: start a new run)")
     output.add_argument("--checkpoint-every", type=int, default=default("checkpoint_every"),
                         help="save the checkpoint every N steps and at the end")
     output.add_argument("--eval-every", type=int, default=default("eval_every"),

@@ -11,6 +11,8 @@ block by block (`--fsdp`, FSDP2). Everything the loop would otherwise branch on 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,14 +22,37 @@ import torch.distributed as dist
 from torch import nn
 
 from gradcache import distributed
-from gradcache.train.config import RunConfig
+from gradcache.train.config import RunConfig, UsageError
 from gradcache.train.run_checkpoint import RunCheckpoint, run_checkpoint
 
 
-def init_distributed_if_launched(device: str) -> None:
-    """Under `torchrun` (WORLD_SIZE > 1 in the environment) join the process group: NCCL on CUDA, else gloo."""
+def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0) -> None:
+    """Under `torchrun` (WORLD_SIZE > 1 in the environment) join the process group: NCCL on CUDA (this process's
+    GPU, cuda:LOCAL_RANK), else gloo; a collective that waits longer than `collective_timeout` seconds for a peer
+    fails (torch.distributed.DistError) instead of hanging.
+
+    Raises:
+        UsageError: `collective_timeout` is not a positive, finite number of seconds.
+    """
+    if not 0 < collective_timeout < math.inf:
+        raise UsageError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}; "
+                         "e.g. --collective-timeout 1800")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        cuda = device.startswith("cuda")
+        if cuda and torch.cuda.is_available() and torch.device(device).index is None:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=collective_timeout))
+
+
+def collective_failure(error: BaseException, collective_timeout: float) -> str:
+    """What to tell the user when a collective failed (torch.distributed.DistError): a rank died, or froze
+    past --collective-timeout."""
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (f"a collective between the {distributed.world_size()} ranks failed on rank {distributed.rank()} "
+            f"({type(error).__name__}: {first_line[:300]}): another rank died, or it did not answer within "
+            f"--collective-timeout {collective_timeout:g} s. Under torchrun --max-restarts N with --resume auto, the "
+            "group restarts from the last checkpoint; raise --collective-timeout if a rank is only slow (a long "
+            "evaluation or save)")
 
 
 def device_of(name: str) -> torch.device:

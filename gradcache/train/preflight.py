@@ -1,8 +1,9 @@
-"""Everything `gradcache train` checks before a run writes anything: option values, the resume, the output
-folder and the data. A problem raises UsageError, DataError or CheckpointError (exit status 2), naming the
+"""Everything `gradcache train` checks before a run writes anything: option values, the output folder (taken
+with its lock), the resume and the data. A problem raises UsageError, DataError or CheckpointError (exit status 2), naming the
 option, the value and the fix."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -10,31 +11,74 @@ from pathlib import Path
 import torch
 
 from gradcache import distributed
+from gradcache.train.checkpoint import CheckpointError
 from gradcache.train.config import RunConfig, UsageError
 from gradcache.train.image_set import DataSplits
 from gradcache.train.modes import MODES
-from gradcache.train.resume import check_length, merge_resume
-from gradcache.train.run_checkpoint import RunCheckpoint
+from gradcache.train.resume import AUTO, check_length, choose_checkpoint, merge_resume
+from gradcache.train.run_checkpoint import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, run_folder_of
+from gradcache.train.run_folder import RunFolderLock, decided_by_rank_zero, remove_stale_temporaries
 
+RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
+             "train_log.csv")
 POSITIVE = ("threads", "batch_size", "chunk_size", "steps", "epochs", "image_size", "train_size", "test_size",
             "checkpoint_every", "knn_k", "base_batch_size", "width", "projection_dim")
 
 
-def prepare_run(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckpoint | None, DataSplits]:
-    """Check the options, merge a resume checkpoint, pick the output folder and load the data; write nothing."""
-    config, saved = merge_resume(given, explicit) if given.resume is not None else (given, None)
+def prepare_run(given: RunConfig, explicit: set[str]
+                ) -> tuple[RunConfig, RunCheckpoint | None, DataSplits, contextlib.AbstractContextManager]:
+    """Check the options, take the output folder (its lock: see gradcache/train/run_folder.py), merge a resume
+    checkpoint and load the data; return them with the folder's lock, which the caller holds while it trains.
+    A check that fails releases the lock and writes nothing (a folder it created is removed again)."""
+    output = _output_folder(given, explicit)
+    lock = RunFolderLock(output) if distributed.rank() == 0 else contextlib.nullcontext()
+
+    def claim() -> None:
+        lock.acquire()
+        remove_stale_temporaries(output)  # what a save killed half-way left
+
+    decided_by_rank_zero(claim)
+    try:
+        config, saved, data = _prepare(dataclasses.replace(given, output_dir=str(output)), explicit)
+    except BaseException:
+        if isinstance(lock, RunFolderLock):
+            lock.release(discard=True)
+        raise
+    return config, saved, data, lock
+
+
+def _output_folder(given: RunConfig, explicit: set[str]) -> Path:
+    """--output-dir; else the run folder of --resume; else a new runs/<mode>-<time>."""
+    if given.resume == AUTO and "output_dir" not in explicit:
+        raise UsageError("--resume auto resumes the run in --output-dir, or starts it there: give --output-dir "
+                         "(e.g. --output-dir runs/my-run --resume auto)")
+    if given.output_dir is not None:
+        output = Path(given.output_dir)
+    elif given.resume is not None:
+        if not Path(given.resume).exists():
+            raise CheckpointError(f"checkpoint {given.resume!r} does not exist; give a checkpoint file or a run "
+                                  "folder holding last.pt")
+        output = run_folder_of(given.resume)
+    else:
+        output = Path("runs") / f"{given.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output-dir {output} exists and is not a folder; choose another path")
+    return output
+
+
+def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckpoint | None, DataSplits]:
+    found = choose_checkpoint(given.resume, given.output_dir) if given.resume is not None else None
+    saved = found.chosen if found is not None else None
+    config = merge_resume(given, explicit, saved) if saved is not None else dataclasses.replace(given, resume=None)
     mode = MODES[config.mode]
     if config.steps is None and config.epochs is None:
         config = dataclasses.replace(config, epochs=mode.default_epochs)
     check_options(config)
-    if config.output_dir is None:
-        config = dataclasses.replace(config, output_dir=str(Path("runs") / f"{config.mode}-{time.strftime('%Y%m%d-%H%M%S')}"))
     output = Path(config.output_dir)
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"--output-dir {output} exists and is not a folder; choose another path")
-    if saved is None and any((output / name).exists() for name in ("last.pt", "last.dcp", "train_log.csv")):
+    if given.resume is None and any((output / name).exists() for name in RUN_FILES):
         raise UsageError(f"--output-dir {output} already holds a run; pass --resume {output} to continue it, "
-                         "or choose another --output-dir")
+                         "--resume auto to continue it or, if it saved no checkpoint, start it afresh there, or "
+                         "choose another --output-dir")
     data = mode.load_data(config)
     config = mode.resolve(config, data)
     if len(data.train) < config.batch_size:
@@ -42,6 +86,8 @@ def prepare_run(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunChe
                          "pass a smaller --batch-size or use more data")
     if saved is not None:
         check_length(config, saved, len(data.train))
+        if distributed.rank() == 0:
+            found.set_aside()  # every check passed: the damaged newest goes aside, the next save keeps `saved`
     return config, saved, data
 
 

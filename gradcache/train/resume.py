@@ -1,4 +1,9 @@
-"""How `--resume` merges a checkpoint's run options with the command line.
+"""How `--resume` chooses its checkpoint and merges the checkpoint's run options with the command line.
+
+`--resume PATH` continues from a checkpoint file, or from the newest good checkpoint of a run folder;
+`--resume auto` (with `--output-dir`) does the same in the output folder when it holds a checkpoint and starts
+the run afresh there when it holds none: the same command then starts a run and restarts it after any failure
+(`torchrun --max-restarts`). Rank 0 chooses and tells the other ranks (`choose_checkpoint`).
 
 The resumed run is the run that was interrupted: its options come from the checkpoint. The run-local options
 (`RUN_LOCAL`) may be given anew; `--steps` or `--epochs` may lengthen the run (never shorten it: checked
@@ -8,6 +13,7 @@ or the resume is refused, naming the option.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from torch import nn
 
@@ -15,21 +21,41 @@ from gradcache.train.checkpoint import CheckpointError
 from gradcache.train.config import MODEL_FIELDS, RunConfig
 from gradcache.train.modes import MODES
 from gradcache.train.run import build_model
-from gradcache.train.run_checkpoint import RunCheckpoint, open_checkpoint
+from gradcache.train.run_checkpoint import KINDS, Found, RunCheckpoint, find_checkpoint, locate
+from gradcache.train.run_folder import decided_by_rank_zero
 
 # --cpu-offload only moves where the shards live, so a resumed run may turn it on or off.
 RUN_LOCAL = ("device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every", "eval_every",
-             "cpu_offload")
+             "cpu_offload", "collective_timeout")
 LENGTH = ("steps", "epochs")
+AUTO = "auto"  # --resume auto
 
 
-def merge_resume(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckpoint]:
-    """The checkpoint's options with the run-local ones (and a new length) from the command line.
+def choose_checkpoint(resume: str, output_dir: str) -> Found:
+    """The checkpoint `--resume` names (`--resume auto`: `output_dir`'s newest good one, if any), chosen on rank 0
+    (warning on stderr of a newer one it falls back from) and given to every rank.
 
     Raises:
-        CheckpointError: no checkpoint there, one of another kind, mode or model, or an option that differs.
+        CheckpointError: on every rank, where rank 0 found none or only bad ones (see `locate`).
     """
-    saved = open_checkpoint(given.resume)
+    def on_rank_zero() -> tuple[bool, str | None, list[tuple[str, str]]]:
+        found = find_checkpoint(output_dir) if resume == AUTO else locate(resume)
+        found.warn()
+        chosen = found.chosen
+        return (chosen is not None and chosen.sharded, None if chosen is None else str(chosen.path),
+                [(str(path), reason) for path, reason in found.skipped])
+
+    sharded, path, skipped = decided_by_rank_zero(on_rank_zero)
+    return Found(None if path is None else KINDS[sharded](path), [(Path(p), reason) for p, reason in skipped])
+
+
+def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> RunConfig:
+    """The options of `saved` (the checkpoint `given.resume` names) with the run-local ones (and a new length)
+    from the command line.
+
+    Raises:
+        CheckpointError: a checkpoint of another kind, mode or model, or an option that differs.
+    """
     if "fsdp" in explicit and not saved.sharded:
         raise CheckpointError(f"--resume {given.resume} is a single-file checkpoint (last.pt) of a run without "
                               "--fsdp; resume it without --fsdp, or start a new run with --fsdp")
@@ -55,7 +81,7 @@ def merge_resume(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCh
                               "it was not written by gradcache train")
     mode = MODES[merged.mode]
     saved.check_fits(nn.ModuleDict({"model": build_model(mode, merged), "loss": mode.build_loss(merged)}))
-    return merged, saved
+    return merged
 
 
 def check_length(config: RunConfig, saved: RunCheckpoint, train_size: int) -> None:

@@ -6,7 +6,8 @@ from gradcache.cli import main
 
 
 def _snapshot(folder):
-    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.rglob("*") if p.is_file()}
+    """Every file of the run; not its lock file, which each job that tries the folder takes while it checks."""
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
 
 
 def _fails(argv, capsys, *fragments):

@@ -35,18 +35,23 @@ def test_save_then_open_from_the_run_folder(tmp_path, sharded):
         found.check_fits(nn.ModuleDict({"model": nn.Linear(5, 3), "loss": ClipLoss(learnable=True)}))
 
 
-def test_a_sharded_save_stopped_between_its_renames_is_read_from_old(tmp_path):
+@pytest.mark.parametrize("sharded", [False, True])
+def test_each_save_keeps_the_one_before_and_a_stop_between_the_renames_reads_it(tmp_path, sharded, capsys):
     trained = _trained(0)
-    saved = run_checkpoint(tmp_path, sharded=True)
-    saved.save(trained, torch.optim.SGD(trained.parameters(), lr=0.1), {"args": {"mode": "clip"}, "step": 3})
-    shutil.move(tmp_path / "last.dcp", tmp_path / "last.dcp.old")  # the first rename done, the second not
+    optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
+    saved = run_checkpoint(tmp_path, sharded)
+    for step in (3, 4):
+        saved.save(trained, optimizer, {"args": {"mode": "clip"}, "step": step})
+    assert open_checkpoint(saved.previous_path).meta()["step"] == 3
+    assert open_checkpoint(tmp_path).meta()["step"] == 4 and capsys.readouterr().err == ""
+    shutil.rmtree(saved.path) if sharded else saved.path.unlink()  # the first rename done, the second not
     found = open_checkpoint(tmp_path)
-    assert isinstance(found, ShardedCheckpoint) and found.path == tmp_path / "last.dcp"
-    assert found.meta()["step"] == 3
+    assert found.path == saved.previous_path and found.meta()["step"] == 3
+    assert f"{saved.path} is unusable (it is missing" in capsys.readouterr().err
 
 
 def test_no_checkpoint_there(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         open_checkpoint(tmp_path / "nowhere")
-    with pytest.raises(CheckpointError, match="does not exist"):
+    with pytest.raises(CheckpointError, match="holds no checkpoint .* --resume auto"):
         open_checkpoint(tmp_path)

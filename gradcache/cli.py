@@ -65,14 +65,12 @@ def _default_train_argv(argv: list[str]) -> list[str]:
 
 
 def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
-    import torch
-
     from gradcache.train import exit_status
     from gradcache.train.checkpoint import DiskFull
     from gradcache.train.loop import TrainingDiverged, train
     from gradcache.train.modes import MODES
     from gradcache.train.options import config_from_args, explicit_options
-    from gradcache.train.placement import collective_failure, init_distributed_if_launched
+    from gradcache.train.placement import collective_failure, init_distributed_if_launched, spans_ranks
     from gradcache.train.preflight import prepare_run
 
     init_distributed_if_launched(args.device, args.collective_timeout)
@@ -87,7 +85,9 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"gradcache train: {error}; the previous checkpoint is kept. Free space, then continue with "
               f"--resume {config.output_dir}", file=sys.stderr)
         return exit_status.DISK_FULL
-    except torch.distributed.DistError as error:  # a peer rank died, or froze past --collective-timeout
+    except RuntimeError as error:  # gloo fails a collective with a plain RuntimeError: no narrower type to catch
+        if not spans_ranks():
+            raise
         print(f"gradcache train: {collective_failure(error, config.collective_timeout)}", file=sys.stderr)
         return exit_status.COLLECTIVE_TIMEOUT
     if summary:

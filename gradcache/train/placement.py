@@ -44,15 +44,22 @@ def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=collective_timeout))
 
 
+def spans_ranks() -> bool:
+    """A process group of more than one rank is up: a failed step may be a failed collective."""
+    return distributed.is_distributed() and distributed.world_size() > 1
+
+
 def collective_failure(error: BaseException, collective_timeout: float) -> str:
-    """What to tell the user when a collective failed (torch.distributed.DistError): a rank died, or froze
-    past --collective-timeout."""
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return (f"a collective between the {distributed.world_size()} ranks failed on rank {distributed.rank()} "
-            f"({type(error).__name__}: {first_line[:300]}): another rank died, or it did not answer within "
-            f"--collective-timeout {collective_timeout:g} s. Under torchrun --max-restarts N with --resume auto, the "
-            "group restarts from the last checkpoint; raise --collective-timeout if a rank is only slow (a long "
-            "evaluation or save)")
+    """What to say when a step of a run over several ranks fails with a RuntimeError: the way gloo reports a
+    collective whose peer died (at once) or did not answer within --collective-timeout (NCCL's watchdog aborts
+    the process instead, torch.distributed.DistError is raised for the rest); the message names the option."""
+    text = str(error).strip()
+    first_line = text.splitlines()[0][:300] if text else ""
+    return (f"the step failed on rank {distributed.rank()} of {distributed.world_size()} ({type(error).__name__}: "
+            f"{first_line}). Where another rank died or froze, a collective fails like this, at once or after "
+            f"--collective-timeout {collective_timeout:g} s. Under torchrun --max-restarts N with --resume auto the "
+            "group restarts from the last checkpoint; if a rank was only slow (a long evaluation or save), raise "
+            "--collective-timeout")
 
 
 def device_of(name: str) -> torch.device:

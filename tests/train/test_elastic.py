@@ -1,0 +1,60 @@
+"""`--resume auto`: one command that starts a run in --output-dir, continues it from its newest good checkpoint,
+or starts it afresh where it died before its first save; under torchrun it is what restarts after a worker dies
+(tests/train/test_torchrun.py)."""
+import csv
+
+import pytest
+
+from gradcache.cli import main
+from gradcache.train import exit_status
+from gradcache.train.run_log import RunLog
+
+
+def _losses(folder):
+    with open(folder / "train_log.csv", newline="") as handle:
+        return [(row["step"], row["loss"]) for row in csv.DictReader(handle)]
+
+
+def _killed_after_step_3(monkeypatch, argv):
+    original = RunLog.log_step
+
+    def crash_after_step_3(self, row):
+        original(self, row)
+        if row["step"] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunLog, "log_step", crash_after_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    monkeypatch.setattr(RunLog, "log_step", original)
+
+
+def test_resume_auto_needs_an_output_dir(capsys):
+    assert main(["train", "simclr", "--resume", "auto"]) == exit_status.USAGE
+    assert "--resume auto resumes the run in --output-dir, or starts it there: give --output-dir" in \
+        capsys.readouterr().err
+
+
+def test_resume_auto_starts_continues_and_restarts(tmp_path, tiny_args, monkeypatch, capsys):
+    auto = ["--steps", "4", "--resume", "auto"]
+    assert main(tiny_args("simclr", tmp_path / "fresh", *auto, "--checkpoint-every", "2")) == 0  # an empty folder
+    uninterrupted = _losses(tmp_path / "fresh")
+    assert [step for step, _ in uninterrupted] == ["1", "2", "3", "4"]
+
+    # killed after step 3 with the checkpoint of step 2: continued from it
+    _killed_after_step_3(monkeypatch, tiny_args("simclr", tmp_path / "saved", *auto, "--checkpoint-every", "2"))
+    assert main(tiny_args("simclr", tmp_path / "saved", *auto, "--checkpoint-every", "2")) == 0
+    assert _losses(tmp_path / "saved") == uninterrupted
+
+    # killed after step 3 before any checkpoint: neither a new run nor --resume FOLDER takes it, --resume auto
+    # starts it afresh and replaces its logs
+    never = tmp_path / "never"
+    _killed_after_step_3(monkeypatch, tiny_args("simclr", never, *auto, "--checkpoint-every", "10"))
+    assert [step for step, _ in _losses(never)] == ["1", "2", "3"] and not (never / "last.pt").exists()
+    capsys.readouterr()
+    assert main(tiny_args("simclr", never, "--steps", "4")) == exit_status.USAGE
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["train", "simclr", "--resume", str(never)]) == exit_status.USAGE
+    assert f"--resume auto --output-dir {never}" in capsys.readouterr().err
+    assert main(tiny_args("simclr", never, *auto, "--checkpoint-every", "10")) == 0
+    assert _losses(never) == uninterrupted

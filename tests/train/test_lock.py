@@ -1,0 +1,41 @@
+"""One job per run folder: while a job holds a folder's lock, a second one exits 2 at once naming the holder;
+the lock goes with the holder's process, however it ends (SIGKILL included)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from gradcache.cli import main
+from gradcache.train import exit_status
+from gradcache.train.run_folder import RunFolderLock
+
+HOLD = ("import sys, time; from gradcache.train.run_folder import RunFolderLock; "
+        "lock = RunFolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)")
+
+
+def test_a_second_job_on_a_locked_folder_exits_2_naming_the_holder(tmp_path, tiny_args, capsys):
+    assert main(tiny_args("simclr", tmp_path)) == 0
+    before = (tmp_path / "train_log.csv").read_bytes()
+    with RunFolderLock(tmp_path).acquire():  # a job running in the folder
+        for argv in (["train", "simclr", "--resume", str(tmp_path)],
+                     tiny_args("simclr", tmp_path, "--resume", "auto")):
+            assert main(argv) == exit_status.USAGE
+            err = capsys.readouterr().err
+            assert f"run folder {tmp_path} is in use by another job (pid {os.getpid()} on host " \
+                   f"{socket.gethostname()}, since " in err
+    assert (tmp_path / "train_log.csv").read_bytes() == before
+    assert main(["train", "simclr", "--resume", str(tmp_path), "--quiet"]) == 0  # released: the folder is free
+
+
+def test_the_lock_dies_with_its_holder(tmp_path, tiny_args, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(tiny_args("simclr", tmp_path)) == exit_status.USAGE
+        assert f"(pid {holder.pid} on host" in capsys.readouterr().err
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]  # the second job wrote nothing
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert main(tiny_args("simclr", tmp_path)) == 0

@@ -41,7 +41,13 @@ def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0
         cuda = device.startswith("cuda")
         if cuda and torch.cuda.is_available() and torch.device(device).index is None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=collective_timeout))
+        timeout = datetime.timedelta(seconds=collective_timeout)
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        # torchrun keeps its store across --max-restarts: under the same keys, a restarted group would read the
+        # addresses its failed predecessor published and connect to dead ranks
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore(f"attempt_{attempt}", store),
+                                rank=rank, world_size=world_size, timeout=timeout)
 
 
 def spans_ranks() -> bool:

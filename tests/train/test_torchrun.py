@@ -71,6 +71,7 @@ def test_a_killed_worker_is_restarted_and_the_run_logs_the_uninterrupted_losses(
         victim = _worker(torchrun.pid, 1, 0, deadline)
         _wait_for(folder / "last.pt", deadline)  # the first checkpoint: a restart has somewhere to continue from
         os.kill(victim, signal.SIGKILL)
+        _worker(torchrun.pid, 1, 1, deadline)  # the group restarted: attempt 1 runs
         output, _ = torchrun.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         torchrun.kill()

@@ -192,7 +192,7 @@ def check_sharded_files(folder: str | os.PathLike) -> None:
 def sharded_extra(folder: str | os.PathLike) -> dict[str, Any]:
     """The `extra` of a `save_sharded` folder, without a model: what `--resume` needs to rebuild the run."""
     folder = _resolve_sharded(Path(folder))
-    return read_checked(folder / EXTRA_FILE)
+    return _extra(folder)
 
 
 def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -207,7 +207,7 @@ def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = _read(folder, {"model": model_state, "optimizer": optimizer_state})
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    return read_checked(folder / EXTRA_FILE)
+    return _extra(folder)
 
 
 def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
@@ -220,7 +220,7 @@ def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str,
     folder = _resolve_sharded(Path(folder))
     state = _read(folder, {"model": get_model_state_dict(model)})
     set_model_state_dict(model, state["model"])
-    return read_checked(folder / EXTRA_FILE)
+    return _extra(folder)
 
 
 def check_sharded_model(folder: str | os.PathLike, model: nn.Module) -> None:
@@ -248,6 +248,11 @@ def _read(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
     _check_holds(folder, state["model"])
     dcp.load(state, checkpoint_id=str(folder), no_dist=not distributed.is_distributed())
     return state
+
+
+def _extra(folder: Path) -> dict[str, Any]:
+    """`extra.pt` as the caller of save_sharded gave it (with `world_size`), checked, without the shard checksums."""
+    return {k: v for k, v in read_checked(folder / EXTRA_FILE).items() if k != FILES_KEY}
 
 
 def _resolve_sharded(folder: Path) -> Path:

@@ -130,19 +130,19 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(runs, tmp_pat
 
 
 def test_a_save_replaces_the_previous_checkpoint_whole(tmp_path):
-    """One process, no process group: a second save over the first, a crashed save's leftovers ignored, and the
-    `.old` copy read where a save stopped between its two renames."""
-    folder = tmp_path / "last"
+    """One process, no process group: a second save over the first keeps it as `previous`, and a crashed save's
+    leftovers are ignored (the choice between the two is gradcache.train.run_checkpoint's, tested there)."""
+    folder, previous = tmp_path / "last", tmp_path / "previous"
     model = build(seed=0)
     optimizer = optimizer_for(model)
     train(model, optimizer, [0])
-    save_sharded(folder, model, optimizer, extra={"step": 1})
+    save_sharded(folder, model, optimizer, extra={"step": 1}, previous=previous)
     (tmp_path / "last.partial").mkdir()  # as a crash in the middle of the next save leaves it
     train(model, optimizer, [1])
-    save_sharded(folder, model, optimizer, extra={"step": 2})
+    save_sharded(folder, model, optimizer, extra={"step": 2}, previous=previous)
     assert sharded_extra(folder) == {"step": 2, "world_size": 1}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
-    folder.rename(tmp_path / "last.old")
+    assert sharded_extra(previous) == {"step": 1, "world_size": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last", "previous"]
     fresh = build(seed=1)
     fresh_optimizer = optimizer_for(fresh)
     assert load_sharded(folder, fresh, fresh_optimizer)["step"] == 2

@@ -65,31 +65,21 @@ def _default_train_argv(argv: list[str]) -> list[str]:
 
 
 def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from gradcache.train import exit_status
-    from gradcache.train.checkpoint import DiskFull
     from gradcache.train.loop import TrainingDiverged, train
     from gradcache.train.modes import MODES
     from gradcache.train.options import config_from_args, explicit_options
-    from gradcache.train.placement import collective_failure, init_distributed_if_launched, spans_ranks
+    from gradcache.train.placement import collective_failures, init_distributed_if_launched
     from gradcache.train.preflight import prepare_run
 
     init_distributed_if_launched(args.device, args.collective_timeout)
     config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
     try:
-        with lock:  # one job per run folder, until this one ends
+        # one job per run folder until this one ends; a failed collective (a rank died or froze) typed
+        with lock, collective_failures(config.collective_timeout):
             summary = train(config, saved, data)
     except TrainingDiverged as error:
         print(f"gradcache train: {error}", file=sys.stderr)
         return 1
-    except DiskFull as error:
-        print(f"gradcache train: {error}; the previous checkpoint is kept. Free space, then continue with "
-              f"--resume {config.output_dir}", file=sys.stderr)
-        return exit_status.DISK_FULL
-    except RuntimeError as error:  # gloo fails a collective with a plain RuntimeError: no narrower type to catch
-        if not spans_ranks():
-            raise
-        print(f"gradcache train: {collective_failure(error, config.collective_timeout)}", file=sys.stderr)
-        return exit_status.COLLECTIVE_TIMEOUT
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
@@ -127,9 +117,11 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]), run the subcommand, return its exit status."""
     try:
-        from gradcache.train.checkpoint import CheckpointError
+        from gradcache.train import exit_status
+        from gradcache.train.checkpoint import CheckpointError, DiskFull
         from gradcache.train.config import UsageError
         from gradcache.train.datasets import DataError
+        from gradcache.train.placement import CollectiveFailure
 
         parser = get_args_parser()
     except ModuleNotFoundError as error:
@@ -154,3 +146,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, DataError, CheckpointError) as error:
         print(f"gradcache: error: {error}", file=sys.stderr)
         return 2
+    except (DiskFull, CollectiveFailure) as error:
+        print(f"gradcache: {error}", file=sys.stderr)
+        return exit_status.DISK_FULL if isinstance(error, DiskFull) else exit_status.COLLECTIVE_TIMEOUT

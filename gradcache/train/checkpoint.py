@@ -35,7 +35,11 @@ class DiskFull(OSError):
     def __init__(self, folder: Path, needed_bytes: int, free_bytes: int) -> None:
         self.folder, self.needed_bytes, self.free_bytes = folder, needed_bytes, free_bytes
         super().__init__(errno.ENOSPC, f"no space left to save a checkpoint in {folder}: it needs about "
-                         f"{_megabytes(needed_bytes)} free, {_megabytes(free_bytes)} is free")
+                         f"{_megabytes(needed_bytes)} free, {_megabytes(free_bytes)} is free; the checkpoints "
+                         f"already there are kept. Free space, then continue with --resume {folder}")
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 def is_sharded_folder(path: str | os.PathLike) -> bool:

@@ -50,22 +50,31 @@ def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0
                                 rank=rank, world_size=world_size, timeout=timeout)
 
 
-def spans_ranks() -> bool:
-    """A process group of more than one rank is up: a failed step may be a failed collective."""
-    return distributed.is_distributed() and distributed.world_size() > 1
+class CollectiveFailure(RuntimeError):
+    """A step of a run over several ranks failed in a collective: a peer rank died (at once) or did not answer
+    within --collective-timeout; the message names the option."""
 
 
-def collective_failure(error: BaseException, collective_timeout: float) -> str:
-    """What to say when a step of a run over several ranks fails with a RuntimeError: the way gloo reports a
-    collective whose peer died (at once) or did not answer within --collective-timeout (NCCL's watchdog aborts
-    the process instead, torch.distributed.DistError is raised for the rest); the message names the option."""
-    text = str(error).strip()
-    first_line = text.splitlines()[0][:300] if text else ""
-    return (f"the step failed on rank {distributed.rank()} of {distributed.world_size()} ({type(error).__name__}: "
+@contextlib.contextmanager
+def collective_failures(collective_timeout: float) -> Iterator[None]:
+    """Turn what a failed collective raises into CollectiveFailure, in a run over more than one rank: gloo raises
+    a plain RuntimeError (exactly that type: no narrower one exists) for a closed connection and for a timeout,
+    the other backends and the store a torch.distributed.DistError; NCCL's watchdog aborts the process instead.
+    Subclasses of RuntimeError (such as TrainingDiverged) pass through."""
+    try:
+        yield
+    except RuntimeError as error:
+        failed = type(error) is RuntimeError or isinstance(error, dist.DistError)
+        if not (failed and distributed.is_distributed() and distributed.world_size() > 1):
+            raise
+        text = str(error).strip()
+        first_line = text.splitlines()[0][:300] if text else ""
+        raise CollectiveFailure(
+            f"the step failed on rank {distributed.rank()} of {distributed.world_size()} ({type(error).__name__}: "
             f"{first_line}). Where another rank died or froze, a collective fails like this, at once or after "
             f"--collective-timeout {collective_timeout:g} s. Under torchrun --max-restarts N with --resume auto the "
             "group restarts from the last checkpoint; if a rank was only slow (a long evaluation or save), raise "
-            "--collective-timeout")
+            "--collective-timeout") from error
 
 
 def device_of(name: str) -> torch.device:

@@ -9,6 +9,7 @@ import sys
 from gradcache.cli import main
 from gradcache.train import exit_status
 from gradcache.train.run_folder import RunFolderLock
+from tests.multiprocess import run_on_ranks
 
 HOLD = ("import sys, time; from gradcache.train.run_folder import RunFolderLock; "
         "lock = RunFolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)")
@@ -39,3 +40,14 @@ def test_the_lock_dies_with_its_holder(tmp_path, tiny_args, capsys):
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert main(tiny_args("simclr", tmp_path)) == 0
+
+
+def _train_on_rank(rank: int, world_size: int, argv: list[str]) -> int:
+    return main(argv)
+
+
+def test_every_rank_of_a_group_exits_2_when_rank_0_finds_the_folder_locked(tmp_path, tiny_args):
+    """Rank 0 takes the lock and tells the others: none of them waits for a rank that gave up."""
+    with RunFolderLock(tmp_path).acquire():
+        assert run_on_ranks(_train_on_rank, 2, tiny_args("simclr", tmp_path, "--threads", "1")) == [2, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]

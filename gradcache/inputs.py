@@ -54,7 +54,11 @@ def batch_length(value: Any, name: str) -> int | None:
             detail = ", ".join(str(t.shape[0]) for t in tensors)
         raise ValueError(f"{name} has tensors of different lengths along dim 0 ({detail}); all must be equal.")
     rows = lengths.pop()
-    entries = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, (tuple, list)) else ()
+    entries: list[tuple[Any, Any]] = []  # a tensor holds nothing beside its rows
+    if isinstance(value, Mapping):
+        entries = list(value.items())
+    elif isinstance(value, (tuple, list)):
+        entries = list(enumerate(value))
     for key, entry in entries:
         if not isinstance(entry, torch.Tensor):
             per_example(entry, rows, f"{name}[{key!r}]")

@@ -65,7 +65,9 @@ class RecomputeCheck:
         self, recomputed: torch.Tensor, cached: torch.Tensor, autocast_state: AutocastState, name: str, chunk: str,
     ) -> None:
         """Raise unless `recomputed` (the phase (3) forward) matches `cached` (phase (1)), before its backward."""
-        tolerance = self.tolerance if self.given else max(self.tolerance, _forward_tolerance(recomputed, autocast_state))
+        tolerance = self.tolerance
+        if not self.given:
+            tolerance = max(tolerance, _forward_tolerance(recomputed, autocast_state))
         with torch.no_grad():
             new, old = recomputed.detach(), cached.detach()
             if new.shape != old.shape:
@@ -74,7 +76,8 @@ class RecomputeCheck:
                     f"{tuple(old.shape)}: the encoder's second pass differs from its first. {_CAUSES} {_AFTER}"
                 )
             wide = torch.promote_types(new.dtype, torch.float32)
-            difference, scale = torch.stack([(new.to(wide) - old.to(wide)).abs().amax(), old.abs().amax().to(wide)]).tolist()
+            largest = [(new.to(wide) - old.to(wide)).abs().amax(), old.abs().amax().to(wide)]
+            difference, scale = torch.stack(largest).tolist()  # one host sync
             if difference <= tolerance * scale:  # False for NaN: the slow path below says what happened
                 return
             difference, scale = _finite_difference(new.to(wide), old.to(wide), name, chunk)
@@ -92,8 +95,10 @@ class RecomputeCheck:
 _CAUSES = (
     "Likely causes: randomness the replay does not cover (Python's random, NumPy, a generator of your own; torch's "
     "CPU and CUDA generators are replayed), state changed between the passes (a counter or cache in the encoder, "
-    "weights or buffers updated between the loss and its backward), or nondeterministic kernels. For an encoder "
-    "known to be nondeterministic, pass check_recompute=False, or a looser relative tolerance (e.g. 0.1)."
+    "weights or buffers updated between the loss and its backward), a torch.compile'd encoder that recompiled or "
+    "fell back to eager between the passes (its dropout then draws other masks), or nondeterministic kernels. "
+    "For an encoder known to be nondeterministic, pass check_recompute=False, or a looser relative tolerance "
+    "(e.g. 0.1)."
 )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["EmbeddingQueue", "check_queue_options", "make_queue"]
+__all__ = ["EmbeddingQueue", "check_queue_options", "make_queue", "queued_negatives"]
 
 
 def _check_count(value: object, name: str) -> int:
@@ -47,6 +47,15 @@ def make_queue(queue_size: object, queue_warmup: object) -> EmbeddingQueue | Non
     """An ``EmbeddingQueue`` for a loss's ``queue_size`` and ``queue_warmup`` options; None for queue_size=0."""
     size, warmup = check_queue_options(queue_size, queue_warmup)
     return EmbeddingQueue(size, warmup) if size else None
+
+
+def queued_negatives(loss: nn.Module) -> int:
+    """Queued rows the next call of ``loss`` adds to each anchor's negatives: 0 without a queue, during its
+    warm-up, or while empty; then the rows filled so far, up to ``queue_size`` (a loss's queues fill together)."""
+    for module in loss.modules():
+        if isinstance(module, EmbeddingQueue):
+            return int(module.count) if module.active else 0
+    return 0
 
 
 class EmbeddingQueue(nn.Module):

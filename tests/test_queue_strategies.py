@@ -30,7 +30,7 @@ def setup(name: str, tile_size: int | None):
     loss = {"ntxent": lambda: NTXent(temperature=0.3, **options),
             "infonce": lambda: InfoNCE(temperature=0.1, **options),
             "siglip": lambda: SigLipLoss(temperature=0.1, bias=-3.0, **options).double()}[name]()
-    inputs = [torch.randn(N, 10, generator=g, dtype=torch.float64), torch.randn(N, 10, generator=g, dtype=torch.float64)]
+    inputs = [torch.randn(N, 10, generator=g, dtype=torch.float64) for _ in range(2)]
     if name == "infonce":  # two hard negatives per query: chunk k of the negatives pairs with chunk k of the queries
         inputs.append(torch.randn(2 * N, 10, generator=g, dtype=torch.float64))
     modules = [encoder, loss] if list(loss.parameters()) else [encoder]

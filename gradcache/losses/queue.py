@@ -11,6 +11,14 @@ stale fastest); call k + 1 starts from an empty queue. GradCache, CachedLoss and
 per step (the queue advances by the global batch); NaiveAccumulation once per micro-batch (accumulation with a
 memory bank, ContAccum's setting).
 
+Distributed: the strategies gather every rank's embeddings before calling the loss, so every rank enqueues the
+same global batch and the queues agree with no communication of their own. A loss with a queue inside a
+DDP-wrapped module (a ``CachedLoss`` inside the model a trainer wraps) has rank 0's buffers broadcast at every
+forward under DDP's default ``broadcast_buffers=True``: harmless while the queues agree, but Q x D floats sent per
+forward; keep the loss outside the wrapped module (the strategies take it apart from the encoders) or pass
+``broadcast_buffers=False`` (which also stops syncing BatchNorm buffers). A loss called on each rank's own,
+ungathered batch keeps a queue per rank: there ``broadcast_buffers=True`` would overwrite them all with rank 0's.
+
 Saved state: the buffers ``rows`` (size, D), ``pointer`` (next row to overwrite), ``count`` (rows filled) and
 ``calls`` (calls counted), so the queue moves with ``.to()`` and travels in ``state_dict()`` and checkpoints.
 D is unknown until the first call, so a fresh queue holds a (0, 0) ``rows`` placeholder and
@@ -67,7 +75,7 @@ class EmbeddingQueue(nn.Module):
 
     Example:
         >>> queue = EmbeddingQueue(size=4096)
-        >>> negatives = queue.contents(like=embeddings)  # (count, D): empty on the first call
+        >>> negatives = queue.contents(like=embeddings)  # (count, D), or None on the first call
         >>> loss = ...  # with negatives as extra candidates
         >>> queue.push(loss, embeddings)  # advances only under grad and for a finite loss
     """
@@ -101,7 +109,8 @@ class EmbeddingQueue(nn.Module):
             raise ValueError(
                 f"{option}: the queue holds embeddings of width {self.rows.shape[1]} (from earlier calls or a loaded "
                 f"state_dict) but this batch has width {width}; use one embedding size, or call "
-                f"loss.reset_queue() (or build a fresh loss) to start an empty queue"
+                f"reset() on the loss's queue (loss.queue; ClipLoss: image_queue and text_queue) or build a fresh loss "
+                f"to start an empty queue"
             )
 
     def contents(self, like: torch.Tensor) -> torch.Tensor | None:

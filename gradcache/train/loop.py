@@ -63,7 +63,8 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, pla
                "elapsed_s": f"{run.elapsed():.2f}"}
         log.log_step(row)
         bar.update(1)
-        bar.set_postfix(loss=row["loss"][:6], lr=row["lr"], samples_s=row["samples_per_s"], negatives=negatives + queued)
+        bar.set_postfix(loss=row["loss"][:6], lr=row["lr"], samples_s=row["samples_per_s"],
+                        negatives=row["negatives_per_anchor"])
         done = step + 1
         if done % config.checkpoint_every == 0 or done == run.steps:
             run.save(done, sampler.position(done))

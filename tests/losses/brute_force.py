@@ -20,7 +20,8 @@ def infonce(query, positive, negatives, temperature: float, symmetric: bool, que
     the positive-to-query direction -1/N sum_i log(exp(p_i.q_i/t) / sum_j exp(p_i.q_j/t)); the queue's rows,
     if any, are more n_k of every query."""
     n = len(query)
-    candidates = list(positive) + ([] if negatives is None else list(negatives)) + ([] if queue is None else list(queue))
+    candidates = list(positive) + ([] if negatives is None else list(negatives))
+    candidates += [] if queue is None else list(queue)
     forward = 0.0
     for i in range(n):
         denominator = sum(torch.exp(cosine(query[i], c) / temperature) for c in candidates)

@@ -49,7 +49,8 @@ CASES = [
               lambda loss, x, queues: brute_force.ntxent(x[0], x[1], 0.5, queue=queues[0])),
     QueueCase("clip", lambda **kw: ClipLoss(temperature=0.1, **kw).double(), lambda x: [x[0], x[1]],
               lambda loss, x, queues: brute_force.clip(x[0], x[1], loss.logit_scale, *queues)),
-    QueueCase("siglip", lambda **kw: SigLipLoss(temperature=0.1, bias=-2.0, **kw).double(), lambda x: [x[0], x[1]],
+    QueueCase("siglip", lambda **kw: SigLipLoss(temperature=0.1, bias=-2.0, **kw).double(),
+              lambda x: [x[0], x[1]],
               lambda loss, x, queues: brute_force.siglip(x[0], x[1], loss.logit_scale, loss.bias, *queues)),
 ]
 TILINGS = {"dense": {}, "tiled": dict(tile_size=3, column_tile_size=4), "strips": dict(tile_size=2, column_tile_size=64)}

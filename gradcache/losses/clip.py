@@ -65,7 +65,8 @@ class ClipLoss(nn.Module):
         temperature = check_temperature(temperature)
         self.tile_size = check_tile_size(tile_size)
         self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
-        self.image_queue, self.text_queue = make_queue(queue_size, queue_warmup), make_queue(queue_size, queue_warmup)
+        self.image_queue = make_queue(queue_size, queue_warmup)
+        self.text_queue = make_queue(queue_size, queue_warmup)
         self.queue_size = queue_size
         self.learnable = bool(learnable)
         logit_scale = torch.tensor(math.log(1.0 / temperature))
@@ -96,7 +97,8 @@ class ClipLoss(nn.Module):
         image, text = image.to(dtype), text.to(dtype)
         queued_images = queued_texts = None
         if self.image_queue is not None:  # both checked before either is read
-            self.image_queue.check_width(image.shape[1]), self.text_queue.check_width(text.shape[1])
+            self.image_queue.check_width(image.shape[1])
+            self.text_queue.check_width(text.shape[1])
             queued_images, queued_texts = self.image_queue.contents(image), self.text_queue.contents(text)
         with full_precision(image.device):
             scale = self.logit_scale.to(dtype).exp()
@@ -106,13 +108,14 @@ class ClipLoss(nn.Module):
                 loss = (self._one_way(image, [text, queued_texts], scale, n)
                         + self._one_way(text, [image, queued_images], scale, n)) / 2
         if self.image_queue is not None:
-            self.image_queue.push(loss, image), self.text_queue.push(loss, text)
+            self.image_queue.push(loss, image)
+            self.text_queue.push(loss, text)
         return loss
 
     def _in_batch(self, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor, n: int) -> torch.Tensor:
         labels = torch.arange(n, device=image.device)
         if self.tile_size is None:
-            logits = unit_rows(image, image.dtype) @ unit_rows(text, text.dtype).T * scale  # (N, N): image i, caption j
+            logits = unit_rows(image, image.dtype) @ unit_rows(text, text.dtype).T * scale  # (N, N): image, caption
             return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
         # Row i: image i against every caption; column j: caption j against every image (normalised inside).
         image_losses, text_losses = tiled_logsumexp(

@@ -71,7 +71,8 @@ class SigLipLoss(nn.Module):
         self.tile_size = check_tile_size(tile_size)
         self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
         self.learnable = bool(learnable)
-        self.a_queue, self.b_queue = make_queue(queue_size, queue_warmup), make_queue(queue_size, queue_warmup)
+        self.a_queue = make_queue(queue_size, queue_warmup)
+        self.b_queue = make_queue(queue_size, queue_warmup)
         self.queue_size = queue_size
         logit_scale, bias_tensor = torch.tensor(math.log(1.0 / temperature)), torch.tensor(bias)
         if self.learnable:
@@ -100,7 +101,8 @@ class SigLipLoss(nn.Module):
         a, b = a.to(dtype), b.to(dtype)
         queued_a = queued_b = None
         if self.a_queue is not None:  # both checked before either is read
-            self.a_queue.check_width(a.shape[1]), self.b_queue.check_width(b.shape[1])
+            self.a_queue.check_width(a.shape[1])
+            self.b_queue.check_width(b.shape[1])
             queued_a, queued_b = self.a_queue.contents(a), self.b_queue.contents(b)
         with full_precision(a.device):
             scale, bias = self.logit_scale.to(dtype).exp(), self.bias.to(dtype)
@@ -110,7 +112,8 @@ class SigLipLoss(nn.Module):
                     queued_a, b, scale, bias, paired=False)
             loss = total / n
         if self.a_queue is not None:
-            self.a_queue.push(loss, a), self.b_queue.push(loss, b)
+            self.a_queue.push(loss, a)
+            self.b_queue.push(loss, b)
         return loss
 
     def _pairs(self, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,

@@ -3,7 +3,8 @@
 negatives = 2 n - 2 (NT-Xent: 2n views, all but itself and its positive), n - 1 (CLIP, SigLIP: the other
 captions), n (1 + h) - 1 (InfoNCE with h hard negatives per query: every candidate of the batch but the
 positive), where n is what the loss sees at once: the global batch for GradCache and FullBatch, one
-micro-batch gathered over the ranks for NaiveAccumulation.
+micro-batch gathered over the ranks for NaiveAccumulation. A full queue of Q past embeddings
+(``queue_size``) adds Q to each: every anchor meets every queued row of its candidate side.
 """
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def negatives_per_anchor(
     chunk_size: int | None,
     world_size: int = 1,
     hard_negatives: int = 0,
+    queue_size: int = 0,
 ) -> int:
-    """Negatives per anchor in one step: 2n - 2 (NT-Xent), n - 1 (CLIP, SigLIP), n (1 + h) - 1 (InfoNCE).
+    """Negatives per anchor in one step: 2n - 2 (NT-Xent), n - 1 (CLIP, SigLIP), n (1 + h) - 1 (InfoNCE), + Q.
 
     Args:
         strategy: "gradcache", "cached_loss", "full" or "naive" (or the class, or an instance).
@@ -45,14 +47,18 @@ def negatives_per_anchor(
             every rank), None meaning the whole per-rank batch.
         world_size: ranks that share the batch (the strategies gather every rank's embeddings).
         hard_negatives: h, hard negatives per query (InfoNCE only).
+        queue_size: Q, the loss's ``queue_size``, counted full: the first calls (until Q rows have been
+            enqueued) and those of the warm-up see fewer.
 
     Raises:
-        ValueError: an unknown strategy or loss, a batch that the ranks cannot share, a size below 1, or hard
-            negatives with a loss other than InfoNCE.
+        ValueError: an unknown strategy or loss, a batch that the ranks cannot share, a size below 1, hard
+            negatives with a loss other than InfoNCE, or a negative queue_size.
 
     Example:
         >>> negatives_per_anchor("naive", "ntxent", batch_size=128, chunk_size=32)
         62
+        >>> negatives_per_anchor("naive", "ntxent", batch_size=128, chunk_size=32, queue_size=4096)
+        4158
     """
     strategy_name = _name_of(strategy, STRATEGY_NAMES, "strategy")
     loss_name = _name_of(loss, LOSS_NAMES, "loss")
@@ -65,6 +71,8 @@ def negatives_per_anchor(
         raise ValueError(f"batch_size {batch_size} is not shared evenly by {world_size} ranks; give a multiple.")
     if isinstance(hard_negatives, bool) or not isinstance(hard_negatives, int) or hard_negatives < 0:
         raise ValueError(f"hard_negatives must be an int >= 0, got {hard_negatives!r}.")
+    if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
+        raise ValueError(f"queue_size must be an int >= 0 (0: no queue), got {queue_size!r}.")
     if hard_negatives and loss_name != "infonce":
         raise ValueError(f"hard_negatives={hard_negatives} needs loss 'infonce'; {loss_name!r} takes none.")
     local = batch_size // world_size
@@ -72,5 +80,5 @@ def negatives_per_anchor(
     if strategy_name == "naive":
         seen = min(chunk_size or local, local) * world_size  # one micro-batch of every rank
     if loss_name == "ntxent":
-        return 2 * seen - 2
-    return seen * (1 + hard_negatives) - 1
+        return 2 * seen - 2 + queue_size
+    return seen * (1 + hard_negatives) - 1 + queue_size

@@ -49,12 +49,14 @@ LOSSES = {"ntxent": lambda: losses.NTXent(), "clip": lambda: losses.ClipLoss(),
 STRATEGIES = {"gradcache": GradCache, "full": FullBatch, "naive": NaiveAccumulation}
 
 
-def _step(strategy: str, loss: str, batch: int, chunk: int, hard: int, counts: list[int]) -> None:
+def _step(strategy: str, loss: str, batch: int, chunk: int, hard: int, counts: list[int], loss_fn=None,
+          steps: int = 1) -> None:
     torch.manual_seed(0)
     encoder = nn.Linear(6, 5)
-    inputs = [torch.randn(batch, 6), torch.randn(batch, 6)] + ([torch.randn(batch * hard, 6)] if hard else [])
     chunks = [chunk, chunk] + ([chunk * hard] if hard else [])  # naive: micro-batch k takes chunk k of each input
-    STRATEGIES[strategy](encoder, _counted(LOSSES[loss](), counts), chunks).step(*inputs)
+    runner = STRATEGIES[strategy](encoder, _counted(loss_fn or LOSSES[loss](), counts), chunks)
+    for _ in range(steps):
+        runner.step(*[torch.randn(batch, 6), torch.randn(batch, 6)] + ([torch.randn(batch * hard, 6)] if hard else []))
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
@@ -64,6 +66,16 @@ def test_counts_match_the_logits_of_the_loss(strategy, loss, hard):
     counts: list[int] = []
     _step(strategy, loss, 12, 4, hard, counts)
     assert counts and set(counts) == {gradcache.negatives_per_anchor(strategy, loss, 12, 4, 1, hard)}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize(("loss", "hard"), [("ntxent", 0), ("clip", 0), ("infonce", 0), ("infonce", 2)])
+def test_a_full_queue_adds_its_rows_to_every_anchor(strategy, loss, hard):
+    counts: list[int] = []
+    queued = {"ntxent": losses.NTXent, "clip": losses.ClipLoss, "infonce": losses.InfoNCE}[loss](queue_size=9)
+    _step(strategy, loss, 12, 4, hard, counts, loss_fn=queued, steps=3)  # 24 rows or more enqueued: full
+    assert counts[-1] == gradcache.negatives_per_anchor(strategy, loss, 12, 4, 1, hard, queue_size=9)
+    assert counts[0] == gradcache.negatives_per_anchor(strategy, loss, 12, 4, 1, hard)  # the empty queue
 
 
 def test_the_trainer_default_under_accumulation():
@@ -93,6 +105,7 @@ def test_ranks_share_the_batch_and_each_micro_batch(strategy):
     (("naive", "ntxent", 8, 0), "chunk_size"),
     (("naive", "ntxent", 9, 2, 2), "not shared evenly"),
     (("naive", "clip", 8, 2, 1, 3), "needs loss 'infonce'"),
+    (("naive", "clip", 8, 2, 1, 0, -1), "queue_size must be an int >= 0"),
 ])
 def test_bad_arguments_name_the_argument(arguments, message):
     with pytest.raises(ValueError, match=message):

@@ -10,6 +10,7 @@ from torch import nn
 
 from .checks import check_column_tile_size, check_embeddings, check_same_rows, check_temperature, check_tile_size
 from .precision import compute_dtype, full_precision, unit_rows
+from .queue import make_queue
 from .tiled_logsumexp import tiled_logsumexp
 
 __all__ = ["ClipLoss"]
@@ -32,14 +33,23 @@ class ClipLoss(nn.Module):
             same value and gradients (``logit_scale`` included).
         column_tile_size: columns per tile, with ``tile_size`` set; None for square tiles of ``tile_size``.
             At least the column count gives strips of ``tile_size`` rows against every column.
+        queue_size: 0 for in-batch negatives only; Q > 0 to keep the last Q image and the last Q text rows of
+            earlier calls, detached, in two queues: each image is scored against the batch's captions and the
+            text queue, each caption against the batch's images and the image queue (Q more negatives per
+            anchor once full). It advances once per call with gradients on and a finite loss: once per step
+            under GradCache, CachedLoss and FullBatch, once per micro-batch under NaiveAccumulation. Tiled with
+            a queue, the two directions are two passes over the blocks (twice the loss's compute). See
+            ``gradcache/losses/queue.py``.
+        queue_warmup: calls with gradients before the queues are read or filled (XBM's warm-up); needs Q > 0.
 
     Shapes (``forward``):
         image: (N, D); text: (N, D), row i the caption of image i.
         Returns a 0-dim tensor in float32 (float64 for float64 inputs).
 
     Raises:
-        ValueError: temperature <= 0, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries.
-        TypeError: a non-tensor or non-floating input.
+        ValueError: temperature <= 0, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries,
+            queue_size or queue_warmup < 0, a batch whose width differs from the queues'.
+        TypeError: a non-tensor or non-floating input, a non-int queue_size or queue_warmup.
 
     Example:
         >>> loss_fn = ClipLoss(temperature=0.07)
@@ -50,11 +60,14 @@ class ClipLoss(nn.Module):
     logit_scale: torch.Tensor
 
     def __init__(self, temperature: float = 0.07, learnable: bool = True, tile_size: int | None = None,
-                 column_tile_size: int | None = None) -> None:
+                 column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0) -> None:
         super().__init__()
         temperature = check_temperature(temperature)
         self.tile_size = check_tile_size(tile_size)
         self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
+        self.image_queue = make_queue(queue_size, queue_warmup)
+        self.text_queue = make_queue(queue_size, queue_warmup)
+        self.queue_size = queue_size
         self.learnable = bool(learnable)
         logit_scale = torch.tensor(math.log(1.0 / temperature))
         if self.learnable:
@@ -69,7 +82,7 @@ class ClipLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"temperature={self.temperature:.4g}, learnable={self.learnable}, tile_size={self.tile_size}, "
-                f"column_tile_size={self.column_tile_size}")
+                f"column_tile_size={self.column_tile_size}, queue_size={self.queue_size}")
 
     @torch.no_grad()
     def clamp_logit_scale(self, max_scale: float = 100.0) -> None:
@@ -81,17 +94,40 @@ class ClipLoss(nn.Module):
         check_embeddings(image=image, text=text)
         n = check_same_rows(image=image, text=text)
         dtype = compute_dtype(image, text)
+        image, text = image.to(dtype), text.to(dtype)
+        queued_images = queued_texts = None
+        if self.image_queue is not None:  # both checked before either is read
+            self.image_queue.check_width(image.shape[1])
+            self.text_queue.check_width(text.shape[1])
+            queued_images, queued_texts = self.image_queue.contents(image), self.text_queue.contents(text)
         with full_precision(image.device):
             scale = self.logit_scale.to(dtype).exp()
-            if self.tile_size is None:
-                images, texts = unit_rows(image, dtype), unit_rows(text, dtype)
-                logits = images @ texts.T * scale  # (N, N), row i: image i against every caption
-                labels = torch.arange(n, device=images.device)
-                return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
-            targets = torch.arange(n, device=image.device)
-            # Row i: image i against every caption; column j: caption j against every image (normalised inside).
-            image_losses, text_losses = tiled_logsumexp(
-                [image.to(dtype)], [text.to(dtype)], scale, targets, self.tile_size, self.column_tile_size,
-                with_columns=True,
-            )
-            return (image_losses.mean() + text_losses.mean()) / 2
+            if queued_images is None:
+                loss = self._in_batch(image, text, scale, n)
+            else:
+                loss = (self._one_way(image, [text, queued_texts], scale, n)
+                        + self._one_way(text, [image, queued_images], scale, n)) / 2
+        if self.image_queue is not None:
+            self.image_queue.push(loss, image)
+            self.text_queue.push(loss, text)
+        return loss
+
+    def _in_batch(self, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor, n: int) -> torch.Tensor:
+        labels = torch.arange(n, device=image.device)
+        if self.tile_size is None:
+            logits = unit_rows(image, image.dtype) @ unit_rows(text, text.dtype).T * scale  # (N, N): image, caption
+            return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+        # Row i: image i against every caption; column j: caption j against every image (normalised inside).
+        image_losses, text_losses = tiled_logsumexp(
+            [image], [text], scale, labels, self.tile_size, self.column_tile_size, with_columns=True)
+        return (image_losses.mean() + text_losses.mean()) / 2
+
+    def _one_way(self, anchors: torch.Tensor, columns: list[torch.Tensor], scale: torch.Tensor,
+                 n: int) -> torch.Tensor:
+        """CE of each anchor against [the other side's batch; its queue], target its own pair."""
+        labels = torch.arange(n, device=anchors.device)
+        if self.tile_size is None:
+            candidates = torch.cat([unit_rows(c, c.dtype) for c in columns])  # (N + Q', D)
+            return F.cross_entropy(unit_rows(anchors, anchors.dtype) @ candidates.T * scale, labels)  # (N, N + Q')
+        losses, _ = tiled_logsumexp([anchors], columns, scale, labels, self.tile_size, self.column_tile_size)
+        return losses.mean()

@@ -8,6 +8,7 @@ from torch import nn
 
 from .checks import check_column_tile_size, check_embeddings, check_same_rows, check_temperature, check_tile_size
 from .precision import compute_dtype, full_precision, unit_rows
+from .queue import make_queue
 from .tiled_logsumexp import tiled_logsumexp
 
 __all__ = ["InfoNCE"]
@@ -30,6 +31,12 @@ class InfoNCE(nn.Module):
             their gradients, same value and gradients.
         column_tile_size: columns per tile, with ``tile_size`` set; None for square tiles of ``tile_size``.
             At least N * (1 + h) gives strips of ``tile_size`` rows against every column.
+        queue_size: 0 for in-batch negatives only; Q > 0 to keep the last Q candidate rows (positives and hard
+            negatives) of earlier calls, detached, as extra negatives of every query: sum_k over the queue joins
+            the denominator (not the positive-to-query direction of ``symmetric``). It advances once per call
+            with gradients on and a finite loss: once per step under GradCache, CachedLoss and FullBatch, once
+            per micro-batch under NaiveAccumulation. See ``gradcache/losses/queue.py``.
+        queue_warmup: calls with gradients before the queue is read or filled (XBM's warm-up); needs Q > 0.
 
     Shapes (``forward``):
         query: (N, D); positive: (N, D), row i is the positive of query i; negatives: optional (N * h, D),
@@ -37,8 +44,9 @@ class InfoNCE(nn.Module):
         Returns a 0-dim tensor in float32 (float64 for float64 inputs).
 
     Raises:
-        ValueError: temperature <= 0, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries, or a
-            negatives row            count that is not a multiple of N. TypeError: a non-tensor or non-floating input.
+        ValueError: temperature <= 0, bad tile_size or column_tile_size, mismatched N or D, NaN/inf entries, a
+            negatives row count that is not a multiple of N, queue_size or queue_warmup < 0, or a batch whose
+            width differs from the queue's. TypeError: a non-tensor or non-floating input, a non-int queue_size.
 
     Example:
         >>> loss_fn = InfoNCE(temperature=0.05)
@@ -48,17 +56,19 @@ class InfoNCE(nn.Module):
 
     def __init__(
         self, temperature: float = 0.05, symmetric: bool = False, tile_size: int | None = None,
-        column_tile_size: int | None = None,
+        column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0,
     ) -> None:
         super().__init__()
         self.temperature = check_temperature(temperature)
         self.symmetric = bool(symmetric)
         self.tile_size = check_tile_size(tile_size)
         self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
+        self.queue = make_queue(queue_size, queue_warmup)
+        self.queue_size = queue_size
 
     def extra_repr(self) -> str:
         return (f"temperature={self.temperature}, symmetric={self.symmetric}, tile_size={self.tile_size}, "
-                f"column_tile_size={self.column_tile_size}")
+                f"column_tile_size={self.column_tile_size}, queue_size={self.queue_size}")
 
     def forward(
         self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
@@ -76,13 +86,18 @@ class InfoNCE(nn.Module):
         dtype = compute_dtype(*inputs.values())
         with full_precision(query.device):
             scale = 1.0 / self.temperature
-            if self.tile_size is None:
-                q, p = unit_rows(query, dtype), unit_rows(positive, dtype)
-                candidates = p if negatives is None else torch.cat([p, unit_rows(negatives, dtype)])  # (N(1+h), D)
-                return self._dense(q, candidates, scale, n)
-            # The candidates [positive; negatives] stay apart: the tiled function stacks them tile by tile.
+            # The candidates [positive; negatives; queue] stay apart: the tiled function stacks them tile by tile.
             candidates = [t.to(dtype) for t in inputs.values()][1:]
-            return self._tiled(query.to(dtype), candidates, scale)
+            queued = None if self.queue is None else self.queue.contents(candidates[0])  # (Q', D), constants
+            columns = candidates if queued is None else [*candidates, queued]
+            if self.tile_size is None:
+                loss = self._dense(unit_rows(query, dtype), torch.cat([unit_rows(c, dtype) for c in columns]),
+                                   scale, n)  # candidates (N(1+h) + Q', D)
+            else:
+                loss = self._tiled(query.to(dtype), columns, scale)
+        if self.queue is not None:
+            self.queue.push(loss, *candidates)
+        return loss
 
     def _dense(self, q: torch.Tensor, candidates: torch.Tensor, scale: float, n: int) -> torch.Tensor:
         logits = q @ candidates.T * scale  # (N, N * (1 + h)); column i is the positive of row i

@@ -11,6 +11,7 @@ from torch import nn
 from .checks import (check_column_tile_size, check_embeddings, check_finite_number, check_same_rows,
                      check_temperature, check_tile_size)
 from .precision import compute_dtype, full_precision, unit_rows
+from .queue import make_queue
 from .tiled_sigmoid import tiled_sigmoid_pair_loss
 
 __all__ = ["SigLipLoss"]
@@ -20,6 +21,9 @@ class SigLipLoss(nn.Module):
     """Independent binary classification of every (a_i, b_j) pair: matching on the diagonal, not elsewhere.
 
     L = -1/N sum_i sum_j log sigmoid(y_ij (a_i.b_j / t + bias)),  y_ij = +1 if i == j else -1, on unit vectors.
+
+    With a queue (``queue_size`` > 0) each queued row is one more negative pair term per anchor, still over N:
+    + 1/N (sum_i sum_q softplus(a_i.m^b_q / t + bias) + sum_q sum_j softplus(m^a_q.b_j / t + bias)).
 
     Paper: Zhai et al. 2023, "Sigmoid Loss for Language Image Pre-Training", https://arxiv.org/abs/2303.15343.
 
@@ -32,6 +36,12 @@ class SigLipLoss(nn.Module):
             same value and gradients (scale and bias included).
         column_tile_size: columns per tile, with ``tile_size`` set; None for square tiles of ``tile_size``.
             At least the column count gives strips of ``tile_size`` rows against every column.
+        queue_size: 0 for in-batch pairs only; Q > 0 to keep the last Q rows of ``a`` and of ``b`` of earlier
+            calls, detached, in two queues: a_i against each queued b, each queued a against b_j, all negative
+            pairs (label -1). It advances once per call with gradients on and a finite loss: once per step
+            under GradCache, CachedLoss and FullBatch, once per micro-batch under NaiveAccumulation. See
+            ``gradcache/losses/queue.py``.
+        queue_warmup: calls with gradients before the queues are read or filled (XBM's warm-up); needs Q > 0.
 
     Shapes (``forward``):
         a: (N, D), e.g. images; b: (N, D), row i the pair of row i of ``a``.
@@ -39,8 +49,8 @@ class SigLipLoss(nn.Module):
 
     Raises:
         ValueError: temperature <= 0, non-finite bias, bad tile_size or column_tile_size, mismatched N or D,
-            NaN/inf entries.
-        TypeError: a non-tensor or non-floating input.
+            NaN/inf entries, queue_size or queue_warmup < 0, a batch whose width differs from the queues'.
+        TypeError: a non-tensor or non-floating input, a non-int queue_size or queue_warmup.
 
     Example:
         >>> loss_fn = SigLipLoss(temperature=0.1, bias=-10.0)
@@ -53,7 +63,7 @@ class SigLipLoss(nn.Module):
 
     def __init__(
         self, temperature: float = 0.1, bias: float = -10.0, learnable: bool = True, tile_size: int | None = None,
-        column_tile_size: int | None = None,
+        column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0,
     ) -> None:
         super().__init__()
         temperature = check_temperature(temperature)
@@ -61,6 +71,9 @@ class SigLipLoss(nn.Module):
         self.tile_size = check_tile_size(tile_size)
         self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
         self.learnable = bool(learnable)
+        self.a_queue = make_queue(queue_size, queue_warmup)
+        self.b_queue = make_queue(queue_size, queue_warmup)
+        self.queue_size = queue_size
         logit_scale, bias_tensor = torch.tensor(math.log(1.0 / temperature)), torch.tensor(bias)
         if self.learnable:
             self.logit_scale = nn.Parameter(logit_scale)
@@ -77,22 +90,39 @@ class SigLipLoss(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"temperature={self.temperature:.4g}, bias={float(self.bias.detach()):.4g}, "
-            f"learnable={self.learnable}, tile_size={self.tile_size}, column_tile_size={self.column_tile_size}"
+            f"learnable={self.learnable}, tile_size={self.tile_size}, column_tile_size={self.column_tile_size}, "
+            f"queue_size={self.queue_size}"
         )
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         check_embeddings(a=a, b=b)
         n = check_same_rows(a=a, b=b)
         dtype = compute_dtype(a, b)
+        a, b = a.to(dtype), b.to(dtype)
+        queued_a = queued_b = None
+        if self.a_queue is not None:  # both checked before either is read
+            self.a_queue.check_width(a.shape[1])
+            self.b_queue.check_width(b.shape[1])
+            queued_a, queued_b = self.a_queue.contents(a), self.b_queue.contents(b)
         with full_precision(a.device):
             scale, bias = self.logit_scale.to(dtype).exp(), self.bias.to(dtype)
-            if self.tile_size is None:
-                ua, ub = unit_rows(a, dtype), unit_rows(b, dtype)
-                logits = ua @ ub.T * scale + bias  # (N, N)
-                labels = 2 * torch.eye(n, dtype=dtype, device=ua.device) - 1  # (N, N): +1 diagonal, -1 elsewhere
-                return -F.logsigmoid(labels * logits).sum() / n
-            # Normalised inside, tile by tile.
-            total = tiled_sigmoid_pair_loss(
-                a.to(dtype), b.to(dtype), scale, bias, self.tile_size, self.column_tile_size
-            )
-            return total / n
+            total = self._pairs(a, b, scale, bias, paired=True)
+            if queued_a is not None:
+                total = total + self._pairs(a, queued_b, scale, bias, paired=False) + self._pairs(
+                    queued_a, b, scale, bias, paired=False)
+            loss = total / n
+        if self.a_queue is not None:
+            self.a_queue.push(loss, a)
+            self.b_queue.push(loss, b)
+        return loss
+
+    def _pairs(self, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+               paired: bool) -> torch.Tensor:
+        """sum_ij softplus(-y_ij z_ij) over (N_a, D) x (N_b, D); y = +1 on the diagonal only if ``paired``."""
+        if self.tile_size is not None:  # normalised inside, tile by tile
+            return tiled_sigmoid_pair_loss(a, b, scale, bias, self.tile_size, self.column_tile_size, paired=paired)
+        logits = unit_rows(a, a.dtype) @ unit_rows(b, b.dtype).T * scale + bias  # (N_a, N_b)
+        labels = -torch.ones_like(logits)
+        if paired:
+            labels.diagonal().fill_(1.0)  # (N, N): +1 diagonal, -1 elsewhere
+        return -F.logsigmoid(labels * logits).sum()

@@ -35,14 +35,15 @@ class _Plan:
     parts: tuple[int, int]  # a and b as indices into the distinct inputs (one index if a is b)
     tile_size: int
     column_tile_size: int
+    paired: bool  # row i and column i match (y_ii = +1); False: every pair is a negative (a queue's)
 
 
 def _signed_logits(row_units: torch.Tensor, column_units: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
-                   row_start: int, column_start: int) -> torch.Tensor:
+                   row_start: int, column_start: int, paired: bool) -> torch.Tensor:
     """-y * logits of one block: (t, c)."""
     signed = (row_units @ column_units.T).mul_(scale).add_(bias)  # (t, c)
-    # Matching pairs (global row == global column) have y = +1, so their sign flips.
-    signed.diagonal(offset=row_start - column_start).neg_()
+    if paired:  # matching pairs (global row == global column) have y = +1, so their sign flips
+        signed.diagonal(offset=row_start - column_start).neg_()
     return signed
 
 
@@ -55,7 +56,7 @@ def _forward(plan: _Plan, a: UnitBlocks, b: UnitBlocks, scale: torch.Tensor, bia
     for row_start, row_stop in spans(a.count, plan.tile_size):
         row_units = a.block(row_start, row_stop)  # (t, D)
         strips.append(_sum([F.softplus(_signed_logits(row_units, b.block(column_start, column_stop), scale, bias,
-                                                      row_start, column_start)).sum()
+                                                      row_start, column_start, plan.paired)).sum()
                             for column_start, column_stop in spans(b.count, plan.column_tile_size)], scale))
     return _sum(strips, scale)
 
@@ -76,8 +77,10 @@ def _backward(ctx: Any, grad_total: torch.Tensor) -> tuple:
         for column_start, column_stop in spans(b.count, plan.column_tile_size):
             column_units = b.block(column_start, column_stop)  # (c, D)
             # d softplus(-y z) / dz = -y sigmoid(-y z): sigmoid of the signed logit, negated on the diagonal.
-            weights = _signed_logits(row_units, column_units, scale, bias, row_start, column_start).sigmoid_()
-            weights.diagonal(offset=row_start - column_start).neg_()
+            weights = _signed_logits(row_units, column_units, scale, bias, row_start, column_start,
+                                     plan.paired).sigmoid_()
+            if plan.paired:
+                weights.diagonal(offset=row_start - column_start).neg_()
             weights.mul_(grad_total)  # (t, c)
             if need_b:
                 b.add_product(grads, column_start, column_stop, weights.T, scaled_row_units)  # (c, D)
@@ -118,7 +121,7 @@ class _TiledSigmoidPairLoss(torch.autograd.Function):
 
 
 def tiled_sigmoid_pair_loss(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
-                            tile_size: int, column_tile_size: int | None = None) -> torch.Tensor:
+                            tile_size: int, column_tile_size: int | None = None, paired: bool = True) -> torch.Tensor:
     """Sum over all N x N pairs of -log sigmoid(y_ij (s u_i . v_j + bias)), u, v the unit rows, in blocks.
 
     Memory O(tile_size * column_tile_size + N) above the inputs and their gradients.
@@ -128,10 +131,12 @@ def tiled_sigmoid_pair_loss(a: torch.Tensor, b: torch.Tensor, scale: torch.Tenso
         scale: 0-dim tensor s; bias: 0-dim tensor; both get gradients if they require them.
         tile_size: rows per block (>= 1; the loss checks it).
         column_tile_size: columns per block; None for ``tile_size``; N or more gives one strip per row block.
+        paired: True: y_ii = +1 (row i of a pairs with row i of b, same N); False: y = -1 everywhere, for a
+            (N, D) against an (M, D) of queued negatives.
 
     Returns:
         0-dim tensor: the sum (not the mean) over all pairs; SigLipLoss divides by N.
     """
     tensors, (a_part, b_part) = distinct_inputs((a,), (b,))
-    plan = _Plan((a_part[0], b_part[0]), tile_size, column_tile_size or tile_size)
+    plan = _Plan((a_part[0], b_part[0]), tile_size, column_tile_size or tile_size, paired)
     return _TiledSigmoidPairLoss.apply(plan, scale, bias, *tensors)

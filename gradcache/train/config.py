@@ -12,7 +12,7 @@ from typing import Any
 
 from gradcache.train.checkpoint import CheckpointError
 
-CONFIG_VERSION = 4
+CONFIG_VERSION = 5
 
 
 class UsageError(ValueError):
@@ -62,6 +62,8 @@ class RunConfig:
     batch_size: int = 128  # global, over every rank
     chunk_size: int = 32
     tile_size: int | None = None
+    queue_size: int = 0  # past embeddings kept as extra negatives (the loss's queue_size); 0: none
+    queue_warmup: int = 0  # steps (micro-batches under naive) before the queue is read or filled
     epochs: int | None = None  # None with steps None: the mode's default_epochs
     steps: int | None = None
     optimizer: str = "adamw"
@@ -130,8 +132,10 @@ _V1_ADDED_LATER = dict(rotation=0.0, fsdp=False, fsdp_reduce="chunk", cpu_offloa
 # Version 3 added the text mode's options (image runs never read them) and clip's --pretrained.
 _V3_ADDED = dict(pooling=None, max_length=128, separate_towers=False, query_key="query", positive_key="positive",
                  negative_keys=None, negatives_per_query=None, symmetric=False, pretrained=None)
-# Version 4 added --collective-timeout (run-local: a resume may give another).
-_V4_ADDED = dict(collective_timeout=1800.0)
+# Version 4 added the queue of past embeddings; older runs trained without one.
+_V4_ADDED = dict(queue_size=0, queue_warmup=0)
+# Version 5 added --collective-timeout (run-local: a resume may give another).
+_V5_ADDED = dict(collective_timeout=1800.0)
 
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
@@ -146,4 +150,6 @@ def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
         values = {**_V3_ADDED, **values}
     if version < 4:
         values = {**_V4_ADDED, **values}
+    if version < 5:
+        values = {**_V5_ADDED, **values}
     return values

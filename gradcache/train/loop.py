@@ -20,6 +20,7 @@ from tqdm import tqdm
 from gradcache import distributed, negatives_per_anchor
 from gradcache.train.batches import StepSampler
 from gradcache.train.config import RunConfig
+from gradcache.losses.queue import queued_negatives
 from gradcache.train.image_set import DataSplits
 from gradcache.train.modes import MODES
 from gradcache.train.placement import Replicated, placement_for
@@ -48,21 +49,22 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, pla
     sampler = StepSampler(len(data.train), config.batch_size, config.seed, progress.start_step, run.steps, rank,
                           world_size)
     negatives = negatives_per_anchor(config.strategy, run.mode.loss_kind, config.batch_size, config.chunk_size,
-                                     world_size, run.mode.hard_negatives(config))
+                                     world_size, run.mode.hard_negatives(config))  # in-batch; the log adds the queue
     bar = tqdm(total=run.steps, initial=progress.start_step, desc=f"{config.mode} {config.strategy}",
                disable=config.quiet or rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
     run.model.train()
     loss = None  # a resume of a finished run trains no step
     for step, inputs in enumerate(run.mode.batches(config, data, sampler), start=progress.start_step):
-        started = run.elapsed()
+        started, queued = run.elapsed(), queued_negatives(run.loss)  # the queue this step reads (as it starts)
         loss, learning_rate = run.step(inputs, step)
         row = {"step": step + 1, "epoch": sampler.position(step)[0], "loss": f"{loss.item():.6f}",
                "lr": f"{learning_rate:.6g}", "samples_per_s": f"{config.batch_size / (run.elapsed() - started):.1f}",
-               "negatives_per_anchor": negatives, "temperature": f"{run.loss.temperature:.5g}",
+               "negatives_per_anchor": negatives + queued, "temperature": f"{run.loss.temperature:.5g}",
                "elapsed_s": f"{run.elapsed():.2f}"}
         log.log_step(row)
         bar.update(1)
-        bar.set_postfix(loss=row["loss"][:6], lr=row["lr"], samples_s=row["samples_per_s"], negatives=negatives)
+        bar.set_postfix(loss=row["loss"][:6], lr=row["lr"], samples_s=row["samples_per_s"],
+                        negatives=row["negatives_per_anchor"])
         done = step + 1
         if done % config.checkpoint_every == 0 or done == run.steps:
             run.save(done, sampler.position(done))
@@ -78,7 +80,8 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, pla
                "wall_time_s": round(wall_time, 2), "peak_memory_mb": round(peak_memory_mb(run.device), 1),
                "train_size": len(data.train), "test_size": len(data.test),
                f"skipped_{run.mode.items}": len(data.train.skipped),
-               "batch_size": config.batch_size, "negatives_per_anchor": negatives, "strategy": config.strategy,
+               "batch_size": config.batch_size, "strategy": config.strategy,
+               "negatives_per_anchor": negatives + queued_negatives(run.loss),  # the queue as the run ended
                "final_loss": None if loss is None else float(loss), "data": data.name, **run.mode.summary(run.loss)}
     log.write_metrics(summary)
     log.plot()

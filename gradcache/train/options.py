@@ -64,6 +64,11 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                      help="examples per encoder pass (larger than the batch: one chunk)")
     run.add_argument("--tile-size", type=int, default=None, help="compute the loss in tiles of this many rows "
                      "(default: dense, no tiles)")
+    run.add_argument("--queue-size", type=int, default=default("queue_size"), help="keep this many past "
+                     "embeddings of the candidate side as extra negatives (a queue, as MoCo/XBM; advanced once per "
+                     "step, or per micro-batch under naive; 0: in-batch negatives only)")
+    run.add_argument("--queue-warmup", type=int, default=default("queue_warmup"), help="calls of the loss (steps; "
+                     "micro-batches under naive) before the queue is read or filled")
     length = run.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=int, default=None, help=f"passes over the training data (default: "
                         f"{mode.default_epochs} when --steps is not given)")

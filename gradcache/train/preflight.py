@@ -115,6 +115,12 @@ def check_options(config: RunConfig) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}")
     if config.warmup < 0 or config.weight_decay < 0 or config.workers < 0 or config.eval_every < 0:
         raise UsageError("--warmup, --weight-decay, --workers and --eval-every must not be negative")
+    if config.queue_size < 0 or config.queue_warmup < 0 or (config.queue_warmup and not config.queue_size):
+        raise UsageError(f"--queue-size {config.queue_size} --queue-warmup {config.queue_warmup}: both must be >= 0, "
+                         "and a warm-up needs a queue (--queue-size > 0)")
+    if config.queue_size and config.fsdp:
+        raise UsageError("--queue-size with --fsdp: the sharded checkpoint cannot load a queue sized on the first "
+                         "step yet; drop --fsdp (DDP keeps the queue) or --queue-size")
     MODES[config.mode].check(config)
     MODES[config.mode].check_model(config)  # after the plain values: it may load a model folder
     if config.device.startswith("cuda") and not torch.cuda.is_available():

@@ -58,10 +58,11 @@ class GroupedInfoNCE(nn.Module):
     positive and hard negative of the batch, over all ranks when the strategy gathers them."""
 
     def __init__(self, negatives_per_query: int, temperature: float, symmetric: bool = False,
-                 tile_size: int | None = None) -> None:
+                 tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0) -> None:
         super().__init__()
         self.negatives_per_query = negatives_per_query
-        self.infonce = losses.InfoNCE(temperature=temperature, symmetric=symmetric, tile_size=tile_size)
+        self.infonce = losses.InfoNCE(temperature=temperature, symmetric=symmetric, tile_size=tile_size,
+                                      queue_size=queue_size, queue_warmup=queue_warmup)
 
     @property
     def temperature(self) -> float:

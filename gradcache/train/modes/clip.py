@@ -99,7 +99,8 @@ class CLIP(Mode):
         return ClipModel(build_backbone(config), text, embed_dim=config.projection_dim)
 
     def build_loss(self, config: RunConfig) -> nn.Module:
-        return losses.ClipLoss(temperature=config.temperature, learnable=True, tile_size=config.tile_size)
+        return losses.ClipLoss(temperature=config.temperature, learnable=True, tile_size=config.tile_size,
+                               queue_size=config.queue_size, queue_warmup=config.queue_warmup)
 
     def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
         if config.pretrained is not None:  # the checkpoint's weights and its learned temperature

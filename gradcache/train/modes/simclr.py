@@ -70,7 +70,8 @@ class SimCLR(Mode):
         return SimCLRModel(backbone, head)
 
     def build_loss(self, config: RunConfig) -> nn.Module:
-        return losses.NTXent(temperature=config.temperature, tile_size=config.tile_size)
+        return losses.NTXent(temperature=config.temperature, tile_size=config.tile_size,
+                             queue_size=config.queue_size, queue_warmup=config.queue_warmup)
 
     def encoders(self, model: nn.Module) -> nn.Module:
         return model  # one network shared by both views

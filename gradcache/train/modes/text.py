@@ -147,7 +147,8 @@ class Text(Mode):
         return BiEncoder(*towers)
 
     def build_loss(self, config: RunConfig) -> nn.Module:
-        return GroupedInfoNCE(self.hard_negatives(config), config.temperature, config.symmetric, config.tile_size)
+        return GroupedInfoNCE(self.hard_negatives(config), config.temperature, config.symmetric, config.tile_size,
+                              config.queue_size, config.queue_warmup)
 
     def encoders(self, model: nn.Module) -> nn.Module | list[nn.Module]:
         return model.query_tower if model.shared else [model.query_tower, model.passage_tower]

@@ -12,7 +12,7 @@ from typing import Any
 
 from gradcache.train.checkpoint import CheckpointError
 
-CONFIG_VERSION = 3
+CONFIG_VERSION = 4
 
 
 class UsageError(ValueError):
@@ -36,6 +36,7 @@ class RunConfig:
     channel_permutation: float = 0.5  # simclr views
     rotation: float = 0.0  # simclr views
     workers: int = 1
+    max_bad_share: float = 0.05  # more images or rows than this share unreadable: the run stops (DATA_ERROR)
     threads: int | None = None  # None: CPU cores minus workers, at least 1
     # model
     model: str = "convnet"  # a name of gradcache.models.IMAGE_ENCODER_PRESETS, or (clip) open_clip:ARCH
@@ -130,6 +131,9 @@ _V1_ADDED_LATER = dict(rotation=0.0, fsdp=False, fsdp_reduce="chunk", cpu_offloa
 _V3_ADDED = dict(pooling=None, max_length=128, separate_towers=False, query_key="query", positive_key="positive",
                  negative_keys=None, negatives_per_query=None, symmetric=False, pretrained=None)
 
+# Version 4 added --max-bad-share; the runs before it trained on whatever share of their data decoded.
+_V4_ADDED = dict(max_bad_share=1.0)
+
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
     version = values.pop("config_version", 1)
@@ -141,4 +145,6 @@ def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
         values = {**_V1_ADDED_LATER, **_V1_ABSENT.get(values.get("mode"), {}), **values}
     if version < 3:
         values = {**_V3_ADDED, **values}
+    if version < 4:
+        values = {**_V4_ADDED, **values}
     return values

@@ -1,0 +1,71 @@
+"""Pre-emption: SIGTERM or SIGINT stops a run at the end of the step in progress, after a checkpoint.
+
+    with StopSignals() as signals:        # installs the handlers in the main thread, restores them on exit
+        for step ...:
+            ... run.step(inputs, step, stop_requested=signals.received is not None)  # ranks agree (run.py)
+            if agreed stop: run.save(...); raise Preempted(...)          # the program exits PREEMPTED (75)
+
+The first signal only sets `received` (and says so on stderr); the loop finishes its step, saves and raises
+`Preempted`, whose message names the checkpoint and the command that resumes it. A second signal raises
+`Interrupted` at once, wherever the program is: a save in progress is abandoned, and since a save writes a
+temporary file and renames it, the previous checkpoint stays intact (exit INTERRUPTED, 130).
+
+Schedulers signal the whole process group (SLURM, `kill -TERM -PGID`), so the data loader's workers get the
+signal too: `ignore_stop_signals` is their `worker_init_fn`, so they keep feeding the main process, which
+decides when to stop and shuts them down.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from types import FrameType, TracebackType
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after saving a checkpoint; the message says where and how to resume."""
+
+    def __init__(self, message: str, rank: int = 0) -> None:
+        super().__init__(message)
+        self.rank = rank  # rank 0 alone prints the message
+
+
+class Interrupted(KeyboardInterrupt):
+    """A second stop signal: the run ends at once, without saving."""
+
+
+class StopSignals:
+    """Within the block, the first SIGTERM/SIGINT sets `received` (the signal's name); the second raises
+    `Interrupted`. Outside the main thread (where Python cannot install handlers) it does nothing."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            raise Interrupted(f"{name} received a second time")
+        self.received = name
+        # os.write, not print: a handler that prints can interrupt a print to the same stream (a reentrant call)
+        os.write(2, f"gradcache train: {name} received; finishing the step in progress, then saving a checkpoint "
+                    f"(send it again to stop at once without saving)\n".encode())
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """A DataLoader `worker_init_fn`: the worker ignores SIGTERM and SIGINT; the main process stops it."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)

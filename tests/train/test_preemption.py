@@ -87,3 +87,26 @@ def test_a_second_signal_stops_at_once_and_keeps_the_previous_checkpoint(tmp_pat
     assert status == exit_status.INTERRUPTED, stderr
     assert "stopped at once without saving" in stderr
     assert 1 <= load_checkpoint(folder)["step"] < STEPS  # the last complete save loads
+
+
+def _signal_rank_1_during_step_2(rank: int, world_size: int, argv: list[str]) -> int:
+    from gradcache.cli import main
+    from gradcache.train.run import Run
+
+    original = Run.step
+
+    def step(self, inputs, index, stop_requested=False):
+        if rank == 1 and index == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # read at the next step: rank 0 never receives it
+        return original(self, inputs, index, stop_requested)
+
+    Run.step = step
+    return main(argv)
+
+
+def test_ranks_agree_on_the_step_a_signal_to_one_of_them_stops_at(tmp_path, tiny_args):
+    from tests.multiprocess import run_on_ranks
+
+    argv = tiny_args("simclr", tmp_path, "--steps", "6", "--threads", "1")
+    assert run_on_ranks(_signal_rank_1_during_step_2, 2, argv) == [exit_status.PREEMPTED] * 2
+    assert load_checkpoint(tmp_path)["step"] == 3 == len(_losses(tmp_path))

@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
             return args.command(args, argv)
-    except KeyboardInterrupt as error:  # Ctrl-C outside the training loop, or a second stop signal within it
+    except KeyboardInterrupt as error:  # Ctrl-C outside the training loop (within it: preemption.py)
         print(f"gradcache: interrupted{f' ({error})' if str(error) else ''}; stopped at once without saving (a "
               "run's previous checkpoint, if it has one, is intact)", file=sys.stderr)
         return exit_status.INTERRUPTED

@@ -38,7 +38,8 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: DataSplit
     Raises:
         TrainingDiverged: a non-finite loss, embedding, gradient or weight (no checkpoint of it is written).
         Preempted: SIGTERM or SIGINT; the step in progress finished and its checkpoint was saved.
-        Interrupted: a second signal; stopped at once, the previous checkpoint intact.
+
+    A second signal ends the process at once with status INTERRUPTED, the previous checkpoint intact.
     """
     placement = placement_for(config)
     with placement.process_group(), StopSignals() as signals:

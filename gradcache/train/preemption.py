@@ -6,9 +6,10 @@
             if agreed stop: run.save(...); raise Preempted(...)          # the program exits PREEMPTED (75)
 
 The first signal only sets `received` (and says so on stderr); the loop finishes its step, saves and raises
-`Preempted`, whose message names the checkpoint and the command that resumes it. A second signal raises
-`Interrupted` at once, wherever the program is: a save in progress is abandoned, and since a save writes a
-temporary file and renames it, the previous checkpoint stays intact (exit INTERRUPTED, 130).
+`Preempted`, whose message names the checkpoint and the command that resumes it. A second signal ends the
+process at once (`os._exit(INTERRUPTED)`, 130), wherever it is: no exception that a save's clean-up or a
+destructor could turn into a traceback; a save in progress is abandoned, and since a save writes a temporary
+file and renames it, the previous checkpoint stays intact.
 
 Schedulers signal the whole process group (SLURM, `kill -TERM -PGID`), so the data loader's workers get the
 signal too: `ignore_stop_signals` is their `worker_init_fn`, so they keep feeding the main process, which
@@ -18,8 +19,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from types import FrameType, TracebackType
+
+from gradcache.train.exit_status import INTERRUPTED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -32,13 +36,10 @@ class Preempted(Exception):
         self.rank = rank  # rank 0 alone prints the message
 
 
-class Interrupted(KeyboardInterrupt):
-    """A second stop signal: the run ends at once, without saving."""
-
-
 class StopSignals:
-    """Within the block, the first SIGTERM/SIGINT sets `received` (the signal's name); the second raises
-    `Interrupted`. Outside the main thread (where Python cannot install handlers) it does nothing."""
+    """Within the block, the first SIGTERM/SIGINT sets `received` (the signal's name); the second ends the
+    process with status INTERRUPTED. Outside the main thread (where Python cannot install handlers) it does
+    nothing."""
 
     def __init__(self) -> None:
         self.received: str | None = None
@@ -57,15 +58,27 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self.received is not None:
-            raise Interrupted(f"{name} received a second time")
-        self.received = name
         # os.write, not print: a handler that prints can interrupt a print to the same stream (a reentrant call)
+        if self.received is not None:
+            os.write(2, f"gradcache train: {name} received a second time; stopped at once without saving (the "
+                        f"previous checkpoint, if the run has one, is intact)\n".encode())
+            os._exit(INTERRUPTED)
+        self.received = name
         os.write(2, f"gradcache train: {name} received; finishing the step in progress, then saving a checkpoint "
                     f"(send it again to stop at once without saving)\n".encode())
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """A DataLoader `worker_init_fn`: the worker ignores SIGTERM and SIGINT; the main process stops it."""
+    """A DataLoader `worker_init_fn`: the worker ignores SIGTERM and SIGINT; the main process stops it. A worker
+    whose main process ended at once (a second signal) says nothing of the connection it lost."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    sys.excepthook = _silent_on_lost_connection(sys.excepthook)
+
+
+def _silent_on_lost_connection(hook):
+    def excepthook(kind, value, traceback):  # multiprocessing's resource sharer reports through sys.excepthook
+        if not issubclass(kind, ConnectionError):
+            hook(kind, value, traceback)
+
+    return excepthook

@@ -1,10 +1,14 @@
 """The `gradcache` command: `gradcache train <mode> ...` and `gradcache eval CHECKPOINT`.
 
-`main(argv=None) -> int` is the console script's entry point and what tests call. Exit status: 0 done; 2 bad
-input (bad option, missing or unusable data, a checkpoint from another model, an output folder that already
-holds a run, or the training program's packages missing), with a message on stderr and nothing written; 1 a
-run that diverged (non-finite loss), whose last good checkpoint is kept. Subcommands register themselves
-through `SUBCOMMANDS`, one function each. The library needs torch alone; these commands need the `train` extra.
+`main(argv=None) -> int` is the console script's entry point and what tests call. It returns an exit status of
+gradcache/train/exit_status.py, where each is explained: 0 done; 2 USAGE (a bad option or value, missing or
+unusable data, a bad checkpoint or one of another model, an output folder that already holds a run, or the
+training program's packages missing: nothing written); 3 DIVERGED (non-finite loss, embeddings, gradients or
+weights: the last good checkpoint kept); 4 DATA_ERROR (too much unreadable data); 5 COLLECTIVE_TIMEOUT (a peer rank died or froze);
+74 DISK_FULL (a save ran out of space: the checkpoints already there intact); 75 PREEMPTED (SIGTERM or SIGINT: saved, resumable); 130 INTERRUPTED (a second signal, or Ctrl-C outside the
+training loop: stopped at once). Each comes with one line on stderr, never a traceback; the status follows from
+the error's type (`_status_of`), never from its text. Subcommands register themselves through `SUBCOMMANDS`,
+one function each. The library needs torch alone; these commands need the `train` extra.
 """
 from __future__ import annotations
 
@@ -65,7 +69,7 @@ def _default_train_argv(argv: list[str]) -> list[str]:
 
 
 def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from gradcache.train.loop import TrainingDiverged, train
+    from gradcache.train.loop import train
     from gradcache.train.modes import MODES
     from gradcache.train.options import config_from_args, explicit_options
     from gradcache.train.placement import collective_failures, init_distributed_if_launched
@@ -73,13 +77,9 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
     init_distributed_if_launched(args.device, args.collective_timeout)
     config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
-    try:
-        # one job per run folder until this one ends; a failed collective (a rank died or froze) typed
-        with lock, collective_failures(config.collective_timeout):
-            summary = train(config, saved, data)
-    except TrainingDiverged as error:
-        print(f"gradcache train: {error}", file=sys.stderr)
-        return 1
+    # one job per run folder until this one ends; a failed collective (a rank died or froze) typed
+    with lock, collective_failures(config.collective_timeout):
+        summary = train(config, saved, data)
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
@@ -114,15 +114,28 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _status_of() -> list[tuple[type[BaseException], int]]:
+    """The exit status of each error type the commands raise on purpose, the more specific before the general."""
+    from gradcache.train import exit_status
+    from gradcache.train.checkpoint import CheckpointError, DiskFull
+    from gradcache.train.config import UsageError
+    from gradcache.train.datasets import DataError, TooMuchBadData
+    from gradcache.train.placement import CollectiveFailure
+    from gradcache.train.preemption import Preempted
+    from gradcache.train.run import TrainingDiverged
+
+    return [(TooMuchBadData, exit_status.DATA_ERROR), (UsageError, exit_status.USAGE),
+            (DataError, exit_status.USAGE), (CheckpointError, exit_status.USAGE),
+            (TrainingDiverged, exit_status.DIVERGED), (Preempted, exit_status.PREEMPTED),
+            (DiskFull, exit_status.DISK_FULL), (CollectiveFailure, exit_status.COLLECTIVE_TIMEOUT)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]), run the subcommand, return its exit status."""
     try:
         from gradcache.train import exit_status
-        from gradcache.train.checkpoint import CheckpointError, DiskFull
-        from gradcache.train.config import UsageError
-        from gradcache.train.datasets import DataError
-        from gradcache.train.placement import CollectiveFailure
 
+        status_of = _status_of()
         parser = get_args_parser()
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] not in TRAIN_EXTRA:
@@ -130,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gradcache: the training program needs {error.name}, which is not installed (the library alone "
               "needs torch only); install the program's packages with: pip install 'gradcache[train]'",
               file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     argv = _default_train_argv(list(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
@@ -138,14 +151,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code or 0)
     if getattr(args, "command", None) is None:
         parser.print_help(sys.stderr)
-        return 2
+        return exit_status.USAGE
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
             return args.command(args, argv)
-    except (UsageError, DataError, CheckpointError) as error:
-        print(f"gradcache: error: {error}", file=sys.stderr)
-        return 2
-    except (DiskFull, CollectiveFailure) as error:
-        print(f"gradcache: {error}", file=sys.stderr)
-        return exit_status.DISK_FULL if isinstance(error, DiskFull) else exit_status.COLLECTIVE_TIMEOUT
+    except KeyboardInterrupt as error:  # Ctrl-C outside the training loop (within it: preemption.py)
+        print(f"gradcache: interrupted{f' ({error})' if str(error) else ''}; stopped at once without saving (a "
+              "run's previous checkpoint, if it has one, is intact)", file=sys.stderr)
+        return exit_status.INTERRUPTED
+    except Exception as error:
+        status = next((status for kind, status in status_of if isinstance(error, kind)), None)
+        if status is None:
+            raise
+        if getattr(error, "rank", 0) == 0:  # a pre-emption's message: once, from rank 0
+            print(f"gradcache: {'error: ' if status == exit_status.USAGE else ''}{error}", file=sys.stderr)
+        return status

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gradcache.train.augment import to_model_input
 from gradcache.train.image_set import ImageSet
+from gradcache.train.preemption import ignore_stop_signals
 
 _EPOCH_STRIDE = 1_000_003  # seeds of consecutive epochs stay apart from those of nearby run seeds
 
@@ -119,4 +120,5 @@ def training_batches(images: ImageSet, sampler: StepSampler, augmentation: Calla
     pairs = AugmentedPairs(images, sampler.seed, augmentation, captions=tokenizer is not None)
     collate = _stack_pairs if tokenizer is None else _CaptionCollate(tokenizer)
     return DataLoader(pairs, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
-                      persistent_workers=False, prefetch_factor=2 if workers else None)
+                      persistent_workers=False, prefetch_factor=2 if workers else None,
+                      worker_init_fn=ignore_stop_signals)

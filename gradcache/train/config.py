@@ -12,7 +12,7 @@ from typing import Any
 
 from gradcache.train.checkpoint import CheckpointError
 
-CONFIG_VERSION = 5
+CONFIG_VERSION = 6
 
 
 class UsageError(ValueError):
@@ -36,6 +36,7 @@ class RunConfig:
     channel_permutation: float = 0.5  # simclr views
     rotation: float = 0.0  # simclr views
     workers: int = 1
+    max_bad_share: float = 0.05  # more images or rows than this share unreadable: the run stops (DATA_ERROR)
     threads: int | None = None  # None: CPU cores minus workers, at least 1
     # model
     model: str = "convnet"  # a name of gradcache.models.IMAGE_ENCODER_PRESETS, or (clip) open_clip:ARCH
@@ -136,6 +137,8 @@ _V3_ADDED = dict(pooling=None, max_length=128, separate_towers=False, query_key=
 _V4_ADDED = dict(queue_size=0, queue_warmup=0)
 # Version 5 added --collective-timeout (run-local: a resume may give another).
 _V5_ADDED = dict(collective_timeout=1800.0)
+# Version 6 added --max-bad-share; the runs before it trained on whatever share of their data decoded.
+_V6_ADDED = dict(max_bad_share=1.0)
 
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
@@ -152,4 +155,6 @@ def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
         values = {**_V4_ADDED, **values}
     if version < 5:
         values = {**_V5_ADDED, **values}
+    if version < 6:
+        values = {**_V6_ADDED, **values}
     return values

@@ -1,9 +1,12 @@
 """Real data in the formats people have: scikit-learn's digits, an image folder, a CSV/TSV of paths and captions.
 
 Each loader decodes every image once, at start, to `image_size` x `image_size` RGB uint8 (shorter side resized,
-then centre-cropped). Images that fail to decode are skipped and counted: a warning names them (the first ten)
-and `ImageSet.skipped` keeps every name, so the run summary can report the count. A source where nothing
-decodes, a missing path, or a CSV without the named columns raises `DataError` before training starts.
+then centre-cropped), and training reads only that copy in memory: a file that breaks after the start (replaced,
+truncated, on a disk that went away) cannot fail a run hours in. Skip and count: an image that fails to decode,
+and a table row without an image path or with an empty caption, is left out; a warning names them (the first
+ten) and `ImageSet.skipped` keeps every name, so the run summary can report the count. A source where nothing
+decodes, a missing path, or a CSV without the named columns raises `DataError` before training starts; more
+skipped than a run allows (`check_bad_share`, --max-bad-share) raises `TooMuchBadData`.
 """
 from __future__ import annotations
 
@@ -27,6 +30,20 @@ DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "e
 
 class DataError(ValueError):
     """The data named on the command line cannot be used as given (the message says why and what to do)."""
+
+
+class TooMuchBadData(DataError):
+    """More of the data than the run allows failed to load (the program exits DATA_ERROR, not USAGE)."""
+
+
+def check_bad_share(skipped: list[str], kept: int, max_share: float, items: str) -> None:
+    """Refuse data of which more than `max_share` of the entries (`kept` loaded, `skipped` left out) are bad."""
+    total = kept + len(skipped)
+    if total and len(skipped) > max_share * total:
+        shown = "; ".join(skipped[:3]) + (" ..." if len(skipped) > 3 else "")
+        raise TooMuchBadData(f"{len(skipped)} of {total} {items} ({len(skipped) / total:.1%}) could not be used, more "
+                             f"than --max-bad-share {max_share:g} allows ({shown}); repair the data, or raise "
+                             "--max-bad-share to train on the rest")
 
 
 def load_digits(image_size: int, test_size: int, seed: int) -> DataSplits:
@@ -122,15 +139,35 @@ def load_caption_table(
                 raise DataError(f"{table} has no column {missing[0]!r} (columns: {columns}); "
                                 "name the columns with --csv-image-key and --csv-caption-key, "
                                 "or set --csv-separator")
-            rows = [(row[image_key], row[caption_key]) for row in reader]
+            records = [(f"line {reader.line_num}", row.get(image_key), row.get(caption_key)) for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise DataError(f"cannot read {table}: {error}") from error
-    if not rows:
+    if not records:
         raise DataError(f"{table} has a header but no rows")
+    rows, bad_rows = _usable_rows(records, image_key, caption_key)
+    if bad_rows:
+        shown = "; ".join(bad_rows[:10]) + (" ..." if len(bad_rows) > 10 else "")
+        warnings.warn(f"skipped {len(bad_rows)} of {len(records)} rows of {table}: {shown}", stacklevel=2)
+    if not rows:
+        raise DataError(f"{table} has no row with an image path and a caption ({len(records)} rows read)")
     paths = [Path(path) if Path(path).is_absolute() else table.parent / path for path, _ in rows]
     images, kept, skipped = _decode_all(paths, image_size)
-    data = ImageSet(images=images, captions=[rows[i][1] for i in kept], skipped=skipped)
+    data = ImageSet(images=images, captions=[rows[i][1] for i in kept], skipped=bad_rows + skipped)
     return random_split(data, test_size, seed, name=f"captions:{table}")
+
+
+def _usable_rows(records: list[tuple[str, str | None, str | None]], image_key: str,
+                 caption_key: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (path, caption) of every row that has both (a short row has None), and what is wrong with the others."""
+    rows, bad = [], []
+    for where, path, caption in records:
+        if not (path or "").strip():
+            bad.append(f"{where}: no {image_key}")
+        elif not (caption or "").strip():
+            bad.append(f"{where}: {'no' if caption is None else 'empty'} {caption_key}")
+        else:
+            rows.append((path, caption))
+    return rows, bad
 
 
 # `--data NAME`: the data sets that need no path, by name. Add one: its loader above, one entry here.

@@ -3,8 +3,9 @@
     run = Run(config, data, placement, saved)   # model, loss, optimizer, schedule, strategy, checkpoint, at
                                                 # step 0 (evaluated) or at the step of the checkpoint it continues
     for each step s from there: batch s of the data order (a function of seed and step), this rank's slice
-        loss = run.step(inputs)    # strategy.step writes .grad; scaler.step; zero_grad; schedule; mode's hook
-        log; every N steps a checkpoint and (optionally) an evaluation
+        loss = run.step(inputs)    # strategy.step writes .grad; scaler.step; zero_grad; schedule; mode's hook;
+                                   # the ranks agree on divergence (raises) and on a stop signal
+        log; every N steps (and on a stop signal: then raise Preempted) a checkpoint; (optionally) an evaluation
     the final evaluation, metrics.json, curves.png
 
 What differs between modes is in the mode (gradcache/train/modes/); what differs between replicated and
@@ -24,21 +25,31 @@ from gradcache.losses.queue import queued_negatives
 from gradcache.train.image_set import DataSplits
 from gradcache.train.modes import MODES
 from gradcache.train.placement import Replicated, placement_for
+from gradcache.train.preemption import Preempted, StopSignals
 from gradcache.train.run import Run, TrainingDiverged, peak_memory_mb
 from gradcache.train.run_checkpoint import RunCheckpoint
 from gradcache.train.run_log import RunLog
 
-__all__ = ["train", "TrainingDiverged"]
+__all__ = ["train", "TrainingDiverged", "Preempted"]
 
 
 def train(config: RunConfig, saved: RunCheckpoint | None = None, data: DataSplits | None = None) -> dict[str, Any]:
-    """Run (or, given `saved`, continue) training; return the run summary also written to metrics.json."""
+    """Run (or, given `saved`, continue) training; return the run summary also written to metrics.json.
+
+    Raises:
+        TrainingDiverged: a non-finite loss, embedding, gradient or weight (no checkpoint of it is written).
+        Preempted: SIGTERM or SIGINT; the step in progress finished and its checkpoint was saved.
+
+    A second signal ends the process at once with status INTERRUPTED, the previous checkpoint intact.
+    """
     placement = placement_for(config)
-    with placement.process_group():
-        return _train(config, saved, data if data is not None else MODES[config.mode].load_data(config), placement)
+    with placement.process_group(), StopSignals() as signals:
+        return _train(config, saved, data if data is not None else MODES[config.mode].load_data(config), placement,
+                      signals)
 
 
-def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, placement: Replicated) -> dict[str, Any]:
+def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, placement: Replicated,
+           signals: StopSignals) -> dict[str, Any]:
     rank, world_size = distributed.rank(), distributed.world_size()
     run = Run(config, data, placement, saved)  # step 0 evaluated, or the checkpoint loaded; nothing written
     progress = run.progress
@@ -56,18 +67,23 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, pla
     loss = None  # a resume of a finished run trains no step
     for step, inputs in enumerate(run.mode.batches(config, data, sampler), start=progress.start_step):
         started, queued = run.elapsed(), queued_negatives(run.loss)  # the queue this step reads (as it starts)
-        loss, learning_rate = run.step(inputs, step)
+        result = run.step(inputs, step, stop_requested=signals.received is not None)
+        loss = result.loss
         row = {"step": step + 1, "epoch": sampler.position(step)[0], "loss": f"{loss.item():.6f}",
-               "lr": f"{learning_rate:.6g}", "samples_per_s": f"{config.batch_size / (run.elapsed() - started):.1f}",
+               "lr": f"{result.learning_rate:.6g}",
+               "samples_per_s": f"{config.batch_size / (run.elapsed() - started):.1f}",
                "negatives_per_anchor": negatives + queued, "temperature": f"{run.loss.temperature:.5g}",
-               "elapsed_s": f"{run.elapsed():.2f}"}
+               "elapsed_s": f"{run.elapsed():.2f}", "skipped": int(result.skipped)}
         log.log_step(row)
         bar.update(1)
         bar.set_postfix(loss=row["loss"][:6], lr=row["lr"], samples_s=row["samples_per_s"],
                         negatives=row["negatives_per_anchor"])
         done = step + 1
-        if done % config.checkpoint_every == 0 or done == run.steps:
+        if done % config.checkpoint_every == 0 or done == run.steps or result.stop:
             run.save(done, sampler.position(done))
+        if result.stop and done != run.steps:
+            bar.close()
+            raise _preempted(config, signals.received or "a stop signal on another rank", done, run, rank)
         if placement.evaluates() and config.eval_every and done % config.eval_every == 0 and done != run.steps:
             log.log_eval(done, run.evaluate())
     bar.close()
@@ -82,7 +98,14 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, pla
                f"skipped_{run.mode.items}": len(data.train.skipped),
                "batch_size": config.batch_size, "strategy": config.strategy,
                "negatives_per_anchor": negatives + queued_negatives(run.loss),  # the queue as the run ended
-               "final_loss": None if loss is None else float(loss), "data": data.name, **run.mode.summary(run.loss)}
+               "final_loss": None if loss is None else float(loss), "skipped_steps": log.skipped_steps(),
+               "data": data.name, **run.mode.summary(run.loss)}
     log.write_metrics(summary)
     log.plot()
     return summary
+
+
+def _preempted(config: RunConfig, signal_name: str, step: int, run: Run, rank: int) -> Preempted:
+    return Preempted(f"stopped by {signal_name} after step {step} of {run.steps}; saved {run.checkpoint} (step {step}, "
+                     f"with the data position). Resume with: gradcache train {config.mode} --resume "
+                     f"{config.output_dir}", rank)

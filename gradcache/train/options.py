@@ -40,6 +40,9 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                       help="seed of the built-in data and the held-out split")
     data.add_argument("--workers", type=int, default=default("workers"), help="data loader worker processes "
                       "(0: in the main one); augmenting in a worker overlaps it with the encoders")
+    data.add_argument("--max-bad-share", type=float, default=default("max_bad_share"),
+                      help=f"stop before training (exit 4) when more than this share of the {mode.items} cannot be "
+                      "used (files that fail to decode, rows without a field); fewer are skipped and counted")
     data.add_argument("--threads", type=int, default=None, help="torch threads of the training process on CPU "
                       "(default: CPU cores minus --workers, at least 1)")
 

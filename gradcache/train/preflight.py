@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from gradcache import distributed
 from gradcache.train.checkpoint import CheckpointError
 from gradcache.train.config import RunConfig, UsageError
+from gradcache.train.datasets import check_bad_share
 from gradcache.train.image_set import DataSplits
 from gradcache.train.modes import MODES
 from gradcache.train.resume import AUTO, check_length, choose_checkpoint, merge_resume
@@ -22,7 +24,9 @@ from gradcache.train.run_folder import RunFolderLock, decided_by_rank_zero, remo
 RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
              "train_log.csv")
 POSITIVE = ("threads", "batch_size", "chunk_size", "steps", "epochs", "image_size", "train_size", "test_size",
-            "checkpoint_every", "knn_k", "base_batch_size", "width", "projection_dim")
+            "checkpoint_every", "knn_k", "base_batch_size", "width", "projection_dim", "hidden_dim", "context_length",
+            "text_width", "text_layers", "text_heads")
+NOT_NEGATIVE = ("warmup", "weight_decay", "workers", "eval_every")
 
 
 def prepare_run(given: RunConfig, explicit: set[str]
@@ -80,6 +84,7 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
                          "--resume auto to continue it or, if it saved no checkpoint, start it afresh there, or "
                          "choose another --output-dir")
     data = mode.load_data(config)
+    check_bad_share(data.train.skipped, len(data.train) + len(data.test), config.max_bad_share, mode.items)
     config = mode.resolve(config, data)
     if len(data.train) < config.batch_size:
         raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training {mode.items}; "
@@ -92,11 +97,16 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
 
 
 def check_options(config: RunConfig) -> None:
-    """Refuse option values that cannot work, naming the option, the value and the fix."""
+    """Refuse option values that cannot work, naming the option, the value and the fix: every number finite
+    (NaN and infinity refused), every count and rate in its range."""
+    for option in dataclasses.fields(config):
+        value = getattr(config, option.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{_dashed(option.name)} must be a finite number, got {value}")
     for name in POSITIVE:
         value = getattr(config, name)
         if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+            raise UsageError(f"--{_dashed(name)} must be at least 1, got {value}")
     if config.tile_size is not None and config.tile_size < 1:
         raise UsageError(f"--tile-size must be at least 1 (or omitted for the dense loss), got {config.tile_size}")
     if config.batch_size < 2:
@@ -110,11 +120,16 @@ def check_options(config: RunConfig) -> None:
         raise UsageError(f"--strategy naive needs the per-process batch ({local}) divisible by --chunk-size "
                          f"{config.chunk_size}, so every micro-batch has the same negatives; e.g. --chunk-size "
                          f"{_divisor_below(local, config.chunk_size)}")
-    for name in ("lr", "temperature", "knn_temperature"):
+    for name in ("lr", "temperature", "knn_temperature", "max_logit_scale"):
         if getattr(config, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}")
-    if config.warmup < 0 or config.weight_decay < 0 or config.workers < 0 or config.eval_every < 0:
-        raise UsageError("--warmup, --weight-decay, --workers and --eval-every must not be negative")
+            raise UsageError(f"--{_dashed(name)} must be positive, got {getattr(config, name)}")
+    for name in NOT_NEGATIVE:
+        if getattr(config, name) < 0:
+            raise UsageError(f"--{_dashed(name)} must not be negative, got {getattr(config, name)}")
+    if not 0 <= config.momentum < 1:
+        raise UsageError(f"--momentum must be in [0, 1) (0.9 is usual), got {config.momentum}")
+    if not 0 <= config.max_bad_share <= 1:
+        raise UsageError(f"--max-bad-share is a share of the data in [0, 1], got {config.max_bad_share}")
     if config.queue_size < 0 or config.queue_warmup < 0 or (config.queue_warmup and not config.queue_size):
         raise UsageError(f"--queue-size {config.queue_size} --queue-warmup {config.queue_warmup}: both must be >= 0, "
                          "and a warm-up needs a queue (--queue-size > 0)")
@@ -151,6 +166,10 @@ def _check_sharding(config: RunConfig) -> None:
         check_8bit_adamw(config.device)
     except RuntimeError as error:
         raise UsageError(str(error)) from error
+
+
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def _divisor_below(number: int, limit: int) -> int:

@@ -6,17 +6,21 @@ checkpoint; it starts at step 0 (evaluated) or at a checkpoint's step; `step` is
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.utils import get_total_norm
 
 from gradcache import distributed
-from gradcache.non_finite import NonFiniteLossError
+from gradcache.non_finite import NonFiniteError, NonFiniteLossError
 from gradcache.train.checkpoint import capture_random_state, restore_random_state
 from gradcache.train.config import RunConfig
 from gradcache.train.image_set import DataSplits
@@ -29,7 +33,15 @@ from gradcache.train.strategies import build_strategy
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
+    """The loss, the embeddings, the gradients or the weights became NaN or infinite; the message names what,
+    the step and the last good checkpoint."""
+
+
+class StepResult(NamedTuple):
+    loss: torch.Tensor
+    learning_rate: float  # the rate the step ran at
+    skipped: bool  # fp16: the gradient scaler found an overflow and skipped the optimizer step
+    stop: bool  # some rank received a stop signal: every rank saves and stops after this step
 
 
 @dataclass
@@ -73,6 +85,7 @@ class Run:
         self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding,
                                        self.mode.chunk_sizes(config))
         self.checkpoint = placement.checkpoint(config.output_dir)
+        self._parameters = [p for p in self.trained.parameters() if p.requires_grad]  # after placing: the shards
         self.last_saved: RunCheckpoint | None = None
         if saved is not None:
             self.progress = self._resume(saved)  # a checkpoint of another model fails here, before any write
@@ -111,23 +124,39 @@ class Run:
                   file=sys.stderr)
 
     # --- one step ---------------------------------------------------------------------------------------
-    def step(self, inputs: list[Any], step: int) -> tuple[torch.Tensor, float]:
-        """One strategy step and one optimizer step; returns the loss and the learning rate it ran at."""
+    def step(self, inputs: list[Any], step: int, stop_requested: bool = False) -> StepResult:
+        """One strategy step and one optimizer step, then the ranks agree whether to stop (any rank's
+        `stop_requested`) and whether the run diverged: a non-finite loss or embedding (raised by the losses), a
+        non-finite gradient (fp32/bf16; in fp16 the scaler skips such a step) or weight raises TrainingDiverged
+        on every rank, before anything is saved."""
         inputs = [_to_device(value, self.device) for value in inputs]
         try:
             loss = self.strategy.step(*inputs)
-        except NonFiniteLossError as error:
-            kept = (f"the last good checkpoint {self.last_saved} is kept" if self.last_saved
-                    else "no checkpoint was saved yet")
-            raise TrainingDiverged(f"the loss became non-finite at step {step + 1} (of {self.steps}); {kept}. "
-                                   "Lower --lr, raise --warmup, or use --precision bf16 instead of fp16.") from error
+        except NonFiniteError as error:
+            what = "the loss" if isinstance(error, NonFiniteLossError) else "the embeddings"
+            raise self._diverged(what, step) from error
+        gradients_finite = self.scaler.is_enabled() or _all_finite([p.grad for p in self._parameters])
         learning_rate = self.optimizer.param_groups[0]["lr"]
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.optimizer)  # one path for every precision: the scaler is off unless fp16
         self.scaler.update()
+        skipped = scale is not None and self.scaler.get_scale() < scale  # the scaler backs off on an overflow
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a skipped step still advances the schedule: it follows the step count
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()` before `optimizer.step()`")
+            self.scheduler.step()
         self.mode.after_step(self.config, self.loss)
-        return loss, learning_rate
+        weights_finite = _all_finite(self._parameters)
+        stop, bad_gradients, bad_weights = _any_rank([stop_requested, not gradients_finite, not weights_finite])
+        if bad_gradients or bad_weights:
+            raise self._diverged("the gradients" if bad_gradients else "the weights", step)
+        return StepResult(loss, learning_rate, skipped, stop)
+
+    def _diverged(self, what: str, step: int) -> TrainingDiverged:
+        kept = (f"the last good checkpoint {self.last_saved} is kept" if self.last_saved
+                else "no checkpoint was saved yet")
+        return TrainingDiverged(f"{what} became non-finite at step {step + 1} (of {self.steps}); {kept}. Lower --lr, "
+                                "raise --warmup, or use --precision bf16 instead of fp16.")
 
     def evaluate(self) -> dict[str, float]:
         with self.placement.gathered(self.model):
@@ -163,6 +192,22 @@ def peak_memory_mb(device: torch.device) -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+def _all_finite(tensors: list[torch.Tensor | None]) -> bool:
+    """Whether every entry of `tensors` (None skipped; a shard's local part) is finite: the largest |x| is."""
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]
+    return not local or bool(torch.isfinite(get_total_norm(local, norm_type=math.inf)))
+
+
+def _any_rank(flags: list[bool]) -> list[bool]:
+    """Each flag, true when it is true on any rank: one small all-reduce a step, only under torch.distributed."""
+    if not distributed.is_distributed() or distributed.world_size() == 1:
+        return flags
+    nccl = dist.get_backend() == "nccl"  # NCCL reads only CUDA tensors
+    tensor = torch.tensor(flags, dtype=torch.int32, device=torch.cuda.current_device() if nccl else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [bool(flag) for flag in tensor.tolist()]
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

@@ -1,4 +1,5 @@
-"""What a run leaves in its output folder: `train_log.csv` per step, `eval_log.csv` per evaluation,
+"""What a run leaves in its output folder: `train_log.csv` per step (`skipped` is 1 where an fp16 run's gradient
+scaler found an overflow and skipped the optimizer step), `eval_log.csv` per evaluation,
 `metrics.json` (the run summary) and `curves.png` (loss and evaluation curves).
 
 On resume the logs are cut back to the checkpoint's step and continued, so a resumed run's logs read as those
@@ -14,16 +15,19 @@ from pathlib import Path
 from typing import Any
 
 TRAIN_COLUMNS = ["step", "epoch", "loss", "lr", "samples_per_s", "negatives_per_anchor", "temperature",
-                 "elapsed_s"]
+                 "elapsed_s", "skipped"]
 
 
-def _truncate_csv(path: Path, last_step: int) -> None:
-    """Keep the header and the rows with step <= last_step."""
+def _truncate_csv(path: Path, last_step: int, columns: list[str] | None = None) -> None:
+    """Keep the header and the rows with step <= last_step; with `columns`, rewrite them in those columns (a
+    log of an older version gains the new ones, empty)."""
     if not path.exists():
         return
     with open(path, newline="") as handle:
         rows = list(csv.reader(handle))
     kept = rows[:1] + [row for row in rows[1:] if row and int(row[0]) <= last_step]
+    if columns is not None and kept and kept[0] != columns:
+        kept = [columns] + [[dict(zip(kept[0], row)).get(name, "") for name in columns] for row in kept[1:]]
     with open(path, "w", newline="") as handle:
         csv.writer(handle).writerows(kept)
 
@@ -49,7 +53,7 @@ class RunLog:
             for path in (self.train_path, self.eval_path):
                 path.unlink(missing_ok=True)
         else:
-            _truncate_csv(self.train_path, resume_step)
+            _truncate_csv(self.train_path, resume_step, TRAIN_COLUMNS)
             _truncate_csv(self.eval_path, resume_step)
         self._eval_columns: list[str] | None = None
         if self.eval_path.exists():
@@ -66,6 +70,12 @@ class RunLog:
             if new:
                 writer.writeheader()
             writer.writerow(row)
+
+    def skipped_steps(self) -> int:
+        """How many logged steps the fp16 gradient scaler skipped (resumed runs included)."""
+        if not self.enabled or not self.train_path.exists():
+            return 0
+        return sum(1 for row in read_csv(self.train_path) if row.get("skipped", 0) == 1)
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         """One evaluation at `step` (the first call fixes the columns)."""

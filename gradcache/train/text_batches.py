@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gradcache import losses
 from gradcache.train.batches import StepSampler
+from gradcache.train.preemption import ignore_stop_signals
 from gradcache.train.text_pairs import TextPairs
 
 
@@ -81,4 +82,4 @@ def text_batches(pairs: TextPairs, sampler: StepSampler, tokenizer: Callable, wo
     """A loader of [query tokens, passage tokens] per step, in the order `sampler` gives."""
     return DataLoader(QueryPassages(pairs), batch_sampler=sampler, num_workers=workers,
                       collate_fn=TokenizeGroups(tokenizer), persistent_workers=False,
-                      prefetch_factor=2 if workers else None)
+                      prefetch_factor=2 if workers else None, worker_init_fn=ignore_stop_signals)

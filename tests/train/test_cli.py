@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from gradcache.cli import main
+from gradcache.train import exit_status
 from gradcache.train.checkpoint import load_checkpoint
 
 
@@ -69,8 +70,7 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_args
             raise KeyboardInterrupt  # killed after step 3 was logged, the checkpoint holds step 2
 
     monkeypatch.setattr(RunLog, "log_step", crash_after_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        main(tiny_args(mode, tmp_path / "cut", *args))
+    assert main(tiny_args(mode, tmp_path / "cut", *args)) == exit_status.INTERRUPTED
     monkeypatch.setattr(RunLog, "log_step", original)
     assert load_checkpoint(tmp_path / "cut")["step"] == 2
     # same thread count as before: a different one may reorder float sums in the convolutions
@@ -128,8 +128,8 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path
 
     monkeypatch.setattr(losses.NTXent, "forward", nan_on_step_3)
     status = main(tiny_args("simclr", tmp_path, "--strategy", "full", "--steps", "4", "--checkpoint-every", "2"))
-    assert status == 1
-    assert "non-finite at step 3" in capsys.readouterr().err
+    assert status == exit_status.DIVERGED
+    assert "the loss became non-finite at step 3" in capsys.readouterr().err
     assert load_checkpoint(tmp_path)["step"] == 2
 
 

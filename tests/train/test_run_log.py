@@ -36,3 +36,21 @@ def test_simclr_curves_without_chance_levels():
         assert not figure.axes[1].patches
     finally:
         plt.close(figure)
+
+
+def test_resuming_a_log_written_before_the_skipped_column_keeps_its_rows_aligned(tmp_path):
+    import csv
+
+    from gradcache.train.run_log import TRAIN_COLUMNS, RunLog
+
+    old = [c for c in TRAIN_COLUMNS if c != "skipped"]
+    with open(tmp_path / "train_log.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(old)
+        writer.writerows([[step, 0, 3.0 - step, 0.1, 9.0, 30, 0.1, step] for step in (1, 2, 3)])
+    log = RunLog(tmp_path, resume_step=2)
+    log.log_step({"step": 3, "epoch": 0, "loss": "2.5", "skipped": 1})
+    with open(tmp_path / "train_log.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["step"] for row in rows] == ["1", "2", "3"] and [row["loss"] for row in rows] == ["2.0", "1.0", "2.5"]
+    assert [row["skipped"] for row in rows] == ["", "", "1"] and log.skipped_steps() == 1

@@ -13,6 +13,7 @@ from torch import nn
 from gradcache.models import IMAGE_ENCODER_PRESETS, ConvNetConfig, ResNetConfig, ViTConfig, build_image_encoder
 from gradcache.train.config import RunConfig, UsageError
 
+CONVNET_MIN_IMAGE_SIZE = 8  # its three 2 x 2 max-pools leave 1 x 1 of an 8 x 8 image
 BACKBONE_HELP = f"image encoder: a preset of gradcache.models ({', '.join(IMAGE_ENCODER_PRESETS)})"
 
 
@@ -39,6 +40,9 @@ def check_backbone(config: RunConfig) -> None:
     if preset is None:
         raise UsageError(f"--model {config.model!r} is not an image encoder preset; choose one of "
                          f"{', '.join(IMAGE_ENCODER_PRESETS)}")
+    if isinstance(preset, ConvNetConfig) and config.image_size < CONVNET_MIN_IMAGE_SIZE:
+        raise UsageError(f"--model {config.model} halves the image three times and needs --image-size at least "
+                         f"{CONVNET_MIN_IMAGE_SIZE}, got {config.image_size}")
     if isinstance(preset, ViTConfig) and config.image_size % preset.patch_size:
         raise UsageError(f"--model {config.model} needs --image-size divisible by its patch size {preset.patch_size}, "
                          f"got {config.image_size}")

@@ -1,0 +1,84 @@
+"""Pre-emption: SIGTERM or SIGINT stops a run at the end of the step in progress, after a checkpoint.
+
+    with StopSignals() as signals:        # installs the handlers in the main thread, restores them on exit
+        for step ...:
+            ... run.step(inputs, step, stop_requested=signals.received is not None)  # ranks agree (run.py)
+            if agreed stop: run.save(...); raise Preempted(...)          # the program exits PREEMPTED (75)
+
+The first signal only sets `received` (and says so on stderr); the loop finishes its step, saves and raises
+`Preempted`, whose message names the checkpoint and the command that resumes it. A second signal ends the
+process at once (`os._exit(INTERRUPTED)`, 130), wherever it is: no exception that a save's clean-up or a
+destructor could turn into a traceback; a save in progress is abandoned, and since a save writes a temporary
+file and renames it, the previous checkpoint stays intact.
+
+Schedulers signal the whole process group (SLURM, `kill -TERM -PGID`), so the data loader's workers get the
+signal too: `ignore_stop_signals` is their `worker_init_fn`, so they keep feeding the main process, which
+decides when to stop and shuts them down.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from types import FrameType, TracebackType
+
+from gradcache.train.exit_status import INTERRUPTED
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after saving a checkpoint; the message says where and how to resume."""
+
+    def __init__(self, message: str, rank: int = 0) -> None:
+        super().__init__(message)
+        self.rank = rank  # rank 0 alone prints the message
+
+
+class StopSignals:
+    """Within the block, the first SIGTERM/SIGINT sets `received` (the signal's name); the second ends the
+    process with status INTERRUPTED. Outside the main thread (where Python cannot install handlers) it does
+    nothing."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        # os.write, not print: a handler that prints can interrupt a print to the same stream (a reentrant call)
+        if self.received is not None:
+            os.write(2, f"gradcache train: {name} received a second time; stopped at once without saving (the "
+                        f"previous checkpoint, if the run has one, is intact)\n".encode())
+            os._exit(INTERRUPTED)
+        self.received = name
+        os.write(2, f"gradcache train: {name} received; finishing the step in progress, then saving a checkpoint "
+                    f"(send it again to stop at once without saving)\n".encode())
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """A DataLoader `worker_init_fn`: the worker ignores SIGTERM and SIGINT; the main process stops it. A worker
+    whose main process ended at once (a second signal) says nothing of the connection it lost."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    sys.excepthook = _silent_on_lost_connection(sys.excepthook)
+
+
+def _silent_on_lost_connection(hook):
+    def excepthook(kind, value, traceback):  # multiprocessing's resource sharer reports through sys.excepthook
+        if not issubclass(kind, ConnectionError):
+            hook(kind, value, traceback)
+
+    return excepthook

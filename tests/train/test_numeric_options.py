@@ -1,0 +1,61 @@
+"""Every numeric option of `gradcache train <mode>` refuses NaN, infinity and out-of-range values up front: exit
+status 2, one line naming the option, nothing written. The options come from the parser itself, so a new one is
+covered without editing this file."""
+import argparse
+
+import pytest
+
+from gradcache.cli import main
+from gradcache.train import exit_status
+from gradcache.train.modes import MODES
+from gradcache.train.options import add_train_options
+
+
+def _numeric_options() -> list[tuple[str, str]]:
+    found = []
+    for mode in MODES.values():
+        parser = argparse.ArgumentParser(add_help=False)
+        add_train_options(parser, mode)
+        found += [(mode.name, action.option_strings[0]) for action in parser._actions
+                  if action.type in (int, float)]
+    return found
+
+
+NUMERIC = _numeric_options()
+
+
+def test_the_parser_has_the_numeric_options_this_file_expects():
+    assert {"--lr", "--temperature", "--momentum", "--weight-decay", "--image-size", "--max-bad-share",
+            "--batch-size"} <= {option for _, option in NUMERIC}
+    assert ("clip", "--max-logit-scale") in NUMERIC and ("text", "--max-length") in NUMERIC
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize(("mode", "option"), NUMERIC, ids=[f"{m}{o}" for m, o in NUMERIC])
+def test_nan_and_infinity_exit_2_and_write_nothing(tmp_path, capsys, mode, option, value):
+    output = tmp_path / "run"
+    assert main(["train", mode, option, value, "--output-dir", str(output)]) == exit_status.USAGE
+    error = capsys.readouterr().err
+    assert option in error and "Traceback" not in error
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(("mode", "option", "value"), [
+    ("simclr", "--lr", "0"), ("simclr", "--lr", "-1"), ("simclr", "--temperature", "0"),
+    ("simclr", "--knn-temperature", "-1"), ("simclr", "--weight-decay", "-0.1"), ("simclr", "--momentum", "1"),
+    ("simclr", "--momentum", "-0.5"), ("simclr", "--image-size", "1"), ("simclr", "--image-size", "7"),
+    ("simclr", "--max-bad-share", "1.5"), ("simclr", "--max-bad-share", "-0.1"), ("simclr", "--hidden-dim", "0"),
+    ("simclr", "--warmup", "-1"), ("simclr", "--eval-every", "-2"), ("simclr", "--workers", "-1"),
+    ("clip", "--max-logit-scale", "0"), ("clip", "--text-heads", "0"), ("clip", "--context-length", "0"),
+])
+def test_out_of_range_values_exit_2_naming_the_option_and_write_nothing(tmp_path, capsys, mode, option, value):
+    output = tmp_path / "run"
+    assert main(["train", mode, option, value, "--output-dir", str(output)]) == exit_status.USAGE
+    error = capsys.readouterr().err
+    assert f"{option} " in error and value in error and "Traceback" not in error
+    assert not output.exists()
+
+
+def test_the_smallest_image_size_of_the_convnet_trains(tmp_path, tiny_args):
+    """8 is the refused 7's neighbour: the limit is the model's, not a guess."""
+    assert main(tiny_args("simclr", tmp_path, "--image-size", "8", "--steps", "1")) == exit_status.OK

@@ -1,0 +1,114 @@
+"""SIGTERM and SIGINT to a running `gradcache train` (a subprocess in a session of its own, so a signal to its
+process group reaches its data workers and not pytest): the step in progress finishes, a checkpoint is
+written, the exit status is PREEMPTED, and the resumed run logs exactly the losses of an uninterrupted one; a
+second signal stops it at once (INTERRUPTED) with the previous checkpoint intact."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gradcache.train import exit_status
+from gradcache.train.checkpoint import load_checkpoint
+from tests.train.conftest import TINY
+
+STEPS = 30  # enough that a run signalled after its first logged step is still training
+ARGS = [*TINY["simclr"], "--steps", str(STEPS), "--checkpoint-every", "10", "--threads", "1"]
+
+
+def _gradcache(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gradcache", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _losses(folder) -> list[str]:
+    with open(folder / "train_log.csv", newline="") as handle:
+        return [row["loss"] for row in csv.DictReader(handle)]
+
+
+def _wait_for_step(folder, step: int, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Until train_log.csv holds the row of `step` (the run is then training, its handlers installed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        if (folder / "train_log.csv").exists() and len(_losses(folder)) >= step:
+            return
+        time.sleep(0.05)
+    process.kill()
+    pytest.fail(f"no step {step} logged within {timeout} s")
+
+
+def _finish(process: subprocess.Popen, timeout: float = 120.0) -> tuple[int, str]:
+    _, stderr = process.communicate(timeout=timeout)
+    assert "Traceback" not in stderr, stderr
+    return process.returncode, stderr
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    status, stderr = _finish(_gradcache("train", "simclr", *ARGS, "--output-dir", str(folder)))
+    assert status == exit_status.OK, stderr
+    return _losses(folder)
+
+
+@pytest.mark.parametrize(("signum", "group", "workers"), [(signal.SIGTERM, False, "0"), (signal.SIGINT, True, "2")],
+                         ids=["SIGTERM-alone", "SIGINT-to-the-group-with-2-workers"])
+def test_a_signal_saves_exits_preempted_and_the_resume_logs_the_uninterrupted_losses(
+        tmp_path, uninterrupted, signum, group, workers):
+    folder = tmp_path / "run"
+    process = _gradcache("train", "simclr", *ARGS, "--workers", workers, "--output-dir", str(folder))
+    _wait_for_step(folder, 1, process)
+    (os.killpg if group else os.kill)(process.pid, signum)
+    status, stderr = _finish(process)
+
+    assert status == exit_status.PREEMPTED, stderr
+    saved = load_checkpoint(folder)
+    assert 1 <= saved["step"] < STEPS and saved["step"] == len(_losses(folder))  # the step in progress, finished
+    assert f"gradcache train simclr --resume {folder}" in stderr and f"step {saved['step']}" in stderr
+    status, stderr = _finish(_gradcache("train", "simclr", "--resume", str(folder), "--workers", "0",
+                                         "--threads", "1", "--quiet"))  # threads: the same float sums
+    assert status == exit_status.OK, stderr
+    assert _losses(folder) == uninterrupted
+
+
+def test_a_second_signal_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path):
+    folder = tmp_path / "run"
+    process = _gradcache("train", "simclr", *ARGS, "--checkpoint-every", "1", "--workers", "1", "--output-dir",
+                         str(folder))
+    _wait_for_step(folder, 2, process)
+    os.killpg(process.pid, signal.SIGTERM)
+    os.killpg(process.pid, signal.SIGINT)  # another signal number: two handler calls, not one coalesced
+    status, stderr = _finish(process)
+
+    assert status == exit_status.INTERRUPTED, stderr
+    assert "stopped at once without saving" in stderr
+    assert 1 <= load_checkpoint(folder)["step"] < STEPS  # the last complete save loads
+
+
+def _signal_rank_1_during_step_2(rank: int, world_size: int, argv: list[str]) -> int:
+    from gradcache.cli import main
+    from gradcache.train.run import Run
+
+    original = Run.step
+
+    def step(self, inputs, index, stop_requested=False):
+        if rank == 1 and index == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # read at the next step: rank 0 never receives it
+        return original(self, inputs, index, stop_requested)
+
+    Run.step = step
+    return main(argv)
+
+
+def test_ranks_agree_on_the_step_a_signal_to_one_of_them_stops_at(tmp_path, tiny_args):
+    from tests.multiprocess import run_on_ranks
+
+    argv = tiny_args("simclr", tmp_path, "--steps", "6", "--threads", "1")
+    # spawn, not fork: a fork after an in-process FSDP run of an earlier test cannot run autograd
+    statuses = run_on_ranks(_signal_rank_1_during_step_2, 2, argv, start_method="spawn")
+    assert statuses == [exit_status.PREEMPTED] * 2
+    assert load_checkpoint(tmp_path)["step"] == 3 == len(_losses(tmp_path))

@@ -12,7 +12,7 @@ from typing import Any
 
 from gradcache.train.checkpoint import CheckpointError
 
-CONFIG_VERSION = 3
+CONFIG_VERSION = 4
 
 
 class UsageError(ValueError):
@@ -62,6 +62,8 @@ class RunConfig:
     batch_size: int = 128  # global, over every rank
     chunk_size: int = 32
     tile_size: int | None = None
+    memory_budget: int | None = None  # text: bytes of autograd graphs GradCache keeps (None: re-encode every chunk)
+    chunk_tokens: int | None = None  # text: GradCache chunks of at most this many padded tokens (None: fixed chunks)
     epochs: int | None = None  # None with steps None: the mode's default_epochs
     steps: int | None = None
     optimizer: str = "adamw"
@@ -130,6 +132,9 @@ _V1_ADDED_LATER = dict(rotation=0.0, fsdp=False, fsdp_reduce="chunk", cpu_offloa
 _V3_ADDED = dict(pooling=None, max_length=128, separate_towers=False, query_key="query", positive_key="positive",
                  negative_keys=None, negatives_per_query=None, symmetric=False, pretrained=None)
 
+# Version 4 added the text mode's chunking options (issue 13's memory_budget and chunk_tokens): off before.
+_V4_ADDED = dict(memory_budget=None, chunk_tokens=None)
+
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
     version = values.pop("config_version", 1)
@@ -141,4 +146,6 @@ def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
         values = {**_V1_ADDED_LATER, **_V1_ABSENT.get(values.get("mode"), {}), **values}
     if version < 3:
         values = {**_V3_ADDED, **values}
+    if version < 4:
+        values = {**_V4_ADDED, **values}
     return values

@@ -145,15 +145,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"{result.get('process_s', '-')} s {result.get('error', '')}")
             if result.get("status") != "ok":
                 failed.append(name)
-    steps, info = build_steps(settings, device)
-    for name in names:
-        rows[name].update(info.get(name, {}))
-    if args.only != "memory":
+    if args.only != "memory":  # (a memory point's child reports its kept_fraction and chunk_tokens itself)
+        steps, info = build_steps(settings, device)
+        for name in names:
+            rows[name].update(info.get(name, {}))
         _say(f"timing {len(names)} configurations, {args.rounds} rounds round robin ...")
         timed = round_robin({name: steps[name] for name in names}, args.rounds, device)
         for name, seconds in timed.items():
             rows[name].update(step_s=seconds, rounds=args.rounds)
-    del steps
+        del steps
     context = machine_context(args.threads, args.device)
     table = [{**row, **context} for row in rows.values()]
     folder = output_folder(args)

@@ -51,7 +51,8 @@ def build_steps(settings: dict[str, Any], device: torch.device,
         encoder, inputs, loss, trim, model = _text(settings, device)
     chunk = settings["chunk"]
     options = {"trim_padding": trim}
-    full_graph = _graph_bytes(encoder, inputs, chunk, trim)
+    budgets_built = only is None or only.startswith("budget_")  # the graph's size is a forward per chunk: only if used
+    full_graph = _graph_bytes(encoder, inputs, chunk, trim) if budgets_built else 0
     makers: dict[str, Callable[[], Any]] = {
         "full_batch": lambda: FullBatch(encoder, loss, **options),
         "naive": lambda: NaiveAccumulation(encoder, loss, chunk, **options),

@@ -33,7 +33,7 @@ from gradcache.cli import main as gradcache_main
 
 METRIC = "mrr@10"
 COLUMNS = ["strategy", "chunk", "batch", "seed", "step", METRIC, "recall@1", "recall@10", "negatives_per_anchor",
-           "final", "steps", "data", "train_size", "test_size", "max_length", "model", f"{METRIC}_initial",
+           "final", "steps", "lr", "data", "train_size", "test_size", "max_length", "model", f"{METRIC}_initial",
            "run_wall_s", "device", "threads", "cpu_count", "loadavg_1m", "loadavg_5m", "torch_version",
            "gradcache_version", "python_version", "timestamp_utc"]
 SUMMARY = ["strategy", "chunk", "negatives_per_anchor", "seeds", f"{METRIC}_mean", f"{METRIC}_min", f"{METRIC}_max",
@@ -44,15 +44,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.add_argument("--data", default="world-hard", help="built-in world, world-hard, or a pairs file")
     parser.add_argument("--model", default="all-MiniLM-L6-v2", help="the packaged model or a local folder")
-    parser.add_argument("--batch", type=int, default=16, help="effective batch (queries per step)")
-    parser.add_argument("--chunks", default="2,4", help="comma-separated chunk sizes of NaiveAccumulation")
-    parser.add_argument("--gradcache-chunk", type=int, default=4, help="chunk size of GradCache")
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps of every run")
+    parser.add_argument("--batch", type=int, default=8, help="effective batch (queries per step)")
+    parser.add_argument("--chunks", default="1,2", help="comma-separated chunk sizes of NaiveAccumulation")
+    parser.add_argument("--gradcache-chunk", type=int, default=2, help="chunk size of GradCache")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps of every run")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (initialisation, data order)")
     parser.add_argument("--train-size", type=int, default=None, help="training rows (default: batch x steps)")
-    parser.add_argument("--test-size", type=int, default=200, help="held-out rows (queries)")
+    parser.add_argument("--test-size", type=int, default=100, help="held-out rows (queries)")
     parser.add_argument("--max-length", type=int, default=40, help="tokens per text (world-hard: 33 on average, 37 at most)")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the trainer's)")
+    parser.add_argument("--lr", type=float, default=2e-4,
+                        help="peak learning rate at the trainer's base batch 32 (sqrt-scaled to --batch)")
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: at start and end)")
     parser.add_argument("--runs-dir", default=None, help="keep the run folders here (default: a temp folder)")
     add_shared_options(parser, "text_quality", threads=1,
@@ -76,8 +77,7 @@ def train_one(args: argparse.Namespace, strategy: str, chunk: int, seed: int, ru
             "--train-size", str(train_size), "--test-size", str(args.test_size), "--max-length",
             str(args.max_length), "--eval-every", str(args.eval_every), "--device", args.device, "--output-dir",
             str(folder), "--checkpoint-every", str(args.steps), "--quiet"]
-    if args.lr is not None:
-        argv += ["--lr", str(args.lr)]
+    argv += ["--lr", str(args.lr)]
     if args.threads:
         argv += ["--threads", str(args.threads)]
     started = time.perf_counter()
@@ -88,7 +88,7 @@ def train_one(args: argparse.Namespace, strategy: str, chunk: int, seed: int, ru
     metrics = json.loads((folder / "metrics.json").read_text())
     with open(folder / "eval_log.csv") as handle:
         evaluations = list(csv.DictReader(handle))
-    shared = {"strategy": strategy, "chunk": chunk, "batch": args.batch, "seed": seed, "steps": args.steps,
+    shared = {"strategy": strategy, "chunk": chunk, "batch": args.batch, "seed": seed, "steps": args.steps, "lr": args.lr,
               "negatives_per_anchor": metrics["negatives_per_anchor"], "data": args.data, "train_size": train_size,
               "test_size": args.test_size, "max_length": args.max_length, "model": args.model,
               f"{METRIC}_initial": metrics[f"{METRIC}_initial"], "run_wall_s": round(wall, 1),

@@ -29,7 +29,7 @@ import torch
 
 from benchmarks import frontier_clip
 from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
-from benchmarks.frontier_workloads import WORKLOADS, build_steps, configuration_names
+from benchmarks.frontier_workloads import GRAPH_BYTES, WORKLOADS, build_steps, configuration_names
 from benchmarks.options import HelpFormatter, add_shared_options, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 
@@ -71,6 +71,8 @@ def memory_point(point: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(point["threads"])
     device = torch.device(point["device"])
     steps, info = build_steps(point, device, only=point["config"])
+    if point["config"] == GRAPH_BYTES:
+        return {"status": "ok", **info[GRAPH_BYTES]}
     budget = int(point["memory_budget_gb"] * 2**30) if point["memory_budget_gb"] else None
     memory = PeakMemory(device, budget)
     steps[point["config"]]()
@@ -134,6 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "status": "ok"} for name in names}
     # Memory first, while this process holds no model: a child's peak RSS counts from its parent's size at fork.
     failed = []
+    if args.only != "time" and any(name.startswith("budget_") for name in names):
+        _say("the full batch's graph, in a fresh process (the budgets' 100%) ...")
+        result = run_point(__spec__.name, {**settings, "config": GRAPH_BYTES}, args.time_budget_s)
+        if result.get("status") != "ok":
+            _say(f"FAILED measuring the full batch's graph: {result}")
+            return 1
+        settings["graph_bytes"] = result["graph_bytes"]
     if args.only != "time":
         for name in names:
             if name in TIMED_ONLY:  # not a training step: timed as a unit of comparison only

@@ -26,6 +26,7 @@ from gradcache.train.text_world import generate_world
 
 WORKLOADS = ("simclr", "text", "text_outliers", "clip_frozen")
 TEXT_WORKLOADS = ("text", "text_outliers")
+GRAPH_BYTES = "graph_bytes"  # `only` value: measure the full batch's graph (the budgets' 100%) and build nothing
 BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 TEMPERATURE = 0.05  # sentence-transformers' scale 20
 
@@ -36,7 +37,8 @@ def configuration_names(workload: str) -> list[str]:
     if workload == "clip_frozen":
         return list(CLIP_CONFIGURATIONS)
     names = ["nograd_forward", "full_batch", "naive", *(f"budget_{round(f * 100)}" for f in BUDGET_FRACTIONS)]
-    return names + (["chunk_tokens", "st_cached", "st_cached_tokens"] if workload in TEXT_WORKLOADS else [])
+    text = ["chunk_tokens", "chunk_tokens_4x", "st_cached", "st_cached_tokens"]
+    return names + (text if workload in TEXT_WORKLOADS else [])
 
 
 def build_steps(settings: dict[str, Any], device: torch.device,
@@ -51,8 +53,12 @@ def build_steps(settings: dict[str, Any], device: torch.device,
         encoder, inputs, loss, trim, model = _text(settings, device)
     chunk = settings["chunk"]
     options = {"trim_padding": trim}
-    budgets_built = only is None or only.startswith("budget_")  # the graph's size is a forward per chunk: only if used
-    full_graph = _graph_bytes(encoder, inputs, chunk, trim) if budgets_built else 0
+    if only == GRAPH_BYTES:  # a fresh process of its own, so that no memory point's baseline holds its peak
+        return {}, {GRAPH_BYTES: {"graph_bytes": _graph_bytes(encoder, inputs, chunk, trim)}}
+    full_graph = settings.get("graph_bytes")
+    if full_graph is None and (only is None or only.startswith("budget_")):
+        full_graph = _graph_bytes(encoder, inputs, chunk, trim)
+    full_graph = full_graph or 0  # None: no budget configuration is built
     makers: dict[str, Callable[[], Any]] = {
         "full_batch": lambda: FullBatch(encoder, loss, **options),
         "naive": lambda: NaiveAccumulation(encoder, loss, chunk, **options),
@@ -66,8 +72,11 @@ def build_steps(settings: dict[str, Any], device: torch.device,
     steps: dict[str, Callable[[], None]] = {}
     if settings["workload"] in TEXT_WORKLOADS:
         tokens = settings["chunk_tokens"] or 2 * chunk * _median_length(inputs[0])
-        makers["chunk_tokens"] = lambda: GradCache(encoder, loss, 4 * chunk, chunk_tokens=tokens)
-        info["chunk_tokens"] = {"chunk_tokens": tokens}
+        for name, budget in (("chunk_tokens", tokens), ("chunk_tokens_4x", 4 * tokens)):
+            # rows capped at 4 (16) chunks' worth: the token budget, not the row cap, ends a chunk of short rows
+            makers[name] = lambda budget=budget, rows=4 * chunk * budget // tokens: GradCache(
+                encoder, loss, rows, chunk_tokens=budget)
+            info[name] = {"chunk_tokens": budget}
         for name, per_tokens in (("st_cached", None), ("st_cached_tokens", tokens)):
             if only in (None, name):
                 steps[name] = _st_step(model, inputs, chunk, per_tokens)

@@ -101,3 +101,21 @@ def test_a_failed_memory_point_makes_the_frontier_exit_1(tmp_path: Path, monkeyp
     err = capsys.readouterr().err
     assert "ValueError: boom" in err and "FAILED memory points: naive (error)" in err
     assert (tmp_path / "frontier_simclr.csv").exists()
+
+
+def test_the_full_graph_is_measured_in_its_own_process_and_given_to_the_budget_points(tmp_path, monkeypatch) -> None:
+    points = []
+    real = frontier.run_point
+
+    def recorded(module, point, budget):
+        points.append(point)
+        return real(module, point, budget)
+
+    monkeypatch.setattr(frontier, "run_point", recorded)
+    flags = ["--workload", "simclr", "--batch", "8", "--chunk", "4", "--image-size", "8", "--rounds", "1",
+             "--threads", "0", "--only", "memory", "--configs", "naive,budget_50", "--output-dir", str(tmp_path)]
+    assert frontier.main(flags) == 0
+    assert [p["config"] for p in points] == ["graph_bytes", "naive", "budget_50"]
+    settings = {**points[0], "config": None}
+    _, info = build_steps(settings, torch.device("cpu"), only="graph_bytes")
+    assert points[2]["graph_bytes"] == info["graph_bytes"]["graph_bytes"] > 0  # the same workload, the same bytes

@@ -7,9 +7,12 @@ from gradcache import losses
 from gradcache.baselines import FullBatch, NaiveAccumulation
 from gradcache.cache import CachedLoss, GradCache
 from gradcache.negatives import negatives_per_anchor
-from gradcache.non_finite import NonFiniteEmbeddingError, NonFiniteError, NonFiniteLossError
+from gradcache.non_finite import (
+    NonFiniteEmbeddingError, NonFiniteError, NonFiniteLossError, NonFiniteRecomputationError,
+)
+from gradcache.recompute_check import RecomputationMismatchError
 
 __all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "NonFiniteError", "NonFiniteLossError",
-           "NonFiniteEmbeddingError", "losses",
+           "NonFiniteEmbeddingError", "NonFiniteRecomputationError", "RecomputationMismatchError", "losses",
            "negatives_per_anchor"]
 __version__ = "0.1.0"

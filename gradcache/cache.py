@@ -8,7 +8,9 @@ One step, read top to bottom:
   (2) compute the loss over the full batch (gathered from every rank under torch.distributed) from those
       embeddings, and its gradient with respect to every embedding and every loss parameter: the gradient cache;
   (3) back-propagate the kept graphs; re-encode each other chunk with a graph under its recorded random and
-      autocast state, and back-propagate its slice of the cached gradient, one chunk at a time.
+      autocast state, check it against its cached embedding (`check_recompute`), and back-propagate its slice
+      of the cached gradient, one chunk at a time. When (3) raises, every `.grad` that was None when the step
+      began is None again: no partial gradient is left behind.
 
 `GradCache.step` runs (1)-(3) at once. `CachedLoss` runs (1)-(2) when called and (3) when `backward()` reaches
 it. Both go through `GradCache.loss`: (3) is the backward of an identity function placed between the cached
@@ -17,7 +19,8 @@ an accumulation count) multiplies the cached gradients too, in float32, before a
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ from gradcache.inputs import encode, split, tensors_of, trim_padding
 from gradcache.options import Options, Unpack
 from gradcache.precision import AutocastState, autocast_context, autocast_off_everywhere, upcast
 from gradcache.random_state import RandomState
+from gradcache.recompute_check import RecomputeCheck
 from gradcache.strategy import Encoders, LossFn, Strategy
 from gradcache.token_chunks import cut, split_to_count, token_plan
 
@@ -62,6 +66,9 @@ class GradCache(Strategy):
     Raises:
         ValueError, TypeError: bad options in the constructor; bad inputs, a non-finite or non-scalar loss, or
             gradients disabled in `step`, always before any `.grad` is written.
+        RecomputationMismatchError, NonFiniteRecomputationError: in (3), a re-encoded chunk differs from its
+            cached embedding (or is NaN/inf only there), before that chunk's backward; `.grad`s that were None
+            when the step began are None again.
 
     Example:
         >>> cache = GradCache([image_tower, text_tower], ClipLoss(), chunk_size=64)
@@ -99,7 +106,8 @@ class GradCache(Strategy):
         cached = [upcast(e).requires_grad_(learn) for e, learn in zip(embeddings, learning)]  # (2) the cache's leaves
         learners = [i for i, learn in enumerate(learning) if learn]
         if learners:  # frozen inputs reach the loss as constants
-            replay = _Replay(self, chunks, orders, first, autocast_state, learners)
+            unset = [p for p in _loss_parameters(self.loss_fn) if p.grad is None]  # (3) clears them on an error
+            replay = _Replay(self, chunks, orders, first, autocast_state, learners, unset)
             for i, bridged in zip(learners, _ReencodeOnBackward.apply(replay, *(cached[i] for i in learners))):
                 cached[i] = bridged
         loss = self.loss_over(cached, loss_kwargs)
@@ -177,6 +185,7 @@ class GradCache(Strategy):
         each hook once, so DDP all-reduces the accumulated sum. BatchNorm buffers leave as phase (1) left them.
         """
         first = replay.first
+        unset = replay.unset + [p for p in _parameters(self, replay.learners) if p.grad is None]
         gradients = {}
         for i, g in zip(replay.learners, cached_gradients):
             order = replay.orders[i]
@@ -187,9 +196,10 @@ class GradCache(Strategy):
             groups.setdefault(id(self.encoder_for(i)), []).append(i)
         later = _tied_later(self, [self.encoder_for(members[0]) for members in groups.values()])
         fsdp_reduce = self.options["fsdp_reduce"]
-        with running_stats_frozen(self.all_encoders()), torch.enable_grad():
+        with _cleared_on_error(unset), running_stats_frozen(self.all_encoders()), torch.enable_grad():
             for key, members in groups.items():
                 encoder = self.encoder_for(members[0])
+                check = RecomputeCheck.for_encoder(encoder, self.options["check_recompute"])
                 kept = [(out, gradients[i][k]) for i in members for k, out in enumerate(first.kept[i])]
                 others = [(i, k) for i in members for k in range(len(first.kept[i]), len(replay.chunks[i]))]
                 if kept:
@@ -201,6 +211,10 @@ class GradCache(Strategy):
                         with replay.first.random_states[i][k].replay(), replay.autocast_state.apply():
                             chunk, name = replay.chunks[i][k], f"input {i}"
                             embedding = encode(encoder, chunk, self.options["get_embedding"], name)
+                        if check is not None:  # before this chunk's backward writes any .grad
+                            cached = first.embeddings[i].split(first.rows[i])[k]  # (rows, D), phase (1)'s
+                            where = f"chunk {k + 1} of {len(first.rows[i])}"
+                            check(embedding, cached, replay.autocast_state, name, where)
                         _backward(encoder, [(embedding, gradients[i][k])], final, later[key])
                 for i in members:
                     first.kept[i] = []  # the kept graphs are spent
@@ -237,6 +251,29 @@ def _learns(encoder: nn.Module, value: Any) -> bool:
     return any(p.requires_grad for p in encoder.parameters()) or any(t.requires_grad for t in tensors_of(value))
 
 
+def _parameters(cache: GradCache, inputs: list[int]) -> list[torch.Tensor]:
+    """The parameters that require grad of the encoders of `inputs`, each once."""
+    unique = {id(p): p for i in inputs for p in cache.encoder_for(i).parameters() if p.requires_grad}
+    return list(unique.values())
+
+
+@contextlib.contextmanager
+def _cleared_on_error(unset: list[torch.Tensor]) -> Iterator[None]:
+    """On an error in (3), the `.grad` of `unset` (those that were None when the step began) is None again, so
+    a failed step leaves no partial gradient where the caller had zeroed. A `.grad` holding earlier steps'
+    gradients cannot be put back without a copy of it, which (3) does not keep: it holds a partial sum."""
+    try:
+        yield
+    except BaseException:
+        for parameter in unset:
+            parameter.grad = None
+        raise
+
+
+def _loss_parameters(loss_fn: LossFn) -> list[torch.Tensor]:
+    return [p for p in loss_fn.parameters() if p.requires_grad] if isinstance(loss_fn, nn.Module) else []
+
+
 def _last_chunks(cache: GradCache, chunks: list[list[Any]], learning: list[bool]) -> dict[int, tuple[int, int]]:
     """Each learning encoder's last chunk: (input, chunk)."""
     return {id(cache.encoder_for(i)): (i, len(c) - 1) for i, c in enumerate(chunks) if learning[i]}
@@ -267,9 +304,10 @@ class _FirstPass:
 class _Replay:
     """What phase (3) needs from phases (1) and (2), kept by the autograd graph until backward."""
 
-    def __init__(self, cache: GradCache, chunks, orders, first: _FirstPass, autocast_state, learners) -> None:
+    def __init__(self, cache: GradCache, chunks, orders, first: _FirstPass, autocast_state, learners, unset) -> None:
         self.cache, self.chunks, self.orders, self.first = cache, chunks, orders, first
         self.autocast_state, self.learners = autocast_state, learners
+        self.unset = unset  # the loss parameters whose .grad was None at the loss's forward
 
 
 class _ReencodeOnBackward(torch.autograd.Function):

@@ -2,6 +2,16 @@
 
 An input is a tensor, a mapping of tensors (a tokenizer's `input_ids` and `attention_mask`) or a tuple or
 list of tensors; all split along dim 0. Anything else goes through the user's `split_fn` hook.
+
+The other values of a mapping or sequence input, with B the batch's length (its tensors' dim 0):
+  - a list or tuple of B entries holds one entry per example (labels, strings, per-example scales): split,
+    reordered and trimmed with the rows, like the tensors;
+  - any other value (a number, a flag, a string, None, a list or tuple of another length, a mapping) is one
+    setting for the whole batch: passed whole to every chunk;
+  - where that rule cannot be right, the input is refused (TypeError) before anything runs: another kind of
+    object of length B (a NumPy array, a range: make it a tensor or a list), or a nested container holding
+    tensors of B rows (they would reach every chunk whole: make them top-level entries).
+A batch of one example splits into one chunk, where every value reaches the encoder as given.
 """
 from __future__ import annotations
 
@@ -26,7 +36,8 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def batch_length(value: Any, name: str) -> int | None:
-    """The number of examples in one input, checking that its tensors agree; None for a custom type."""
+    """The number of examples in one input, checking that its tensors agree and that each of its other
+    values is either per-example or per-batch (see the module docstring); None for a custom type."""
     tensors = _tensors(value)
     if not tensors:
         if isinstance(value, (torch.Tensor, Mapping, tuple, list)):
@@ -42,7 +53,55 @@ def batch_length(value: Any, name: str) -> int | None:
         else:
             detail = ", ".join(str(t.shape[0]) for t in tensors)
         raise ValueError(f"{name} has tensors of different lengths along dim 0 ({detail}); all must be equal.")
-    return lengths.pop()
+    rows = lengths.pop()
+    entries: list[tuple[Any, Any]] = []  # a tensor holds nothing beside its rows
+    if isinstance(value, Mapping):
+        entries = list(value.items())
+    elif isinstance(value, (tuple, list)):
+        entries = list(enumerate(value))
+    for key, entry in entries:
+        if not isinstance(entry, torch.Tensor):
+            per_example(entry, rows, f"{name}[{key!r}]")
+    return rows
+
+
+def per_example(value: Any, rows: int, name: str = "a value") -> bool:
+    """Whether a non-tensor value of a mapping or sequence input of `rows` examples holds one entry per example
+    (a list or tuple of `rows` entries: split like the tensors) or is one setting for the whole batch (passed
+    whole to every chunk); TypeError where neither can be right (see the module docstring)."""
+    if isinstance(value, (list, tuple)) and len(value) == rows:
+        return True
+    if rows > 1 and not isinstance(value, (str, bytes, Mapping, list, tuple)):
+        try:
+            length = len(value)
+        except TypeError:  # no length: a number, a flag, None, an object
+            length = None
+        if length == rows:
+            raise TypeError(
+                f"{name} is a {type(value).__name__} of {rows} entries, the batch's length: it may hold one entry per "
+                "example, which gradcache splits only as a tensor, a list or a tuple. Convert it "
+                "(torch.as_tensor(value) or list(value)) to split it with the examples; a setting for the whole "
+                "batch that happens to have that length belongs in the encoder (an attribute or functools.partial)."
+            )
+    nested = [t for t in _nested_tensors(value) if t.dim() >= 1 and t.shape[0] == rows]
+    if rows > 1 and nested:
+        raise TypeError(
+            f"{name} is a {type(value).__name__} holding tensors of {rows} rows, the batch's length; a nested "
+            "container is passed whole to every chunk, so those rows would not be split. Make each tensor a "
+            "top-level entry of the input (e.g. {'view_0': ..., 'view_1': ...}), or give your own batch type "
+            "and split_fn."
+        )
+    return False
+
+
+def _nested_tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _nested_tensors(v)]
+    return []
 
 
 def tensors_of(value: Any) -> list[torch.Tensor]:
@@ -51,17 +110,18 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
 
 
 def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None) -> list[Any]:
-    """Split along dim 0 into chunks of `chunk_size` rows (the last may be shorter); views, no copies."""
+    """Split along dim 0 into chunks of `chunk_size` rows (the last may be shorter); views, no copies. Lists
+    and tuples of one entry per example are sliced alike; other values reach every chunk whole."""
     if isinstance(value, torch.Tensor):
         return list(value.split(chunk_size))
     if isinstance(value, Mapping):
-        pieces = {k: v.split(chunk_size) if isinstance(v, torch.Tensor) else None for k, v in value.items()}
+        pieces = {k: _pieces(v, value, chunk_size, k) for k, v in value.items()}
         count = max(len(p) for p in pieces.values() if p is not None)
         return [
             {k: (p[i] if p is not None else value[k]) for k, p in pieces.items()} for i in range(count)
         ]
     if isinstance(value, (tuple, list)):
-        pieces = [v.split(chunk_size) if isinstance(v, torch.Tensor) else None for v in value]
+        pieces = [_pieces(v, value, chunk_size, k) for k, v in enumerate(value)]
         count = max(len(p) for p in pieces if p is not None)
         return [type(value)(p[i] if p is not None else v for p, v in zip(pieces, value)) for i in range(count)]
     if split_fn is None:
@@ -70,6 +130,16 @@ def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None) -> list[
             "tensors, or give split_fn=lambda value, chunk_size: [...] that returns its chunks."
         )
     return list(split_fn(value, chunk_size))
+
+
+def _pieces(entry: Any, value: Any, chunk_size: int, key: Any) -> Sequence[Any] | None:
+    """One entry of a mapping or sequence input in chunks, or None for a setting every chunk gets whole."""
+    if isinstance(entry, torch.Tensor):
+        return entry.split(chunk_size)
+    rows = _tensors(value)[0].shape[0]
+    if per_example(entry, rows, f"an input's entry {key!r}"):
+        return [entry[start : start + chunk_size] for start in range(0, rows, chunk_size)]
+    return None
 
 
 def trim_padding(chunk: Any) -> Any:

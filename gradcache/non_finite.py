@@ -20,3 +20,7 @@ class NonFiniteLossError(NonFiniteError):
 
 class NonFiniteEmbeddingError(NonFiniteError):
     """An embedding handed to a loss has NaN or infinite entries."""
+
+
+class NonFiniteRecomputationError(NonFiniteError):
+    """Phase (3) of GradCache re-encoded a chunk into NaN or infinite entries where phase (1) had finite ones."""

@@ -51,6 +51,12 @@ class Options(TypedDict, total=False):
         `chunk_size` still caps the rows. An int, or one per input with None where it does not apply (CLIP's
         images). Embeddings and gradients come back in the caller's order. Exact only for encoders that ignore
         masked positions, as `trim_padding`. FullBatch ignores it; NaiveAccumulation refuses it.
+    check_recompute: phase (3) of GradCache and CachedLoss compares each re-encoded chunk's embedding with the
+        one phase (1) cached, before its backward, and raises (RecomputationMismatchError, or
+        NonFiniteRecomputationError for NaN/inf on recomputation alone) when they differ: True (default) with
+        a tolerance for the precision the forward ran in (see `gradcache.recompute_check`), a float for that
+        relative tolerance, False to turn it off for an encoder known to be nondeterministic. Costs one
+        reduction and one host sync per re-encoded chunk. FullBatch and NaiveAccumulation recompute nothing.
     """
 
     get_embedding: GetEmbedding | None
@@ -62,6 +68,7 @@ class Options(TypedDict, total=False):
     fsdp_reduce: str
     memory_budget: int | None
     chunk_tokens: int | Sequence[int | None] | None
+    check_recompute: bool | float
 
 
 DEFAULTS: Options = {
@@ -74,6 +81,7 @@ DEFAULTS: Options = {
     "fsdp_reduce": "chunk",
     "memory_budget": None,
     "chunk_tokens": None,
+    "check_recompute": True,
 }
 
 
@@ -109,7 +117,20 @@ def checked(options: dict[str, Any]) -> Options:
                 _check_count(f"chunk_tokens[{i}]", value, 1, "tokens per chunk, or None for an input without one")
     elif tokens is not None:
         _check_count("chunk_tokens", tokens, 1, "tokens per chunk (rows x padded length)")
+    _check_recompute(full["check_recompute"])
     return full
+
+
+def _check_recompute(value: Any) -> None:
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"check_recompute must be True, False or a relative tolerance (a float), got {value!r}.")
+    if not 0 < value < float("inf"):
+        raise ValueError(
+            f"check_recompute must be a positive, finite relative tolerance (e.g. 0.1), got {value!r}; pass False "
+            "to turn the check off."
+        )
 
 
 def _check_count(name: str, value: Any, least: int, meaning: str) -> None:

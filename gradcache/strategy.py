@@ -35,7 +35,8 @@ class Strategy:
         chunk_size: rows per chunk; an int or one int per input. Required where `chunk_size_required`;
             accepted and ignored otherwise (FullBatch), so the strategies swap in one line.
         **options: the keyword options, spelled once in `gradcache.options.Options` (get_embedding, split_fn,
-            trim_padding, autocast_dtype, scaler, gather, fsdp_reduce, memory_budget, chunk_tokens); checked
+            trim_padding, autocast_dtype, scaler, gather, fsdp_reduce, memory_budget, chunk_tokens,
+            check_recompute); checked
             before anything runs. A strategy that `pairs_chunks_across_inputs` refuses chunk_tokens.
     """
 

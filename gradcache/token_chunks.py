@@ -3,7 +3,8 @@ than `chunk_tokens` tokens (rows x the chunk's own padded length) or more than `
 
 Fixed-size chunks carry the padding of their longest row; sorted chunks hold rows of like length, so each is
 trimmed to little padding and long rows share a chunk with few others. The chunks are copies in sorted
-order; `order[j]` is the caller's index of sorted row j, so `embeddings[order] = sorted_embeddings`.
+order; `order[j]` is the caller's index of sorted row j, so `embeddings[order] = sorted_embeddings`. A list or
+tuple of one entry per example (labels, strings) is reordered with the rows; other values reach every chunk whole.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from gradcache.inputs import trim_padding
+from gradcache.inputs import per_example, trim_padding
 
 
 def has_token_mask(value: Any) -> bool:
@@ -57,6 +58,9 @@ def cut(value: Mapping[str, Any], order: torch.Tensor, sizes: list[int]) -> list
 def _rows(value: Any, index: torch.Tensor, rows: int) -> Any:
     if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows:
         return value.index_select(0, index.to(value.device))
+    if not isinstance(value, torch.Tensor) and per_example(value, rows):
+        picked = [value[j] for j in index.tolist()]
+        return picked if isinstance(value, list) else tuple(picked)
     return value
 
 

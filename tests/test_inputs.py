@@ -6,8 +6,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from gradcache import FullBatch, GradCache
+from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation
 from gradcache.inputs import split, trim_padding
+from gradcache.token_chunks import cut
 from gradcache.losses import ClipLoss
 from tests.conftest import TokenEncoder, assert_grads_close, grads_of, mlp, tokens, zero
 
@@ -81,3 +82,109 @@ def test_split_fn_hook_handles_a_custom_input_type():
     hook = lambda pairs, size: [Pairs(t) for t in pairs.left.split(size)]  # noqa: E731
     GradCache(encoder, loss, 4, split_fn=hook).step(a, b)
     assert_grads_close(grads_of(encoder, loss), want, 1e-12)
+
+
+LABELS = ("cat", "dog", "fish")
+
+
+class LabelledText(TokenEncoder):
+    """A text tower that reads two per-example lists (a label and a scale per row) and two per-batch settings
+    (a string and a tuple of another length), all through the mapping input."""
+
+    def __init__(self):
+        super().__init__()
+        self.offsets = torch.nn.Embedding(len(LABELS), 6)
+
+    def forward(self, input_ids, attention_mask, labels, scales, mode, mix):
+        assert mode == "scaled" and mix == (0.5, 2.0)  # per-batch settings reach every chunk whole
+        ids = torch.tensor([LABELS.index(label) for label in labels])  # (B,): one per row, or a shape error
+        scale = torch.tensor(scales, dtype=self.proj.weight.dtype)[:, None]  # (B, 1)
+        return mix[0] * super().forward(input_ids, attention_mask) * scale + mix[1] * self.offsets(ids)
+
+
+def labelled_batch(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    text = tokens(n, length=12, seed=seed)
+    text["labels"] = [LABELS[int(i)] for i in torch.randint(0, 3, (n,), generator=g)]
+    text["scales"] = tuple(float(s) for s in torch.rand(n, generator=g) + 0.5)
+    text["mode"], text["mix"] = "scaled", (0.5, 2.0)
+    return torch.randn(n, 10, dtype=torch.float64, generator=g), text
+
+
+PER_EXAMPLE_CASES = {
+    "gradcache": (GradCache, {}),
+    "budget": (GradCache, {"memory_budget": 3000}),
+    "tokens": (GradCache, {"chunk_tokens": [None, 20]}),
+    "tokens+budget": (GradCache, {"chunk_tokens": [None, 20], "memory_budget": 3000}),
+    "trim": (GradCache, {"trim_padding": True}),
+    "cached": (CachedLoss, {"trim_padding": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(PER_EXAMPLE_CASES))
+def test_per_example_lists_in_a_mapping_are_split_like_the_tensors(case):
+    torch.manual_seed(0)
+    image, text = mlp().double().eval(), LabelledText().double().eval()
+    loss = ClipLoss(temperature=0.1, learnable=True).double()
+    batch = labelled_batch(13, seed=2)
+    zero(image, text, loss)
+    want_loss = FullBatch([image, text], loss).step(*batch)
+    want = grads_of(image, text, loss)
+    zero(image, text, loss)
+    cls, options = PER_EXAMPLE_CASES[case]
+    if cls is CachedLoss:
+        got_loss = cls([image, text], loss, 4, **options)(*batch)
+        got_loss.backward()
+    else:
+        got_loss = cls([image, text], loss, 4, **options).step(*batch)
+    assert torch.allclose(got_loss, want_loss, rtol=1e-12)
+    assert_grads_close(grads_of(image, text, loss), want, 1e-12)
+
+
+def test_naive_accumulation_splits_per_example_lists_into_its_micro_batches():
+    """Against its own definition, written out: FullBatch on each micro-batch, sliced by hand, divided by the count."""
+    torch.manual_seed(0)
+    image, text = mlp().double().eval(), LabelledText().double().eval()
+    loss = ClipLoss(temperature=0.1, learnable=True).double()
+    x, t = labelled_batch(10, seed=3)
+    zero(image, text, loss)
+    for start in range(0, 10, 4):
+        rows = slice(start, start + 4)
+        part = {k: v[rows] if k not in ("mode", "mix") else v for k, v in t.items()}
+        FullBatch([image, text], lambda a, b: loss(a, b) / 3).step(x[rows], part)
+    want = grads_of(image, text, loss)
+    zero(image, text, loss)
+    NaiveAccumulation([image, text], loss, 4).step(x, t)
+    assert_grads_close(grads_of(image, text, loss), want, 1e-12)
+
+
+def test_split_and_token_chunks_carry_per_example_lists_with_their_rows():
+    value = {"x": torch.arange(5), "labels": list("abcde"), "ids": (10, 11, 12, 13, 14), "flag": "abcde"[:2],
+             "pair": [1, 2]}
+    chunks = split(value, 2)
+    assert [c["labels"] for c in chunks] == [["a", "b"], ["c", "d"], ["e"]]
+    assert [c["ids"] for c in chunks] == [(10, 11), (12, 13), (14,)]
+    assert all(c["flag"] == "ab" and c["pair"] == [1, 2] for c in chunks)  # per-batch settings: whole
+    sequence = split((torch.arange(5), ["a", "b", "c", "d", "e"], 3.0), 3)
+    assert sequence[1][1] == ["d", "e"] and sequence[1][2] == 3.0
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0]])
+    text = {"input_ids": mask * 7, "attention_mask": mask, "labels": ["short", "long", "middle"], "k": [0, 1]}
+    sorted_chunks = cut(text, torch.tensor([1, 2, 0]), [2, 1])
+    assert [c["labels"] for c in sorted_chunks] == [["long", "middle"], ["short"]]
+    assert all(c["k"] == [0, 1] for c in sorted_chunks)
+
+
+@pytest.mark.parametrize("cls", [GradCache, CachedLoss, NaiveAccumulation, FullBatch])
+@pytest.mark.parametrize(
+    "entry, match",
+    [(range(6), r"input 0\['labels'\] is a range of 6 entries.*list\(value\)"),
+     ([torch.zeros(6, 2), torch.zeros(6, 2)], r"input 0\['labels'\] is a list holding tensors of 6 rows"),
+     ({"nested": torch.zeros(6)}, r"input 0\['labels'\] is a dict holding tensors of 6 rows")],
+)
+def test_values_that_cannot_be_split_safely_are_refused_before_anything_runs(cls, entry, match):
+    encoder = torch.nn.Linear(3, 4)
+    strategy = cls(encoder, lambda a, b: (a * b).sum(), 4)
+    run = strategy if cls is CachedLoss else strategy.step
+    with pytest.raises(TypeError, match=match):
+        run({"x": torch.randn(6, 3), "labels": entry}, {"x": torch.randn(6, 3)})
+    assert all(p.grad is None for p in encoder.parameters())

@@ -29,7 +29,7 @@ import torch
 
 from benchmarks import frontier_clip
 from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
-from benchmarks.frontier_workloads import GRAPH_BYTES, WORKLOADS, build_steps, configuration_names
+from benchmarks.frontier_workloads import GRAPH_BYTES, WORKLOADS, build_steps, configuration_names, needs_graph_bytes
 from benchmarks.options import HelpFormatter, add_shared_options, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "status": "ok"} for name in names}
     # Memory first, while this process holds no model: a child's peak RSS counts from its parent's size at fork.
     failed = []
-    if args.only != "time" and any(name.startswith("budget_") for name in names):
+    if args.only != "time" and any(needs_graph_bytes(name) for name in names):
         _say("the full batch's graph, in a fresh process (the budgets' 100%) ...")
         result = run_point(__spec__.name, {**settings, "config": GRAPH_BYTES}, args.time_budget_s)
         if result.get("status") != "ok":

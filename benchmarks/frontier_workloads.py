@@ -41,6 +41,11 @@ def configuration_names(workload: str) -> list[str]:
     return names + (text if workload in TEXT_WORKLOADS else [])
 
 
+def needs_graph_bytes(name: str) -> bool:
+    """Whether configuration `name` needs the full batch's graph size: a budget above 0% of it."""
+    return name.startswith("budget_") and name != "budget_0"
+
+
 def build_steps(settings: dict[str, Any], device: torch.device,
                 only: str | None = None) -> tuple[dict[str, Callable[[], None]], dict[str, dict[str, Any]]]:
     """name -> one training step (gradients zeroed after it), and name -> what a row records about it.
@@ -56,7 +61,7 @@ def build_steps(settings: dict[str, Any], device: torch.device,
     if only == GRAPH_BYTES:  # a fresh process of its own, so that no memory point's baseline holds its peak
         return {}, {GRAPH_BYTES: {"graph_bytes": _graph_bytes(encoder, inputs, chunk, trim)}}
     full_graph = settings.get("graph_bytes")
-    if full_graph is None and (only is None or only.startswith("budget_")):
+    if full_graph is None and (only is None or needs_graph_bytes(only)):
         full_graph = _graph_bytes(encoder, inputs, chunk, trim)
     full_graph = full_graph or 0  # None: no budget configuration is built
     makers: dict[str, Callable[[], Any]] = {

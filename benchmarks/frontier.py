@@ -10,6 +10,11 @@ Time: every configuration in one process, round robin, the median of `--rounds` 
     python -m benchmarks.frontier --workload simclr                       # both passes, CPU
     python -m benchmarks.frontier --workload text --batch 256 --chunk 32
     python -m benchmarks.frontier --workload text --only memory           # or --only time
+    python -m benchmarks.frontier --workload clip_frozen --batch 256 --chunk 32
+
+Every point says when it starts and how it ended on stderr; a memory point that fails (an error in its
+child, an OOM kill, a budget) prints the child's error there and makes the run exit with status 1, after the
+CSV and PNG of what did run are written.
 """
 from __future__ import annotations
 
@@ -22,13 +27,15 @@ from typing import Any
 
 import torch
 
+from benchmarks import frontier_clip
 from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
-from benchmarks.frontier_workloads import WORKLOADS, build_steps, configuration_names
+from benchmarks.frontier_workloads import GRAPH_BYTES, WORKLOADS, build_steps, configuration_names, needs_graph_bytes
 from benchmarks.options import HelpFormatter, add_shared_options, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 
 MB = 2**20
 REFERENCE = "nograd_forward"  # phase (1) alone: one chunked forward without a graph
+TIMED_ONLY = (REFERENCE, *frontier_clip.REFERENCES)  # units of comparison, not training steps: no memory point
 COLUMNS = ["workload", "config", "batch", "chunk", "chunk_tokens", "status", "peak_mb", "step_s", "rounds",
            "kept_fraction", "error", "device", "threads", "cpu_count", "loadavg_1m", "loadavg_5m", "torch_version",
            "gradcache_version", "python_version", "timestamp_utc"]
@@ -42,7 +49,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk-tokens", type=int, default=None,
                         help="text: tokens per chunk (default: chunk x the batch's median padded length x 2)")
     parser.add_argument("--image-size", type=int, default=32, help="simclr: side of the random input images")
-    parser.add_argument("--max-length", type=int, default=256, help="text: tokenizer truncation")
+    parser.add_argument("--max-length", type=int, default=256,
+                        help="text: tokenizer truncation; clip_frozen: the text tower's tokens per caption")
     parser.add_argument("--rounds", type=int, default=9, help="timing rounds (median reported)")
     parser.add_argument("--only", choices=("memory", "time"), default=None, help="run one of the two passes")
     parser.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
@@ -63,6 +71,8 @@ def memory_point(point: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(point["threads"])
     device = torch.device(point["device"])
     steps, info = build_steps(point, device, only=point["config"])
+    if point["config"] == GRAPH_BYTES:
+        return {"status": "ok", **info[GRAPH_BYTES]}
     budget = int(point["memory_budget_gb"] * 2**30) if point["memory_budget_gb"] else None
     memory = PeakMemory(device, budget)
     steps[point["config"]]()
@@ -76,10 +86,36 @@ def round_robin(steps: dict[str, Callable[[], None]], rounds: int, device: torch
     for step in steps.values():
         step()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
+    for index in range(rounds):
         for name, step in steps.items():
             times[name].append(median_time(step, 1, 0, device)[0])  # one timed call
+        _say(f"round {index + 1}/{rounds}: " + ", ".join(f"{name} {t[-1]:.3f} s" for name, t in times.items()))
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def target_lines(workload: str, seconds: dict[str, float], peaks: dict[str, float]) -> list[str]:
+    """The issue's targets, as measured by this run (only the ones whose configurations ran)."""
+    if workload == "clip_frozen":
+        return frontier_clip.target_lines(seconds)
+    lines = []
+    if "budget_100" in seconds and "naive" in seconds:
+        lines.append(f"budget 100%: {seconds['budget_100'] / seconds['naive']:.3f} x naive (target <= 1.05)")
+    if {"budget_0", "naive", REFERENCE} <= set(seconds):
+        bound = seconds["naive"] + seconds[REFERENCE]
+        lines.append(f"budget 0: {seconds['budget_0'] / bound:.3f} x (naive + one no-grad forward) (target <= 1.03)")
+    if "chunk_tokens" in seconds and "budget_0" in seconds:
+        memory = (f", peak {peaks['chunk_tokens']:.0f} vs {peaks['budget_0']:.0f} MiB"
+                  if {"chunk_tokens", "budget_0"} <= set(peaks) else "")
+        lines.append(f"chunk_tokens: {seconds['budget_0'] / seconds['chunk_tokens']:.2f} x the throughput of fixed "
+                     f"chunks with trim_padding (budget_0){memory} (target >= 1.3; >= 2 on text_outliers)")
+    if "chunk_tokens" in seconds and "st_cached_tokens" in seconds:
+        lines.append(f"chunk_tokens: {seconds['st_cached_tokens'] / seconds['chunk_tokens']:.2f} x the throughput "
+                     "of sentence-transformers' mini_batch_num_tokens (target >= 1 at equal peak memory)")
+    return lines
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,28 +135,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = {name: {"workload": args.workload, "config": name, "batch": args.batch, "chunk": args.chunk,
                    "status": "ok"} for name in names}
     # Memory first, while this process holds no model: a child's peak RSS counts from its parent's size at fork.
+    failed = []
+    if args.only != "time" and any(needs_graph_bytes(name) for name in names):
+        _say("the full batch's graph, in a fresh process (the budgets' 100%) ...")
+        result = run_point(__spec__.name, {**settings, "config": GRAPH_BYTES}, args.time_budget_s)
+        if result.get("status") != "ok":
+            _say(f"FAILED measuring the full batch's graph: {result}")
+            return 1
+        settings["graph_bytes"] = result["graph_bytes"]
     if args.only != "time":
         for name in names:
-            if name == REFERENCE:  # not a training step: timed as the unit of GradCache's extra work only
+            if name in TIMED_ONLY:  # not a training step: timed as a unit of comparison only
                 continue
+            _say(f"memory point {name}: a fresh process ...")
             result = run_point(__spec__.name, {**settings, "config": name}, args.time_budget_s)
             rows[name].update({k: v for k, v in result.items() if k in COLUMNS})
-    steps, info = build_steps(settings, device)
-    for name in names:
-        rows[name].update(info.get(name, {}))
-    if args.only != "memory":
+            _say(f"memory point {name}: {result.get('status')}, {result.get('peak_mb', '-')} MiB, "
+                 f"{result.get('process_s', '-')} s {result.get('error', '')}")
+            if result.get("status") != "ok":
+                failed.append(name)
+    if args.only != "memory":  # (a memory point's child reports its kept_fraction and chunk_tokens itself)
+        steps, info = build_steps(settings, device)
+        for name in names:
+            rows[name].update(info.get(name, {}))
+        _say(f"timing {len(names)} configurations, {args.rounds} rounds round robin ...")
         timed = round_robin({name: steps[name] for name in names}, args.rounds, device)
         for name, seconds in timed.items():
             rows[name].update(step_s=seconds, rounds=args.rounds)
-    del steps
+        del steps
     context = machine_context(args.threads, args.device)
     table = [{**row, **context} for row in rows.values()]
     folder = output_folder(args)
     write_csv(folder / f"{args.name}_{args.workload}.csv", table, COLUMNS)
     print_table(table, ["config", "status", "peak_mb", "step_s", "kept_fraction", "chunk_tokens", "loadavg_1m"])
+    seconds = {row["config"]: row["step_s"] for row in table if _number(row.get("step_s"))}
+    peaks = {row["config"]: row["peak_mb"] for row in table if _number(row.get("peak_mb"))}
+    for line in target_lines(args.workload, seconds, peaks):
+        print(line)
     plot_frontier(folder / f"{args.name}_{args.workload}.png", table, f"{args.workload}: batch {args.batch}, "
                   f"chunk {args.chunk}, {args.device}, load {context['loadavg_1m']}")
     print(f"wrote {folder}/{args.name}_{args.workload}.csv and .png")
+    if failed:
+        statuses = ", ".join(f"{name} ({rows[name]['status']})" for name in failed)
+        _say(f"FAILED memory points: {statuses}; their errors are above and in the CSV's error column")
+        return 1
     return 0
 
 
@@ -133,7 +191,7 @@ def plot_frontier(path: Any, rows: list[dict[str, Any]], title: str) -> None:
     if budgets:
         axis.plot([r["peak_mb"] for r in budgets], [r["step_s"] for r in budgets], "-", color="tab:blue", alpha=0.5)
     for row in rows:
-        if _plottable(row) and row["config"] != REFERENCE:
+        if _plottable(row) and row["config"] not in TIMED_ONLY:
             axis.plot(row["peak_mb"], row["step_s"], "o")
             axis.annotate(row["config"], (row["peak_mb"], row["step_s"]), fontsize=8, xytext=(4, 4),
                           textcoords="offset points")
@@ -146,8 +204,12 @@ def plot_frontier(path: Any, rows: list[dict[str, Any]], title: str) -> None:
     plt.close(figure)
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _plottable(row: dict[str, Any]) -> bool:
-    return isinstance(row.get("peak_mb"), (int, float)) and isinstance(row.get("step_s"), (int, float))
+    return _number(row.get("peak_mb")) and _number(row.get("step_s"))
 
 
 if __name__ == "__main__":

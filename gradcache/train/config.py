@@ -12,7 +12,7 @@ from typing import Any
 
 from gradcache.train.checkpoint import CheckpointError
 
-CONFIG_VERSION = 6
+CONFIG_VERSION = 7
 
 
 class UsageError(ValueError):
@@ -65,6 +65,8 @@ class RunConfig:
     tile_size: int | None = None
     queue_size: int = 0  # past embeddings kept as extra negatives (the loss's queue_size); 0: none
     queue_warmup: int = 0  # steps (micro-batches under naive) before the queue is read or filled
+    memory_budget: int | None = None  # text: bytes of autograd graphs GradCache keeps (None: re-encode every chunk)
+    chunk_tokens: int | None = None  # text: GradCache chunks of at most this many padded tokens (None: fixed chunks)
     epochs: int | None = None  # None with steps None: the mode's default_epochs
     steps: int | None = None
     optimizer: str = "adamw"
@@ -139,6 +141,8 @@ _V4_ADDED = dict(queue_size=0, queue_warmup=0)
 _V5_ADDED = dict(collective_timeout=1800.0)
 # Version 6 added --max-bad-share; the runs before it trained on whatever share of their data decoded.
 _V6_ADDED = dict(max_bad_share=1.0)
+# Version 7 added the text mode's chunking options (memory_budget and chunk_tokens): off before.
+_V7_ADDED = dict(memory_budget=None, chunk_tokens=None)
 
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
@@ -157,4 +161,6 @@ def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
         values = {**_V5_ADDED, **values}
     if version < 6:
         values = {**_V6_ADDED, **values}
+    if version < 7:
+        values = {**_V7_ADDED, **values}
     return values

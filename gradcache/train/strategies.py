@@ -20,9 +20,11 @@ def build_strategy(config: RunConfig, encoders: nn.Module | list[nn.Module], los
                    scaler: torch.amp.GradScaler, trim_padding: bool,
                    chunk_size: int | tuple[int, ...] | None = None) -> Strategy:
     """`--strategy` over the encoders; `full` takes the whole batch at once and ignores `--chunk-size`;
-    `chunk_size` (one per input) replaces `--chunk-size` where the mode gives one."""
+    `chunk_size` (one per input) replaces `--chunk-size` where the mode gives one; `--memory-budget` and
+    `--chunk-tokens` (text mode's options; None elsewhere) go to the strategy as its options of those names."""
     chunk_size = config.chunk_size if chunk_size is None else chunk_size
     return STRATEGIES[config.strategy](
         encoders, loss, None if config.strategy == "full" else chunk_size, trim_padding=trim_padding,
         autocast_dtype=PRECISIONS[config.precision], scaler=scaler, fsdp_reduce=config.fsdp_reduce,
+        memory_budget=config.memory_budget, chunk_tokens=config.chunk_tokens,
     )

@@ -10,6 +10,12 @@ whose towns, professions and pastimes are the same vocabulary in new combination
 Hard negatives are passages about invented residents who share two attributes with the query's resident and
 differ in the third, always in a combination no resident of the world has, so no hard negative answers any query.
 Deterministic given the seed.
+
+`hard=True` (the built-in `world-hard`) makes the passages confusable: each also tells of a relative of the
+resident, with two attributes of their own drawn from the same vocabulary ("Her cousin, a pilot, lives in
+Velmora."), before or after the resident's sentence. So most passages share words with many queries whose answer
+they are not, and retrieval must bind each attribute to its person. A relative never has all three attributes
+stated, so still no passage but its positive answers a query. The default world is drawn exactly as before.
 """
 from __future__ import annotations
 
@@ -72,6 +78,13 @@ QUERIES = [
 SYLLABLES = ["al", "bren", "cor", "dask", "el", "fen", "gar", "hol", "is", "jor", "kel", "lin", "mar", "nor",
              "or", "pel", "quin", "ros", "sel", "tam", "ul", "vor", "wen", "yas", "zel"]
 PRONOUNS = [("his", "He"), ("her", "She")]
+RELATIVES = ["sister", "brother", "cousin", "aunt", "uncle", "son", "daughter", "best friend"]
+# a relative's two attributes: (town, profession), (profession, pastime) or (town, pastime), never all three
+RELATIVE_SENTENCES = [
+    "{Their} {relative}, {article} {profession}, lives in {town}.",
+    "{Their} {relative} is {article} {profession} abroad and {pastime}.",
+    "{Their} {relative} in {town} {pastime}.",
+]
 
 
 def _name(draw: random.Random) -> str:
@@ -79,15 +92,26 @@ def _name(draw: random.Random) -> str:
                     for _ in range(2))
 
 
-def _passage(draw: random.Random, town: str, profession: str, pastime: str) -> str:
+def _article(profession: str) -> str:
+    return "an" if profession[0] in "aeiou" else "a"
+
+
+def _passage(draw: random.Random, town: str, profession: str, pastime: str, hard: bool = False) -> str:
     their, they = draw.choice(PRONOUNS)
-    article = "an" if profession[0] in "aeiou" else "a"
-    return draw.choice(PASSAGES).format(name=_name(draw), town=town, profession=profession, pastime=pastime,
-                                        article=article, their=their, They=they)
+    text = draw.choice(PASSAGES).format(name=_name(draw), town=town, profession=profession, pastime=pastime,
+                                        article=_article(profession), their=their, They=they)
+    if not hard:
+        return text
+    relative = draw.choice(list(PROFESSIONS))
+    other = draw.choice(RELATIVE_SENTENCES).format(
+        Their=their.capitalize(), relative=draw.choice(RELATIVES), article=_article(relative), profession=relative,
+        town=draw.choice(TOWNS), pastime=draw.choice(list(PASTIMES)))
+    return f"{other} {text}" if draw.random() < 0.5 else f"{text} {other}"
 
 
-def generate_world(rows: int = 4000, negatives_per_query: int = 1, seed: int = 0) -> TextPairs:
-    """`rows` residents with distinct (town, profession, pastime) and their queries, hard negatives and passages.
+def generate_world(rows: int = 4000, negatives_per_query: int = 1, seed: int = 0, hard: bool = False) -> TextPairs:
+    """`rows` residents with distinct (town, profession, pastime) and their queries, hard negatives and passages;
+    `hard`: every passage also tells of a relative with two attributes of the same vocabulary (the module's text).
 
     Raises:
         ValueError: more rows than distinct attribute combinations leave room for, or negatives_per_query < 0.
@@ -109,7 +133,7 @@ def generate_world(rows: int = 4000, negatives_per_query: int = 1, seed: int = 0
         words = {"town": town, "profession": draw.choice(PROFESSIONS[profession]),
                  "pastime": draw.choice(PASTIMES[pastime])}
         pairs.queries.append(draw.choice(QUERIES).format(**words))
-        pairs.positives.append(_passage(draw, town, profession, pastime))
+        pairs.positives.append(_passage(draw, town, profession, pastime, hard))
         negatives = []
         while len(negatives) < negatives_per_query:  # ends: >= 1/4 of all combinations stay free
             key = draw.choice(list(attributes))
@@ -117,6 +141,6 @@ def generate_world(rows: int = 4000, negatives_per_query: int = 1, seed: int = 0
             combination = (changed["town"], changed["profession"], changed["pastime"])
             if combination not in taken:
                 taken.add(combination)
-                negatives.append(_passage(draw, *combination))
+                negatives.append(_passage(draw, *combination, hard))
         pairs.negatives.append(negatives)
     return pairs

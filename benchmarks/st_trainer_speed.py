@@ -61,7 +61,8 @@ def ours(train_options: Sequence[str], steps: int, folder: Path):
     argv = ["train", "text", "--steps", str(steps), "--test-size", "32", "--quiet", "--output-dir", str(folder),
             *train_options]
     args = cli_parser().parse_args(argv)
-    config, _, data = prepare_run(config_from_args(args), explicit_options(MODES["text"], argv))
+    config, _, data, lock = prepare_run(config_from_args(args), explicit_options(MODES["text"], argv))
+    lock.__enter__()  # the run folder is this benchmark's until `close`
     placement = placement_for(config)
     group = placement.process_group()
     group.__enter__()
@@ -73,7 +74,11 @@ def ours(train_options: Sequence[str], steps: int, folder: Path):
 
     def step() -> None:
         run.step(next(batches), next(counter))
-    return config, data, step, lambda: group.__exit__(None, None, None)
+    def close() -> None:
+        group.__exit__(None, None, None)
+        lock.__exit__(None, None, None)
+
+    return config, data, step, close
 
 
 def theirs(config, data, steps: int, folder: Path) -> Callable[[], None]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.options import HelpFormatter, add_shared_options, output_folder
+from benchmarks.options import HelpFormatter, add_shared_options, integer_list, output_folder
 from benchmarks.quality_plot import plot_quality
 from benchmarks.report import machine_context, print_table, write_csv
 from gradcache.cli import main as gradcache_main
@@ -65,7 +65,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 def configurations(args: argparse.Namespace) -> list[tuple[str, int]]:
     """(strategy, chunk): FullBatch (one chunk: the batch), GradCache, and Naive at every --chunks."""
     return [("full", args.batch), ("gradcache", args.gradcache_chunk),
-            *(("naive", chunk) for chunk in _integers(args.chunks, "--chunks"))]
+            *(("naive", chunk) for chunk in integer_list(args.chunks, "--chunks"))]
 
 
 def train_one(args: argparse.Namespace, strategy: str, chunk: int, seed: int, runs: Path) -> list[dict[str, Any]]:
@@ -111,19 +111,10 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for (strategy, chunk), group in groups.items()]
 
 
-def _integers(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"{flag}={text!r} must be comma-separated integers, e.g. 2,4,8.") from None
-    if not values:
-        raise ValueError(f"{flag}={text!r} names no value; give at least one, e.g. 4.")
-    return values
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
-    seeds = _integers(args.seeds, "--seeds")
+    seeds = integer_list(args.seeds, "--seeds")
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:

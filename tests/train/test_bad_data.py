@@ -65,8 +65,9 @@ def test_image_files_that_break_after_the_start_change_nothing(tmp_path, tiny_ar
     argv = tiny_args("clip", tmp_path / "broken", *options)
 
     args = get_args_parser().parse_args(argv)
-    config, saved, data = prepare_run(config_from_args(args), explicit_options(MODES["clip"], argv))
+    config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES["clip"], argv))
     for image in tmp_path.glob("*.png"):
         image.write_bytes(b"garbage, not a PNG any more")
-    train(config, saved, data)
+    with lock:
+        train(config, saved, data)
     assert _losses(tmp_path / "broken") == _losses(tmp_path / "intact")

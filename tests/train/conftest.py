@@ -18,3 +18,28 @@ def tiny_args():
         return ["train", mode, *TINY[mode], "--output-dir", str(output_dir), *extra]
 
     return build
+
+
+@pytest.fixture
+def killed_after_step(monkeypatch):
+    """`killed_after_step(k, argv)`: run `main(argv)` as a job killed right after step k was logged (the
+    checkpoint holds an earlier step); it must end with INTERRUPTED, and the log is left as the kill left it."""
+    from gradcache.cli import main
+    from gradcache.train import exit_status
+    from gradcache.train.run_log import RunLog
+
+    def run(step, argv):
+        original = RunLog.log_step
+
+        def crash(self, row):
+            original(self, row)
+            if row["step"] == step:
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(RunLog, "log_step", crash)
+        try:
+            assert main(argv) == exit_status.INTERRUPTED
+        finally:
+            monkeypatch.setattr(RunLog, "log_step", original)
+
+    return run

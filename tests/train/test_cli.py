@@ -56,22 +56,11 @@ def test_gradcache_and_full_batch_train_the_same_model(tmp_path, tiny_args):
 
 
 @pytest.mark.parametrize("mode", ["simclr", "clip"])
-def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_args, monkeypatch, mode):
+def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_args, killed_after_step, mode):
     args = ["--steps", "4", "--checkpoint-every", "2", "--train-size", "48"]  # 3 steps per epoch: crosses one
     assert main(tiny_args(mode, tmp_path / "whole", *args)) == 0
 
-    from gradcache.train.run_log import RunLog
-
-    original = RunLog.log_step
-
-    def crash_after_step_3(self, row):
-        original(self, row)
-        if row["step"] == 3:
-            raise KeyboardInterrupt  # killed after step 3 was logged, the checkpoint holds step 2
-
-    monkeypatch.setattr(RunLog, "log_step", crash_after_step_3)
-    assert main(tiny_args(mode, tmp_path / "cut", *args)) == exit_status.INTERRUPTED
-    monkeypatch.setattr(RunLog, "log_step", original)
+    killed_after_step(3, tiny_args(mode, tmp_path / "cut", *args))  # the checkpoint holds step 2
     assert load_checkpoint(tmp_path / "cut")["step"] == 2
     # same thread count as before: a different one may reorder float sums in the convolutions
     assert main(["train", mode, "--resume", str(tmp_path / "cut"), "--quiet", "--workers", "0"]) == 0

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from gradcache.cli import main
-from gradcache.train import exit_status
 from gradcache.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from gradcache.train.config import CONFIG_VERSION, RunConfig
 from gradcache.train.modes import MODES
@@ -54,23 +53,12 @@ def test_every_mode_default_is_a_config_field():
         assert set(mode.defaults) <= names, mode.name
 
 
-def test_a_version_1_checkpoint_resumes(tmp_path, tiny_args, monkeypatch):
+def test_a_version_1_checkpoint_resumes(tmp_path, tiny_args, killed_after_step):
     """A run cut after step 3 (checkpoint at step 2), its checkpoint rewritten as version 1 wrote it, resumes
     into the weights of the uninterrupted run."""
-    from gradcache.train.run_log import RunLog
-
     args = ["--steps", "4", "--checkpoint-every", "2"]
     assert main(tiny_args("simclr", tmp_path / "whole", *args)) == 0
-    original = RunLog.log_step
-
-    def crash_after_step_3(self, row):
-        original(self, row)
-        if row["step"] == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(RunLog, "log_step", crash_after_step_3)
-    assert main(tiny_args("simclr", tmp_path / "cut", *args)) == exit_status.INTERRUPTED
-    monkeypatch.setattr(RunLog, "log_step", original)
+    killed_after_step(3, tiny_args("simclr", tmp_path / "cut", *args))
     state = load_checkpoint(tmp_path / "cut")
     state["args"] = _version_1(RunConfig.from_dict(state["args"]), V1_ADDED_LATER + CLIP_ONLY)
     del state["initial"]  # version 1 kept no step-0 metrics beside the baselines

@@ -5,25 +5,11 @@ import csv
 
 from gradcache.cli import main
 from gradcache.train import exit_status
-from gradcache.train.run_log import RunLog
 
 
 def _losses(folder):
     with open(folder / "train_log.csv", newline="") as handle:
         return [(row["step"], row["loss"]) for row in csv.DictReader(handle)]
-
-
-def _killed_after_step_3(monkeypatch, argv):
-    original = RunLog.log_step
-
-    def crash_after_step_3(self, row):
-        original(self, row)
-        if row["step"] == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(RunLog, "log_step", crash_after_step_3)
-    assert main(argv) == exit_status.INTERRUPTED  # stopped at once, nothing saved on the way out
-    monkeypatch.setattr(RunLog, "log_step", original)
 
 
 def test_resume_auto_needs_an_output_dir(capsys):
@@ -32,21 +18,21 @@ def test_resume_auto_needs_an_output_dir(capsys):
         capsys.readouterr().err
 
 
-def test_resume_auto_starts_continues_and_restarts(tmp_path, tiny_args, monkeypatch, capsys):
+def test_resume_auto_starts_continues_and_restarts(tmp_path, tiny_args, killed_after_step, capsys):
     auto = ["--steps", "4", "--resume", "auto"]
     assert main(tiny_args("simclr", tmp_path / "fresh", *auto, "--checkpoint-every", "2")) == 0  # an empty folder
     uninterrupted = _losses(tmp_path / "fresh")
     assert [step for step, _ in uninterrupted] == ["1", "2", "3", "4"]
 
     # killed after step 3 with the checkpoint of step 2: continued from it
-    _killed_after_step_3(monkeypatch, tiny_args("simclr", tmp_path / "saved", *auto, "--checkpoint-every", "2"))
+    killed_after_step(3, tiny_args("simclr", tmp_path / "saved", *auto, "--checkpoint-every", "2"))
     assert main(tiny_args("simclr", tmp_path / "saved", *auto, "--checkpoint-every", "2")) == 0
     assert _losses(tmp_path / "saved") == uninterrupted
 
     # killed after step 3 before any checkpoint: neither a new run nor --resume FOLDER takes it, --resume auto
     # starts it afresh and replaces its logs
     never = tmp_path / "never"
-    _killed_after_step_3(monkeypatch, tiny_args("simclr", never, *auto, "--checkpoint-every", "10"))
+    killed_after_step(3, tiny_args("simclr", never, *auto, "--checkpoint-every", "10"))
     assert [step for step, _ in _losses(never)] == ["1", "2", "3"] and not (never / "last.pt").exists()
     capsys.readouterr()
     assert main(tiny_args("simclr", never, "--steps", "4")) == exit_status.USAGE

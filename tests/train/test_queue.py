@@ -8,7 +8,6 @@ import torch
 
 import gradcache
 from gradcache.cli import main
-from gradcache.train import exit_status
 from gradcache.train.checkpoint import load_checkpoint
 from gradcache.train.config import RunConfig
 
@@ -18,27 +17,12 @@ def _column(folder, name):
         return [row[name] for row in csv.DictReader(handle)]
 
 
-def _killed_after_step(step, monkeypatch, argv):
-    from gradcache.train.run_log import RunLog
-
-    original = RunLog.log_step
-
-    def crash(self, row):
-        original(self, row)
-        if row["step"] == step:
-            raise KeyboardInterrupt  # killed after the step was logged; the checkpoint holds an earlier one
-
-    monkeypatch.setattr(RunLog, "log_step", crash)
-    assert main(argv) == exit_status.INTERRUPTED
-    monkeypatch.setattr(RunLog, "log_step", original)
-
-
 @pytest.mark.parametrize(("mode", "queue"), [("simclr", ["--queue-size", "40", "--queue-warmup", "1"]),
                                              ("clip", ["--queue-size", "20", "--strategy", "naive"])])
-def test_resume_with_a_queue_equals_an_uninterrupted_run(tmp_path, tiny_args, monkeypatch, mode, queue):
+def test_resume_with_a_queue_equals_an_uninterrupted_run(tmp_path, tiny_args, killed_after_step, mode, queue):
     args = ["--steps", "4", "--checkpoint-every", "2", *queue]
     assert main(tiny_args(mode, tmp_path / "whole", *args)) == 0
-    _killed_after_step(3, monkeypatch, tiny_args(mode, tmp_path / "cut", *args))
+    killed_after_step(3, tiny_args(mode, tmp_path / "cut", *args))
     assert load_checkpoint(tmp_path / "cut")["step"] == 2
     assert main(["train", mode, "--resume", str(tmp_path / "cut"), "--quiet", "--workers", "0"]) == 0
     assert _column(tmp_path / "cut", "loss") == _column(tmp_path / "whole", "loss")

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from gradcache.cli import main
-from gradcache.train import exit_status
 from gradcache.train.checkpoint import load_checkpoint
 from tests.tiny_text_model import write_tiny_bert
 
@@ -62,22 +61,11 @@ def test_gradcache_and_full_batch_train_the_same_model(tmp_path, tiny_bert):
         torch.testing.assert_close(cached[name], full[name], rtol=1e-4, atol=1e-5)
 
 
-def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_bert, monkeypatch):
+def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_bert, killed_after_step):
     args = ["--steps", "5", "--checkpoint-every", "2"]  # 4 steps per epoch: the resumed part crosses one
     assert main(_args(tiny_bert, tmp_path / "whole", *args)) == 0
 
-    from gradcache.train.run_log import RunLog
-
-    original = RunLog.log_step
-
-    def crash_after_step_3(self, row):
-        original(self, row)
-        if row["step"] == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(RunLog, "log_step", crash_after_step_3)
-    assert main(_args(tiny_bert, tmp_path / "cut", *args)) == exit_status.INTERRUPTED
-    monkeypatch.setattr(RunLog, "log_step", original)
+    killed_after_step(3, _args(tiny_bert, tmp_path / "cut", *args))
     assert main(["train", "text", "--resume", str(tmp_path / "cut"), "--quiet"]) == 0
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
     whole, resumed = (load_checkpoint(tmp_path / d)["model"] for d in ("whole", "cut"))

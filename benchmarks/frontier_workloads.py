@@ -26,6 +26,7 @@ from gradcache.train.text_world import generate_world
 
 WORKLOADS = ("simclr", "text", "text_outliers", "clip_frozen")
 TEXT_WORKLOADS = ("text", "text_outliers")
+GRAPHS_KEPT = "naive_graphs_kept"  # accumulation holding every micro-batch's graph until one backward at the end
 GRAPH_BYTES = "graph_bytes"  # `only` value: measure the full batch's graph (the budgets' 100%) and build nothing
 BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 TEMPERATURE = 0.05  # sentence-transformers' scale 20
@@ -36,7 +37,8 @@ def configuration_names(workload: str) -> list[str]:
     runs in fresh processes while the parent still holds nothing)."""
     if workload == "clip_frozen":
         return list(CLIP_CONFIGURATIONS)
-    names = ["nograd_forward", "full_batch", "naive", *(f"budget_{round(f * 100)}" for f in BUDGET_FRACTIONS)]
+    budgets = [f"budget_{round(f * 100)}" for f in BUDGET_FRACTIONS]
+    names = ["nograd_forward", "full_batch", "naive", GRAPHS_KEPT, *budgets]
     text = ["chunk_tokens", "chunk_tokens_4x", "st_cached", "st_cached_tokens"]
     return names + (text if workload in TEXT_WORKLOADS else [])
 
@@ -89,6 +91,9 @@ def build_steps(settings: dict[str, Any], device: torch.device,
     if only in (None, "nograd_forward"):  # GradCache's extra work over accumulation: its phase (1) alone
         steps["nograd_forward"] = lambda: _encode_without_graph(encoder, inputs, chunk, trim)
     parameters = [*encoder.parameters(), *loss.parameters()]
+    if only in (None, GRAPHS_KEPT):
+        kept = _accumulation_graphs_kept(NaiveAccumulation(encoder, loss, chunk, **options), inputs)
+        steps[GRAPHS_KEPT] = _zeroing(kept, parameters)
     for name, make in makers.items():
         if only in (None, name):
             strategy = make()
@@ -102,6 +107,20 @@ def _zeroing(step: Callable[[], Any], parameters: list[nn.Parameter]) -> Callabl
         for p in parameters:
             p.grad = None
     return run
+
+
+def _accumulation_graphs_kept(naive: NaiveAccumulation, inputs: tuple[Any, ...]) -> Callable[[], Any]:
+    """NaiveAccumulation's micro-batch losses, every graph held until one backward over all of them: the same
+    forwards and backwards as accumulation at the memory of the full batch's graph. An exact method that keeps
+    every graph must hold them all before its first backward (the loss needs every embedding), so this is the
+    floor of `budget_100` on this machine; the gap to `naive` is what holding the graphs costs (page faults,
+    activations gone cold in the cache), not GradCache's bookkeeping."""
+    def step() -> None:
+        chunks = [split(value, naive.chunk_size) for value in inputs]
+        count = len(chunks[0])
+        micro_losses = [naive.loss_over(naive.embed([c[k] for c in chunks]), {}) / count for k in range(count)]
+        torch.autograd.backward(micro_losses)
+    return step
 
 
 @torch.no_grad()

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from benchmarks.frontier import round_robin
 from benchmarks.options import HelpFormatter
+from benchmarks.round_robin import medians, per_round_ratio, round_robin
 from benchmarks.workloads import build_workload
 from gradcache import GradCache
 
@@ -49,11 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             workload.zero_grad()
         steps[name] = step
     load_before = os.getloadavg()
-    seconds = round_robin(steps, args.rounds, device)
+    times = round_robin(steps, args.rounds, device)
+    seconds = medians(times)
     load_after = os.getloadavg()
     for name, value in seconds.items():
         print(f"{name:10s} {value:.4f} s/step (median of {args.rounds})")
-    print(f"on/off {seconds['check_on'] / seconds['check_off']:.4f}  batch {args.batch} chunk {args.chunk} "
+    print(f"on/off {per_round_ratio(times, 'check_on', ['check_off']):.4f} (median per round)  batch {args.batch} chunk {args.chunk} "
           f"{args.device} threads {args.threads}; load average (1, 5, 15 min) before {load_before}, after {load_after}")
     return 0
 

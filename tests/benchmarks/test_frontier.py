@@ -6,7 +6,9 @@ from pathlib import Path
 import torch
 
 from benchmarks import frontier, gpu
-from benchmarks.frontier_workloads import BUDGET_FRACTIONS, build_steps, sentences
+from benchmarks.frontier_workloads import (BUDGET_FRACTIONS, GRAPHS_KEPT, _accumulation_graphs_kept, build_steps,
+                                          sentences)
+from gradcache import NaiveAccumulation, losses
 
 TINY = {"workload": "simclr", "batch": 8, "chunk": 4, "chunk_tokens": None, "image_size": 8, "max_length": 32,
         "threads": 0, "device": "cpu", "memory_budget_gb": 0, "config": "budget_50"}
@@ -28,10 +30,25 @@ def test_a_memory_point_builds_only_its_configuration_and_measures() -> None:
     steps, info = build_steps(TINY, torch.device("cpu"), only="budget_50")
     assert list(steps) == ["budget_50"] and info["budget_50"]["kept_fraction"] == 0.5
     everything, _ = build_steps(TINY, torch.device("cpu"))
-    assert list(everything) == ["nograd_forward", "full_batch", "naive",
-                                *(f"budget_{round(f * 100)}" for f in BUDGET_FRACTIONS)]
+    assert set(everything) == {"nograd_forward", "full_batch", "naive", GRAPHS_KEPT,
+                               *(f"budget_{round(f * 100)}" for f in BUDGET_FRACTIONS)}
     result = frontier.memory_point(TINY)
     assert result["status"] == "ok" and result["peak_mb"] >= 0
+
+
+def test_accumulation_with_every_graph_kept_gives_naive_accumulations_gradient() -> None:
+    torch.manual_seed(0)
+    encoder = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    loss = losses.ClipLoss()  # a learnable logit scale: a loss parameter
+    views = (torch.randn(10, 6), torch.randn(10, 6))  # an uneven last micro-batch
+    parameters = [*encoder.parameters(), *loss.parameters()]
+    NaiveAccumulation(encoder, loss, 4).step(*views)
+    expected = [p.grad.clone() for p in parameters]
+    for p in parameters:
+        p.grad = None
+    _accumulation_graphs_kept(NaiveAccumulation(encoder, loss, 4), views)()
+    for p, g in zip(parameters, expected):
+        torch.testing.assert_close(p.grad, g)
 
 
 def test_text_sentences_are_long_tailed() -> None:

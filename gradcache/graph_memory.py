@@ -35,7 +35,10 @@ class SavedBytes:
         elif key not in self._seen:
             self._seen.add(key)
             self.total += tensor.untyped_storage().nbytes()
-        return tensor
+        # Not the tensor itself: an output its own node saves (tanh's, softmax's) would then hold that node, a
+        # cycle through C++ that no garbage collector sees, so a graph measured and dropped (a chunk over the
+        # budget) would never be freed. A detached alias holds the same storage and nothing else.
+        return tensor.detach()
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
@@ -61,7 +64,7 @@ def _units(chunk: Any) -> int:
 class GraphBudget:
     """Phase (1)'s ledger: each input keeps a prefix of its chunks, in input order, while their graphs fit.
 
-    The first chunk of an input is encoded with a graph and measured; each later one is tried only when the
+    While any budget is left, the first chunk of an input is encoded with a graph and measured; each later one is tried only when the
     bytes per element measured so far say it fits in what is left, and kept when its measured graph does.
     A chunk that does not fit ends its input's prefix (its graph is dropped; phase (3) re-encodes it).
     """
@@ -72,7 +75,7 @@ class GraphBudget:
         self._closed: set[int] = set()
 
     def worth_trying(self, index: int, chunk: Any) -> bool:
-        if self.left is None or index in self._closed:
+        if not self.left or index in self._closed:  # no budget, or none left: nothing is measured, nothing kept
             return False
         per_unit = self._per_unit.get(index)
         if per_unit is None or per_unit * _units(chunk) <= self.left:

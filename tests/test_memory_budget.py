@@ -1,6 +1,9 @@
 """memory_budget: kept graphs in phase (1), re-encoding only the rest, against FullBatch on every parameter."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -42,6 +45,36 @@ def test_graph_bytes_count_each_storage_once_and_leave_out_parameters():
         z = (y * y) * y  # saves y (once, though used three times) and y*y
     assert graph.total == 2 * 5 * 8 * 8  # two (5, 8) float64 storages; not x, not the weight
     assert z.requires_grad
+
+
+def test_a_measured_graph_that_is_dropped_is_freed():
+    """An output its own node saves (tanh's) must not end up holding that node: a cycle through C++ that no
+    garbage collector breaks, so every chunk measured and found over the budget would leak its graph."""
+    x = torch.randn(4, 3, requires_grad=True)
+    with torch.enable_grad(), saved_bytes([x]) as graph:
+        y = torch.tanh(2 * x)
+    alive = weakref.ref(y)
+    del y
+    gc.collect()
+    assert graph.total > 0 and alive() is None
+
+
+@pytest.mark.parametrize("name", ["zero", "part"])
+def test_steps_whose_budget_drops_a_measured_graph_hold_no_more_tensors_than_before(name):
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 6)).double()  # tanh saves its output
+    loss = NTXent(temperature=0.3)
+    views = tuple(torch.randn(2, 11, 10, dtype=torch.float64))
+    strategy = GradCache(encoder, loss, 3, memory_budget=budgets(graph_bytes(encoder, views[0][:3]))[name])
+
+    def live_tensors_after_a_step() -> int:
+        strategy.step(*views)
+        zero(encoder)
+        gc.collect()
+        return sum(type(o) in (torch.Tensor, nn.Parameter) for o in gc.get_objects())
+
+    first = live_tensors_after_a_step()
+    assert [live_tensors_after_a_step() for _ in range(3)] == [first] * 3
 
 
 @pytest.mark.parametrize("strategy", ["gradcache", "cached_scaled"])

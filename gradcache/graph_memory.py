@@ -64,8 +64,9 @@ def _units(chunk: Any) -> int:
 class GraphBudget:
     """Phase (1)'s ledger: each input keeps a prefix of its chunks, in input order, while their graphs fit.
 
-    While any budget is left, the first chunk of an input is encoded with a graph and measured; each later one is tried only when the
-    bytes per element measured so far say it fits in what is left, and kept when its measured graph does.
+    While any budget is left, the first chunk of an input is encoded with a graph and measured; each later one
+    is tried only when the bytes per element measured so far say it fits in what is left, and kept when its
+    measured graph does.
     A chunk that does not fit ends its input's prefix (its graph is dropped; phase (3) re-encodes it).
     """
 

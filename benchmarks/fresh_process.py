@@ -24,6 +24,11 @@ import torch
 RESULT_PREFIX = "BENCHMARK_RESULT "
 CHECKOUT = Path(__file__).resolve().parents[1]  # the folder that holds the benchmarks package
 OVER_MEMORY_EXIT = 3  # the child's exit status when its watchdog saw RSS over the budget
+# glibc's malloc keeps freed blocks in its heap and raises its own mmap threshold as it goes, so a CPU child's
+# peak RSS also holds the heap's fragmentation, which differs between points with chunks of different shapes
+# (trim_padding, chunk_tokens) by hundreds of MiB. With every block of 64 KiB or more mapped on its own and
+# returned at free, the peak RSS follows the live tensors, as torch.cuda.max_memory_allocated does on CUDA.
+LIVE_TENSORS_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def rss_peak_bytes() -> int:
@@ -87,15 +92,18 @@ def report(result: dict[str, Any]) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
-def run_point(module: str, point: dict[str, Any], time_budget_s: float | None) -> dict[str, Any]:
+def run_point(module: str, point: dict[str, Any], time_budget_s: float | None,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``python -m module --point JSON`` and return its result dict, or a status saying why there is none.
 
     The child runs in the checkout that holds this package, so it finds the same ``benchmarks`` whatever the
-    caller's working directory."""
+    caller's working directory, with `env` added to this process's environment (`LIVE_TENSORS_ENV`: peak RSS
+    without the heap's fragmentation)."""
     command = [sys.executable, "-m", module, "--point", json.dumps(point)]
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=time_budget_s, cwd=CHECKOUT)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=time_budget_s, cwd=CHECKOUT,
+                              env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         return {"status": "over_time_budget"}
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]

@@ -6,7 +6,9 @@ every micro-batch's graph until one backward at the end), GradCache with `memory
 100% of the full batch's graph, and (timed only) one chunked forward without a graph, the unit of GradCache's
 extra work; for text also `chunk_tokens` against fixed chunks with `trim_padding`, and sentence-transformers'
 CachedMultipleNegativesRankingLoss with and without its `mini_batch_num_tokens`.
-Memory: a fresh process per configuration (peak RSS on CPU, `torch.cuda.max_memory_allocated` on CUDA).
+Memory: a fresh process per configuration (`torch.cuda.max_memory_allocated` on CUDA; on CPU peak RSS with
+every block of 64 KiB or more mapped on its own, `fresh_process.LIVE_TENSORS_ENV`, so that it follows the live
+tensors rather than the heap's fragmentation).
 Time: every configuration in one process, round robin (`benchmarks.round_robin`), the median of `--rounds` rounds;
 the targets are medians of per-round ratios; load average recorded.
 
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 
 from benchmarks import frontier_clip
-from benchmarks.fresh_process import PeakMemory, report, run_point
+from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, run_point
 from benchmarks.frontier_workloads import (GRAPH_BYTES, GRAPHS_KEPT, WORKLOADS, build_steps, configuration_names,
                                           needs_graph_bytes)
 from benchmarks.options import HelpFormatter, add_shared_options, output_folder
@@ -157,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if name in TIMED_ONLY:  # not a training step: timed as a unit of comparison only
                 continue
             _say(f"memory point {name}: a fresh process ...")
-            result = run_point(__spec__.name, {**settings, "config": name}, args.time_budget_s)
+            result = run_point(__spec__.name, {**settings, "config": name}, args.time_budget_s, LIVE_TENSORS_ENV)
             rows[name].update({k: v for k, v in result.items() if k in COLUMNS})
             _say(f"memory point {name}: {result.get('status')}, {result.get('peak_mb', '-')} MiB, "
                  f"{result.get('process_s', '-')} s {result.get('error', '')}")

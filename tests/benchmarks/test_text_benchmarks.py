@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from benchmarks import frontier, real_pairs, st_trainer_speed, text_quality
+from benchmarks.fresh_process import LIVE_TENSORS_ENV
 from benchmarks.frontier_workloads import build_steps, sentences
 from tests.tiny_text_model import write_tiny_bert
 
@@ -104,18 +105,20 @@ def test_a_failed_memory_point_makes_the_frontier_exit_1(tmp_path: Path, monkeyp
 
 
 def test_the_full_graph_is_measured_in_its_own_process_and_given_to_the_budget_points(tmp_path, monkeypatch) -> None:
-    points = []
+    points, environments = [], []
     real = frontier.run_point
 
-    def recorded(module, point, budget):
+    def recorded(module, point, budget, env=None):
         points.append(point)
-        return real(module, point, budget)
+        environments.append(env)
+        return real(module, point, budget, env)
 
     monkeypatch.setattr(frontier, "run_point", recorded)
     flags = ["--workload", "simclr", "--batch", "8", "--chunk", "4", "--image-size", "8", "--rounds", "1",
              "--threads", "0", "--only", "memory", "--configs", "naive,budget_50", "--output-dir", str(tmp_path)]
     assert frontier.main(flags) == 0
     assert [p["config"] for p in points] == ["graph_bytes", "naive", "budget_50"]
+    assert environments[1:] == [LIVE_TENSORS_ENV] * 2  # memory points count live tensors, not heap fragments
     settings = {**points[0], "config": None}
     _, info = build_steps(settings, torch.device("cpu"), only="graph_bytes")
     assert points[2]["graph_bytes"] == info["graph_bytes"]["graph_bytes"] > 0  # the same workload, the same bytes

@@ -118,19 +118,22 @@ def run_point(module: str, point: dict[str, Any], time_budget_s: float | None,
     return result
 
 
+def seconds_of(function: Any, device: torch.device) -> float:
+    """Wall seconds of one ``function()`` call, the device synchronised on both sides."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    function()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
 def median_time(function: Any, repeats: int, warmup: int, device: torch.device) -> tuple[float, list[float]]:
     """Median wall time of ``function()`` over ``repeats`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):
         function()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        function()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
+    times = [seconds_of(function, device) for _ in range(repeats)]
     ordered = sorted(times)
     middle = len(ordered) // 2
     median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

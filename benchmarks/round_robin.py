@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 import torch
+
+from benchmarks.fresh_process import seconds_of
 
 
 def round_robin(steps: dict[str, Callable[[], None]], rounds: int, device: torch.device) -> dict[str, list[float]]:
@@ -24,7 +25,7 @@ def round_robin(steps: dict[str, Callable[[], None]], rounds: int, device: torch
     for index in range(rounds):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
-            times[name].append(_seconds(steps[name], device))
+            times[name].append(seconds_of(steps[name], device))
         print(f"round {index + 1}/{rounds}: " + ", ".join(f"{name} {t[-1]:.3f} s" for name, t in times.items()),
               file=sys.stderr, flush=True)
     return times
@@ -38,13 +39,3 @@ def per_round_ratio(times: dict[str, list[float]], numerator: str, denominator: 
     """median over rounds r of times[numerator][r] / sum(times[d][r] for d in denominator)."""
     rounds = zip(times[numerator], *(times[d] for d in denominator))
     return statistics.median(top / sum(bottom) for top, *bottom in rounds)
-
-
-def _seconds(step: Callable[[], None], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started

@@ -201,11 +201,11 @@ def plot_frontier(path: Any, rows: list[dict[str, Any]], title: str) -> None:
     budgets = [r for r in rows if str(r["config"]).startswith("budget_") and _plottable(r)]
     if budgets:
         axis.plot([r["peak_mb"] for r in budgets], [r["step_s"] for r in budgets], "-", color="tab:blue", alpha=0.5)
-    for row in rows:
-        if _plottable(row) and row["config"] not in TIMED_ONLY:
-            axis.plot(row["peak_mb"], row["step_s"], "o")
-            axis.annotate(row["config"], (row["peak_mb"], row["step_s"]), fontsize=8, xytext=(4, 4),
-                          textcoords="offset points")
+    points = [r for r in rows if _plottable(r) and r["config"] not in TIMED_ONLY]
+    for row, (dx, dy, align) in zip(points, _label_offsets(points)):
+        axis.plot(row["peak_mb"], row["step_s"], "o")
+        axis.annotate(row["config"], (row["peak_mb"], row["step_s"]), fontsize=8, xytext=(dx, dy),
+                      textcoords="offset points", ha=align)
     axis.set_xlabel("peak memory above baseline (MiB)")
     axis.set_ylabel("step time, median (s)")
     axis.grid(True, alpha=0.3)
@@ -213,6 +213,28 @@ def plot_frontier(path: Any, rows: list[dict[str, Any]], title: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def _label_offsets(points: list[dict[str, Any]]) -> list[tuple[int, int, str]]:
+    """(x offset, y offset in points, alignment) of each label, so that labels of points close together (within
+    12% of the width and 4% of the height) do not overlap: the first to the upper right, the second to the lower
+    right, the others to the left, stacked downwards."""
+    if not points:  # a memory-only or time-only run: nothing to label
+        return []
+    xs, ys = [r["peak_mb"] for r in points], [r["step_s"] for r in points]
+    width, height = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    offsets: list[tuple[int, int, str]] = [(4, 4, "left")] * len(points)
+    placed: list[int] = []
+    for i in sorted(range(len(points)), key=lambda i: -ys[i]):
+        near = sum(abs(xs[i] - xs[j]) < 0.12 * width and abs(ys[i] - ys[j]) < 0.04 * height for j in placed)
+        if near == 0:
+            offsets[i] = (4, 4, "left")
+        elif near == 1:
+            offsets[i] = (4, -8, "left")
+        else:
+            offsets[i] = (-4, 4 - 10 * (near - 2), "right")
+        placed.append(i)
+    return offsets
 
 
 def _number(value: Any) -> bool:

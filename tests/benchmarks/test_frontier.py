@@ -74,3 +74,11 @@ def test_gpu_benchmark_runs_at_smoke_size_on_cpu(tmp_path: Path, read_csv) -> No
     cases = {row["case"] for row in rows}
     assert {"memory_budget_half", "chunk_tokens", "bf16_autocast", "fp16_grad_scaler", "naive_differs"} <= cases
     assert all(row["status"] == "ok" for row in rows)
+
+
+def test_labels_of_points_close_together_get_distinct_places() -> None:
+    points = [{"peak_mb": 985.0, "step_s": 14.8}, {"peak_mb": 1140.0, "step_s": 14.7},
+              {"peak_mb": 985.0, "step_s": 14.5}, {"peak_mb": 5091.0, "step_s": 22.8}]
+    offsets = frontier._label_offsets(points)
+    assert len(set(offsets[:3])) == 3 and offsets[3] == (4, 4, "left")  # the far point keeps the default
+    assert frontier._label_offsets([]) == []

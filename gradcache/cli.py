@@ -4,7 +4,8 @@
 gradcache/train/exit_status.py, where each is explained: 0 done; 2 USAGE (a bad option or value, missing or
 unusable data, a bad checkpoint or one of another model, an output folder that already holds a run, or the
 training program's packages missing: nothing written); 3 DIVERGED (non-finite loss, embeddings, gradients or
-weights: the last good checkpoint kept); 4 DATA_ERROR (too much unreadable data); 5 COLLECTIVE_TIMEOUT (a peer rank died or froze);
+weights: the last good checkpoint kept); 4 DATA_ERROR (too much unreadable data); 5 COLLECTIVE_TIMEOUT (a peer rank died or froze;
+the process then ends at once with it, `os._exit`, since a broken gloo group aborts a normal exit);
 74 DISK_FULL (a save ran out of space: the checkpoints already there intact); 75 PREEMPTED (SIGTERM or SIGINT: saved, resumable); 130 INTERRUPTED (a second signal, or Ctrl-C outside the
 training loop: stopped at once). Each comes with one line on stderr, never a traceback; the status follows from
 the error's type (`_status_of`), never from its text. Subcommands register themselves through `SUBCOMMANDS`,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -166,4 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if getattr(error, "rank", 0) == 0:  # a pre-emption's message: once, from rank 0
             print(f"gradcache: {'error: ' if status == exit_status.USAGE else ''}{error}", file=sys.stderr)
+        if status == exit_status.COLLECTIVE_TIMEOUT:
+            # The process group is broken and gloo's threads still wait on the dead peer: at the interpreter's
+            # exit their C++ destructors abort the process (SIGABRT, not this status). Everything of the run has
+            # been unwound by now (checkpoint, log, lock), so leave at once, as NCCL's watchdog would.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
         return status

@@ -62,6 +62,15 @@ def tokens(n: int, length: int = 9, vocab: int = 50, seed: int = 0) -> dict[str,
     return {"input_ids": ids * mask, "attention_mask": mask}
 
 
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory):
+    """A 2-layer BERT and its tokenizer written once for the session (tests.tiny_text_model): no download."""
+    pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
+    from tests.tiny_text_model import write_tiny_bert
+
+    return write_tiny_bert(tmp_path_factory.mktemp("models") / "bert")
+
+
 @pytest.fixture
 def seeded() -> None:
     torch.manual_seed(0)

@@ -10,14 +10,8 @@ import torch
 from benchmarks import frontier, real_pairs, st_trainer_speed, text_quality
 from benchmarks.fresh_process import LIVE_TENSORS_ENV
 from benchmarks.frontier_workloads import build_steps, sentences
-from tests.tiny_text_model import write_tiny_bert
 
 pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    return write_tiny_bert(tmp_path_factory.mktemp("models") / "bert")
 
 
 def test_text_quality_trains_every_configuration_and_writes_csv_and_png(tmp_path: Path, tiny_bert, read_csv) -> None:

@@ -1,4 +1,5 @@
-"""Tiny runs of the training program: 64 images at 16 x 16, the smallest models, a couple of steps."""
+"""Tiny runs of the training program: 64 images at 16 x 16 (32 text pairs), the smallest models, a couple of
+steps."""
 import pytest
 
 TINY = {
@@ -9,7 +10,14 @@ TINY = {
     "clip": ["--train-size", "64", "--test-size", "32", "--image-size", "16", "--batch-size", "16",
              "--chunk-size", "8", "--steps", "2", "--width", "8", "--projection-dim", "16", "--text-width", "16",
              "--text-layers", "1", "--text-heads", "2", "--warmup", "1", "--quiet", "--workers", "0"],
+    "text": ["--train-size", "32", "--test-size", "16", "--batch-size", "8", "--chunk-size", "4", "--steps", "2",
+             "--max-length", "24", "--warmup", "1", "--lr", "1e-3", "--quiet"],
 }
+
+
+def text_args(model, output_dir, *extra):
+    """`gradcache train text` on the tiny BERT folder `model` (the `tiny_bert` fixture)."""
+    return ["train", "text", "--model", str(model), *TINY["text"], "--output-dir", str(output_dir), *extra]
 
 
 @pytest.fixture

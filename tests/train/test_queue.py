@@ -10,6 +10,7 @@ import gradcache
 from gradcache.cli import main
 from gradcache.train.checkpoint import load_checkpoint
 from gradcache.train.config import RunConfig
+from tests.train.conftest import text_args
 
 
 def _column(folder, name):
@@ -62,13 +63,8 @@ def test_bad_queue_options_fail_before_anything_is_written(tmp_path, tiny_args, 
     assert not (tmp_path / "out").exists()
 
 
-def test_text_mode_queues_positives_and_hard_negatives(tmp_path):
-    pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
-    from tests.train.test_text_mode import _args
-    from tests.tiny_text_model import write_tiny_bert
-
-    model = write_tiny_bert(tmp_path / "bert")
-    assert main(_args(model, tmp_path / "run", "--negatives-per-query", "1", "--queue-size", "12")) == 0
+def test_text_mode_queues_positives_and_hard_negatives(tmp_path, tiny_bert):
+    assert main(text_args(tiny_bert, tmp_path / "run", "--negatives-per-query", "1", "--queue-size", "12")) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["negatives_per_anchor"] == 8 * 2 - 1 + 12  # two steps of 16 passages fill 12 rows
     assert load_checkpoint(tmp_path / "run")["loss"]["infonce.queue.rows"].shape[0] == 12

@@ -10,20 +10,13 @@ from gradcache.cli import main
 from gradcache.train import strategies
 from gradcache.train.checkpoint import load_checkpoint
 from gradcache.train.config import RunConfig
-from tests.tiny_text_model import write_tiny_bert
+from tests.train.conftest import text_args
 
 pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
 
 
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    return write_tiny_bert(tmp_path_factory.mktemp("models") / "bert")
-
-
 def _args(model, output_dir, *extra):
-    return ["train", "text", "--model", str(model), "--train-size", "32", "--test-size", "16", "--batch-size", "8",
-            "--chunk-size", "4", "--steps", "3", "--max-length", "24", "--warmup", "1", "--lr", "1e-3", "--quiet",
-            "--output-dir", str(output_dir), *extra]
+    return text_args(model, output_dir, "--steps", "3", *extra)
 
 
 def test_the_options_reach_gradcache_and_train_the_full_batch_model(tmp_path, tiny_bert, monkeypatch):

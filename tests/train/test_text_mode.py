@@ -8,20 +8,10 @@ import torch
 from gradcache.cli import main
 from gradcache.train.checkpoint import load_checkpoint
 from tests.tiny_text_model import write_tiny_bert
+from tests.train.conftest import text_args
 
 pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
 METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    return write_tiny_bert(tmp_path_factory.mktemp("models") / "bert")
-
-
-def _args(model, output_dir, *extra):
-    return ["train", "text", "--model", str(model), "--train-size", "32", "--test-size", "16", "--batch-size", "8",
-            "--chunk-size", "4", "--steps", "2", "--max-length", "24", "--warmup", "1", "--lr", "1e-3", "--quiet",
-            "--output-dir", str(output_dir), *extra]
 
 
 def _losses(folder):
@@ -32,7 +22,7 @@ def _losses(folder):
 @pytest.mark.parametrize("towers", [[], ["--separate-towers"]], ids=["shared", "separate"])
 @pytest.mark.parametrize("hard", ["0", "2"])
 def test_towers_and_hard_negatives(tmp_path, tiny_bert, towers, hard, capsys):
-    assert main(_args(tiny_bert, tmp_path, "--negatives-per-query", hard, *towers)) == 0
+    assert main(text_args(tiny_bert, tmp_path, "--negatives-per-query", hard, *towers)) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["steps"] == 2 and metrics["skipped_rows"] == 0
     assert metrics["negatives_per_anchor"] == 8 * (1 + int(hard)) - 1
@@ -49,13 +39,13 @@ def test_towers_and_hard_negatives(tmp_path, tiny_bert, towers, hard, capsys):
 
 @pytest.mark.parametrize("strategy", ["naive", "full"])
 def test_every_strategy(tmp_path, tiny_bert, strategy):
-    assert main(_args(tiny_bert, tmp_path, "--strategy", strategy, "--separate-towers", "--symmetric")) == 0
+    assert main(text_args(tiny_bert, tmp_path, "--strategy", strategy, "--separate-towers", "--symmetric")) == 0
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 2
 
 
 def test_gradcache_and_full_batch_train_the_same_model(tmp_path, tiny_bert):
     for strategy in ("gradcache", "full"):
-        assert main(_args(tiny_bert, tmp_path / strategy, "--strategy", strategy, "--steps", "3")) == 0
+        assert main(text_args(tiny_bert, tmp_path / strategy, "--strategy", strategy, "--steps", "3")) == 0
     cached, full = (load_checkpoint(tmp_path / s)["model"] for s in ("gradcache", "full"))
     for name in cached:
         torch.testing.assert_close(cached[name], full[name], rtol=1e-4, atol=1e-5)
@@ -63,9 +53,9 @@ def test_gradcache_and_full_batch_train_the_same_model(tmp_path, tiny_bert):
 
 def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_bert, killed_after_step):
     args = ["--steps", "5", "--checkpoint-every", "2"]  # 4 steps per epoch: the resumed part crosses one
-    assert main(_args(tiny_bert, tmp_path / "whole", *args)) == 0
+    assert main(text_args(tiny_bert, tmp_path / "whole", *args)) == 0
 
-    killed_after_step(3, _args(tiny_bert, tmp_path / "cut", *args))
+    killed_after_step(3, text_args(tiny_bert, tmp_path / "cut", *args))
     assert main(["train", "text", "--resume", str(tmp_path / "cut"), "--quiet"]) == 0
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
     whole, resumed = (load_checkpoint(tmp_path / d)["model"] for d in ("whole", "cut"))
@@ -76,7 +66,7 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_bert
 
 
 def test_eval_subcommand_reproduces_the_final_metrics(tmp_path, tiny_bert, capsys):
-    assert main(_args(tiny_bert, tmp_path)) == 0
+    assert main(text_args(tiny_bert, tmp_path)) == 0
     trained = json.loads((tmp_path / "metrics.json").read_text())
     capsys.readouterr()
     assert main(["eval", str(tmp_path)]) == 0
@@ -94,7 +84,7 @@ def test_a_pairs_file_with_skipped_rows(tmp_path, tiny_bert):
     with open(tmp_path / "pairs.jsonl", "w") as handle:
         handle.writelines(json.dumps(row) + "\n" for row in rows)
     with pytest.warns(UserWarning, match="skipped 2 of 40 rows"):
-        assert main(_args(tiny_bert, tmp_path / "run", "--data", str(tmp_path / "pairs.jsonl"), "--query-key",
+        assert main(text_args(tiny_bert, tmp_path / "run", "--data", str(tmp_path / "pairs.jsonl"), "--query-key",
                           "question", "--positive-key", "answer", "--negative-keys", "hard")) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["skipped_rows"] == 2 and metrics["train_size"] + metrics["test_size"] == 38
@@ -110,35 +100,35 @@ def _fails(argv, capsys, *fragments):
 
 def test_bad_models_exit_2_and_write_nothing(tmp_path, tiny_bert, capsys):
     out = tmp_path / "out"
-    _fails(_args(tmp_path / "nowhere", out), capsys, "--model", "nowhere", "no such folder")
+    _fails(text_args(tmp_path / "nowhere", out), capsys, "--model", "nowhere", "no such folder")
     (tmp_path / "not_hf").mkdir()
     (tmp_path / "not_hf" / "weights.bin").write_bytes(b"0")
-    _fails(_args(tmp_path / "not_hf", out), capsys, "no config.json")
+    _fails(text_args(tmp_path / "not_hf", out), capsys, "no config.json")
     untokenized = write_tiny_bert(tmp_path / "untokenized")
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (untokenized / name).unlink(missing_ok=True)
-    _fails(_args(untokenized, out), capsys, "holds no tokenizer")
-    _fails(_args(tiny_bert, out, "--max-length", "1"), capsys, "--max-length")
+    _fails(text_args(untokenized, out), capsys, "holds no tokenizer")
+    _fails(text_args(tiny_bert, out, "--max-length", "1"), capsys, "--max-length")
     assert not out.exists()
 
 
 def test_bad_data_exits_2_and_writes_nothing(tmp_path, tiny_bert, capsys):
     out = tmp_path / "out"
     (tmp_path / "pairs.tsv").write_text("query\tpositive\n" + "q\tp\n" * 3)
-    _fails(_args(tiny_bert, out, "--data", str(tmp_path / "pairs.tsv"), "--positive-key", "answer"), capsys,
+    _fails(text_args(tiny_bert, out, "--data", str(tmp_path / "pairs.tsv"), "--positive-key", "answer"), capsys,
            "no column 'answer'", "--positive-key")
-    _fails(_args(tiny_bert, out, "--data", str(tmp_path / "missing.tsv")), capsys, "missing.tsv", "is not a file")
-    _fails(_args(tiny_bert, out, "--data", str(tmp_path / "pairs.tsv"), "--test-size", "3"), capsys, "--test-size")
-    _fails(_args(tiny_bert, out, "--data", str(tmp_path / "pairs.tsv"), "--test-size", "1"), capsys,
+    _fails(text_args(tiny_bert, out, "--data", str(tmp_path / "missing.tsv")), capsys, "missing.tsv", "is not a file")
+    _fails(text_args(tiny_bert, out, "--data", str(tmp_path / "pairs.tsv"), "--test-size", "3"), capsys, "--test-size")
+    _fails(text_args(tiny_bert, out, "--data", str(tmp_path / "pairs.tsv"), "--test-size", "1"), capsys,
            "--batch-size 8 exceeds the 2 training rows")
-    _fails(_args(tiny_bert, out, "--negatives-per-query", "-1"), capsys, "--negatives-per-query")
+    _fails(text_args(tiny_bert, out, "--negatives-per-query", "-1"), capsys, "--negatives-per-query")
     assert not out.exists()
 
 
 @pytest.mark.parametrize("options", [["--precision", "bf16", "--grad-checkpointing", "--tile-size", "4"],
                                      ["--fsdp", "--separate-towers"]], ids=["bf16-checkpointing-tiles", "fsdp"])
 def test_precision_checkpointing_tiles_and_sharding(tmp_path, tiny_bert, options):
-    assert main(_args(tiny_bert, tmp_path, *options)) == 0
+    assert main(text_args(tiny_bert, tmp_path, *options)) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["steps"] == 2 and 0 <= metrics["mrr@10"] <= 100
     assert (tmp_path / ("last.dcp" if "--fsdp" in options else "last.pt")).exists()
@@ -148,5 +138,5 @@ def test_missing_transformers_exits_2(tmp_path, tiny_bert, capsys, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
-    _fails(_args(tiny_bert, tmp_path / "out"), capsys, "pip install 'gradcache[text]'")
+    _fails(text_args(tiny_bert, tmp_path / "out"), capsys, "pip install 'gradcache[text]'")
     assert not (tmp_path / "out").exists()

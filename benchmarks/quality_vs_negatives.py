@@ -12,7 +12,6 @@ encoder is the GroupNorm ConvNet: BatchNorm's per-chunk statistics would confoun
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -24,10 +23,10 @@ from typing import Any
 
 import torch
 
-from gradcache.cli import main as gradcache_main
 from benchmarks.quality_plot import plot_quality
 from benchmarks.options import HelpFormatter, add_shared_options, integer_list, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
+from benchmarks.training_run import train
 
 STRATEGIES = ("full", "naive", "gradcache")  # the training program's names for FullBatch, Naive, GradCache
 COLUMNS = ["strategy", "batch", "chunk", "seed", "step", "knn_top1", "negatives_per_anchor", "final", "steps",
@@ -75,22 +74,15 @@ def train_one(args: argparse.Namespace, strategy: str, batch: int, seed: int, ru
         argv += ["--lr", str(args.lr)]
     if args.threads:
         argv += ["--threads", str(args.threads)]
-    started = time.perf_counter()
-    status = gradcache_main(argv)
-    if status != 0:
-        raise RuntimeError(f"gradcache {' '.join(argv)} exited with status {status}")
-    wall = time.perf_counter() - started
-    metrics = json.loads((folder / "metrics.json").read_text())
-    with open(folder / "eval_log.csv") as handle:
-        evaluations = list(csv.DictReader(handle))
+    run = train(argv, folder)
+    metrics = run.metrics
     shared = {"strategy": strategy, "batch": batch, "chunk": chunk, "seed": seed, "steps": args.steps,
               "negatives_per_anchor": metrics["negatives_per_anchor"], "train_size": args.train_size, "test_size": args.test_size,
               "width": args.width, "image_size": args.image_size, "lr": args.lr if args.lr is not None else "default",
-              "run_wall_s": round(wall, 1),
+              "run_wall_s": round(run.wall_s, 1),
               **{key: metrics.get(key) for key in ("peak_memory_mb", "knn_top1_random_init", "knn_top1_raw_pixels")},
               **machine_context(torch.get_num_threads(), args.device)}  # as the run set them
-    return [{**shared, "step": int(row["step"]), "knn_top1": float(row["knn_top1"]),
-             "final": index == len(evaluations) - 1} for index, row in enumerate(evaluations)]
+    return run.rows(shared, ("knn_top1",))
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ every strategy; `mrr@10_initial`, the pretrained model's, is the baseline line.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -29,7 +28,7 @@ import torch
 from benchmarks.options import HelpFormatter, add_shared_options, integer_list, output_folder
 from benchmarks.quality_plot import plot_quality
 from benchmarks.report import machine_context, print_table, write_csv
-from gradcache.cli import main as gradcache_main
+from benchmarks.training_run import train
 
 METRIC = "mrr@10"
 COLUMNS = ["strategy", "chunk", "batch", "seed", "step", METRIC, "recall@1", "recall@10", "negatives_per_anchor",
@@ -80,21 +79,14 @@ def train_one(args: argparse.Namespace, strategy: str, chunk: int, seed: int, ru
     argv += ["--lr", str(args.lr)]
     if args.threads:
         argv += ["--threads", str(args.threads)]
-    started = time.perf_counter()
-    status = gradcache_main(argv)
-    if status != 0:
-        raise RuntimeError(f"gradcache {' '.join(argv)} exited with status {status}")
-    wall = time.perf_counter() - started
-    metrics = json.loads((folder / "metrics.json").read_text())
-    with open(folder / "eval_log.csv") as handle:
-        evaluations = list(csv.DictReader(handle))
+    run = train(argv, folder)
+    metrics = run.metrics
     shared = {"strategy": strategy, "chunk": chunk, "batch": args.batch, "seed": seed, "steps": args.steps, "lr": args.lr,
               "negatives_per_anchor": metrics["negatives_per_anchor"], "data": args.data, "train_size": train_size,
               "test_size": args.test_size, "max_length": args.max_length, "model": args.model,
-              f"{METRIC}_initial": metrics[f"{METRIC}_initial"], "run_wall_s": round(wall, 1),
+              f"{METRIC}_initial": metrics[f"{METRIC}_initial"], "run_wall_s": round(run.wall_s, 1),
               **machine_context(torch.get_num_threads(), args.device)}
-    return [{**shared, "step": int(row["step"]), **{key: float(row[key]) for key in (METRIC, "recall@1", "recall@10")},
-             "final": index == len(evaluations) - 1} for index, row in enumerate(evaluations)]
+    return run.rows(shared, (METRIC, "recall@1", "recall@10"))
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch

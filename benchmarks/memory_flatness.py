@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.options import HelpFormatter, add_shared_options, output_folder
 from gradcache.cli import main as gradcache
-from gradcache.train.run_log import RunLog
+from gradcache.train.run_folder.log import RunLog
 
 TINY_RUN = ["--train-size", "256", "--test-size", "32", "--image-size", "16", "--batch-size", "16", "--chunk-size",
             "8", "--width", "8", "--hidden-dim", "32", "--projection-dim", "16", "--knn-k", "5", "--warmup", "10",

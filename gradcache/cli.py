@@ -1,15 +1,10 @@
 """The `gradcache` command: `gradcache train <mode> ...` and `gradcache eval CHECKPOINT`.
 
-`main(argv=None) -> int` is the console script's entry point and what tests call. It returns an exit status of
-gradcache/train/exit_status.py, where each is explained: 0 done; 2 USAGE (a bad option or value, missing or
-unusable data, a bad checkpoint or one of another model, an output folder that already holds a run, or the
-training program's packages missing: nothing written); 3 DIVERGED (non-finite loss, embeddings, gradients or
-weights: the last good checkpoint kept); 4 DATA_ERROR (too much unreadable data); 5 COLLECTIVE_TIMEOUT (a peer rank died or froze;
-the process then ends at once with it, `os._exit`, since a broken gloo group aborts a normal exit);
-74 DISK_FULL (a save ran out of space: the checkpoints already there intact); 75 PREEMPTED (SIGTERM or SIGINT: saved, resumable); 130 INTERRUPTED (a second signal, or Ctrl-C outside the
-training loop: stopped at once). Each comes with one line on stderr, never a traceback; the status follows from
-the error's type (`_status_of`), never from its text. Subcommands register themselves through `SUBCOMMANDS`,
-one function each. The library needs torch alone; these commands need the `train` extra.
+`main(argv=None) -> int` is the console script's entry point and what tests call. It returns the exit status
+that the raised error's type carries (gradcache/train/errors.py, where every status is explained), with one
+line on stderr and never a traceback; an error no command raises on purpose is a bug and keeps its traceback.
+Subcommands register themselves through `SUBCOMMANDS`, one function each. The library needs torch alone; these
+commands need the `train` extra.
 """
 from __future__ import annotations
 
@@ -26,8 +21,8 @@ TRAIN_EXTRA = {"torchvision", "numpy", "PIL", "faiss", "tqdm", "matplotlib", "sk
 
 
 def _register_train(commands: argparse._SubParsersAction) -> None:
+    from gradcache.train.arguments import HelpFormatter, add_train_options
     from gradcache.train.modes import MODES
-    from gradcache.train.options import HelpFormatter, add_train_options
 
     train = commands.add_parser("train", help="train an encoder (default: SimCLR on built-in shapes)",
                                 description="Train with GradCache, plain accumulation or one full batch.")
@@ -71,10 +66,10 @@ def _default_train_argv(argv: list[str]) -> list[str]:
 
 
 def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.arguments import config_from_args, explicit_options
     from gradcache.train.loop import train
     from gradcache.train.modes import MODES
-    from gradcache.train.options import config_from_args, explicit_options
-    from gradcache.train.placement import collective_failures, init_distributed_if_launched
+    from gradcache.train.parallel.placement import collective_failures, init_distributed_if_launched
     from gradcache.train.preflight import prepare_run
 
     init_distributed_if_launched(args.device, args.collective_timeout)
@@ -95,10 +90,10 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
     from torch import nn
 
+    from gradcache.train.checkpoints.kinds import open_checkpoint
     from gradcache.train.config import RunConfig
     from gradcache.train.modes import MODES
     from gradcache.train.run import build_model
-    from gradcache.train.run_checkpoint import open_checkpoint
 
     saved = open_checkpoint(args.checkpoint)
     meta = saved.meta()
@@ -116,28 +111,13 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def _status_of() -> list[tuple[type[BaseException], int]]:
-    """The exit status of each error type the commands raise on purpose, the more specific before the general."""
-    from gradcache.train import exit_status
-    from gradcache.train.checkpoint import CheckpointError, DiskFull
-    from gradcache.train.config import UsageError
-    from gradcache.train.datasets import DataError, TooMuchBadData
-    from gradcache.train.placement import CollectiveFailure
-    from gradcache.train.preemption import Preempted
-    from gradcache.train.run import TrainingDiverged
-
-    return [(TooMuchBadData, exit_status.DATA_ERROR), (UsageError, exit_status.USAGE),
-            (DataError, exit_status.USAGE), (CheckpointError, exit_status.USAGE),
-            (TrainingDiverged, exit_status.DIVERGED), (Preempted, exit_status.PREEMPTED),
-            (DiskFull, exit_status.DISK_FULL), (CollectiveFailure, exit_status.COLLECTIVE_TIMEOUT)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]), run the subcommand, return its exit status."""
     try:
-        from gradcache.train import exit_status
+        from gradcache.train import errors
 
-        status_of = _status_of()
         parser = get_args_parser()
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] not in TRAIN_EXTRA:
@@ -145,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gradcache: the training program needs {error.name}, which is not installed (the library alone "
               "needs torch only); install the program's packages with: pip install 'gradcache[train]'",
               file=sys.stderr)
-        return exit_status.USAGE
+        return errors.USAGE
     argv = _default_train_argv(list(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
@@ -153,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code or 0)
     if getattr(args, "command", None) is None:
         parser.print_help(sys.stderr)
-        return exit_status.USAGE
+        return errors.USAGE
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
@@ -161,14 +141,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as error:  # Ctrl-C outside the training loop (within it: preemption.py)
         print(f"gradcache: interrupted{f' ({error})' if str(error) else ''}; stopped at once without saving (a "
               "run's previous checkpoint, if it has one, is intact)", file=sys.stderr)
-        return exit_status.INTERRUPTED
+        return errors.INTERRUPTED
     except Exception as error:
-        status = next((status for kind, status in status_of if isinstance(error, kind)), None)
-        if status is None:
+        status = errors.exit_status_of(error)
+        if status is None:  # not raised on purpose: a bug, shown with its traceback
             raise
         if getattr(error, "rank", 0) == 0:  # a pre-emption's message: once, from rank 0
-            print(f"gradcache: {'error: ' if status == exit_status.USAGE else ''}{error}", file=sys.stderr)
-        if status == exit_status.COLLECTIVE_TIMEOUT:
+            print(f"gradcache: {'error: ' if status == errors.USAGE else ''}{error}", file=sys.stderr)
+        if status == errors.COLLECTIVE_TIMEOUT:
             # The process group is broken and gloo's threads still wait on the dead peer: at the interpreter's
             # exit their C++ destructors abort the process (SIGABRT, not this status). Everything of the run has
             # been unwound by now (checkpoint, log, lock), so leave at once, as NCCL's watchdog would.

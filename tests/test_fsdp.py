@@ -2,7 +2,7 @@
 global batch, and the number of gradient reductions (reduce-scatters) per step in each `fsdp_reduce` mode.
 
 Spawned ranks cost ~30 s on two cores before any case runs (each imports torch, and FSDP2 imports the compiler
-stack), so ONE start of two ranks runs the cases of this file and of tests/train/test_fsdp.py (`fsdp_runs`),
+stack), so ONE start of two ranks runs the cases of this file and of tests/train/parallel/test_fsdp.py (`fsdp_runs`),
 and the ranks are forked from this process after it has imported those modules once (~18 s in all).
 """
 from __future__ import annotations
@@ -151,8 +151,8 @@ def options_worker(rank):
 
 
 def all_cases_worker(rank, world_size, folder):
-    from tests.train.test_cli_fsdp import cli_worker
-    from tests.train.test_fsdp import train_worker
+    from tests.train.parallel.test_cli_fsdp import cli_worker
+    from tests.train.parallel.test_fsdp import train_worker
 
     return {
         "two_tower": strategy_worker(rank, "two_tower"),

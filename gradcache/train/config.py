@@ -10,13 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from gradcache.train.checkpoint import CheckpointError
+from gradcache.train.errors import CheckpointError
 
 CONFIG_VERSION = 7
-
-
-class UsageError(ValueError):
-    """An option value that cannot work; the message names the option, the value and the fix."""
 
 
 @dataclass

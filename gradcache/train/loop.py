@@ -9,7 +9,7 @@
     the final evaluation, metrics.json, curves.png
 
 What differs between modes is in the mode (gradcache/train/modes/); what differs between replicated and
-sharded parameters is in the placement (gradcache/train/placement.py). Rank 0 alone writes the logs.
+sharded parameters is in the placement (gradcache/train/parallel/placement.py). Rank 0 alone writes the logs.
 """
 from __future__ import annotations
 
@@ -19,16 +19,17 @@ from typing import Any
 from tqdm import tqdm
 
 from gradcache import distributed, negatives_per_anchor
-from gradcache.train.batches import StepSampler
-from gradcache.train.config import RunConfig
 from gradcache.losses.queue import queued_negatives
-from gradcache.train.image_set import DataSplits
+from gradcache.train.checkpoints.kinds import RunCheckpoint
+from gradcache.train.config import RunConfig
+from gradcache.train.data.images.sets import DataSplits
+from gradcache.train.data.order import StepSampler
+from gradcache.train.errors import Preempted, TrainingDiverged
 from gradcache.train.modes import MODES
-from gradcache.train.placement import Replicated, placement_for
-from gradcache.train.preemption import Preempted, StopSignals
-from gradcache.train.run import Run, TrainingDiverged, peak_memory_mb
-from gradcache.train.run_checkpoint import RunCheckpoint
-from gradcache.train.run_log import RunLog
+from gradcache.train.parallel.placement import Replicated, placement_for
+from gradcache.train.preemption import StopSignals
+from gradcache.train.run import Run, peak_memory_mb
+from gradcache.train.run_folder.log import RunLog
 
 __all__ = ["train", "TrainingDiverged", "Preempted"]
 

@@ -23,17 +23,9 @@ import sys
 import threading
 from types import FrameType, TracebackType
 
-from gradcache.train.exit_status import INTERRUPTED
+from gradcache.train.errors import INTERRUPTED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class Preempted(Exception):
-    """The run stopped on a signal after saving a checkpoint; the message says where and how to resume."""
-
-    def __init__(self, message: str, rank: int = 0) -> None:
-        super().__init__(message)
-        self.rank = rank  # rank 0 alone prints the message
 
 
 class StopSignals:

@@ -12,14 +12,28 @@ from pathlib import Path
 import torch
 
 from gradcache import distributed
-from gradcache.train.checkpoint import CheckpointError
-from gradcache.train.config import RunConfig, UsageError
-from gradcache.train.datasets import check_bad_share
-from gradcache.train.image_set import DataSplits
+from gradcache.train.checkpoints.kinds import (
+    FileCheckpoint,
+    RunCheckpoint,
+    ShardedCheckpoint,
+    run_folder_of,
+)
+from gradcache.train.checkpoints.resume import (
+    AUTO,
+    check_length,
+    choose_checkpoint,
+    merge_resume,
+)
+from gradcache.train.config import RunConfig
+from gradcache.train.data.images.files import check_bad_share
+from gradcache.train.data.images.sets import DataSplits
+from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.modes import MODES
-from gradcache.train.resume import AUTO, check_length, choose_checkpoint, merge_resume
-from gradcache.train.run_checkpoint import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, run_folder_of
-from gradcache.train.run_folder import RunFolderLock, decided_by_rank_zero, remove_stale_temporaries
+from gradcache.train.run_folder.lock import (
+    RunFolderLock,
+    decided_by_rank_zero,
+    remove_stale_temporaries,
+)
 
 RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
              "train_log.csv")
@@ -31,7 +45,7 @@ NOT_NEGATIVE = ("warmup", "weight_decay", "workers", "eval_every")
 
 def prepare_run(given: RunConfig, explicit: set[str]
                 ) -> tuple[RunConfig, RunCheckpoint | None, DataSplits, contextlib.AbstractContextManager]:
-    """Check the options, take the output folder (its lock: see gradcache/train/run_folder.py), merge a resume
+    """Check the options, take the output folder (its lock: see gradcache/train/run_folder/lock.py), merge a resume
     checkpoint and load the data; return them with the folder's lock, which the caller holds while it trains.
     A check that fails releases the lock and writes nothing (a folder it created is removed again)."""
     output = _output_folder(given, explicit)
@@ -160,7 +174,9 @@ def _check_sharding(config: RunConfig) -> None:
     except ImportError as error:
         raise UsageError("--optimizer adamw8bit needs bitsandbytes: pip install bitsandbytes (or choose "
                          "--optimizer adamw)") from error
-    from gradcache.train.fsdp import check_8bit_adamw  # imports torch.distributed.checkpoint: only when asked
+    from gradcache.train.optim.adamw8bit import (
+        check_8bit_adamw,  # bitsandbytes: only when asked
+    )
 
     try:
         check_8bit_adamw(config.device)

@@ -21,20 +21,19 @@ from torch.nn.utils import get_total_norm
 
 from gradcache import distributed
 from gradcache.non_finite import NonFiniteError, NonFiniteLossError
-from gradcache.train.checkpoint import capture_random_state, restore_random_state
+from gradcache.train.checkpoints.atomic import (
+    capture_random_state,
+    restore_random_state,
+)
+from gradcache.train.checkpoints.kinds import RunCheckpoint
 from gradcache.train.config import RunConfig
-from gradcache.train.image_set import DataSplits
+from gradcache.train.data.images.sets import DataSplits
+from gradcache.train.errors import TrainingDiverged
 from gradcache.train.modes import MODES, Mode
-from gradcache.train.optim import build_optimizer, scaled_learning_rate
-from gradcache.train.placement import Replicated, device_of
-from gradcache.train.run_checkpoint import RunCheckpoint
-from gradcache.train.schedule import warmup_cosine
+from gradcache.train.optim.optimizers import build_optimizer, scaled_learning_rate
+from gradcache.train.optim.schedule import warmup_cosine
+from gradcache.train.parallel.placement import Replicated, device_of
 from gradcache.train.strategies import build_strategy
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss, the embeddings, the gradients or the weights became NaN or infinite; the message names what,
-    the step and the last good checkpoint."""
 
 
 class StepResult(NamedTuple):

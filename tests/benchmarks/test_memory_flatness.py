@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks import memory_flatness as bench
-from gradcache.train.run_log import RunLog
+from gradcache.train.run_folder.log import RunLog
 
 
 def test_reads_memory_every_n_steps_and_writes_the_csv(tmp_path: Path, read_csv, capsys) -> None:

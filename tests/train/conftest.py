@@ -33,8 +33,8 @@ def killed_after_step(monkeypatch):
     """`killed_after_step(k, argv)`: run `main(argv)` as a job killed right after step k was logged (the
     checkpoint holds an earlier step); it must end with INTERRUPTED, and the log is left as the kill left it."""
     from gradcache.cli import main
-    from gradcache.train import exit_status
-    from gradcache.train.run_log import RunLog
+    from gradcache.train import errors
+    from gradcache.train.run_folder.log import RunLog
 
     def run(step, argv):
         original = RunLog.log_step
@@ -46,7 +46,7 @@ def killed_after_step(monkeypatch):
 
         monkeypatch.setattr(RunLog, "log_step", crash)
         try:
-            assert main(argv) == exit_status.INTERRUPTED
+            assert main(argv) == errors.INTERRUPTED
         finally:
             monkeypatch.setattr(RunLog, "log_step", original)
 

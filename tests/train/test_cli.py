@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from gradcache.cli import main
-from gradcache.train import exit_status
-from gradcache.train.checkpoint import load_checkpoint
+from gradcache.train import errors
+from gradcache.train.checkpoints.atomic import load_checkpoint
 
 
 def _losses(folder):
@@ -117,7 +117,7 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path
 
     monkeypatch.setattr(losses.NTXent, "forward", nan_on_step_3)
     status = main(tiny_args("simclr", tmp_path, "--strategy", "full", "--steps", "4", "--checkpoint-every", "2"))
-    assert status == exit_status.DIVERGED
+    assert status == errors.DIVERGED
     assert "the loss became non-finite at step 3" in capsys.readouterr().err
     assert load_checkpoint(tmp_path)["step"] == 2
 
@@ -145,8 +145,8 @@ def _learning_rates(folder):
 def test_resume_with_more_steps_continues_on_a_recomputed_schedule(tmp_path, tiny_args, capsys, longer):
     """A finished 2-step run resumed with --steps 5 (or --epochs 2: 8 steps of 16 out of 64 images) trains the
     new steps under the warm-up cosine schedule of the new length, and says so on stderr."""
-    from gradcache.train.optim import scaled_learning_rate
-    from gradcache.train.schedule import WarmupCosine
+    from gradcache.train.optim.optimizers import scaled_learning_rate
+    from gradcache.train.optim.schedule import WarmupCosine
 
     assert main(tiny_args("simclr", tmp_path)) == 0
     before = load_checkpoint(tmp_path)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from gradcache.cli import main
-from gradcache.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from gradcache.train.checkpoints.atomic import load_checkpoint, save_checkpoint
 from gradcache.train.config import CONFIG_VERSION, RunConfig
+from gradcache.train.errors import CheckpointError
 from gradcache.train.modes import MODES
 
 V1_ADDED_LATER = ("rotation", "fsdp", "fsdp_reduce", "cpu_offload")

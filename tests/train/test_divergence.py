@@ -8,8 +8,8 @@ import torch
 
 import gradcache
 from gradcache.cli import main
-from gradcache.train import exit_status
-from gradcache.train.checkpoint import load_checkpoint
+from gradcache.train import errors
+from gradcache.train.checkpoints.atomic import load_checkpoint
 
 
 def _log(folder) -> list[dict[str, str]]:
@@ -25,7 +25,7 @@ def test_a_huge_learning_rate_diverges_with_the_message_and_no_non_finite_checkp
     status = main(tiny_args("simclr", tmp_path, "--optimizer", "sgd", "--lr", "1e12", "--steps", "8",
                             "--checkpoint-every", "1"))
     error = capsys.readouterr().err
-    assert status == exit_status.DIVERGED, error
+    assert status == errors.DIVERGED, error
     assert "became non-finite at step" in error and "Traceback" not in error
     diverged_at = int(error.split("non-finite at step ")[1].split()[0])
     assert diverged_at <= 8
@@ -69,7 +69,7 @@ def test_non_finite_gradients_or_weights_stop_the_run_keeping_the_last_good_chec
         tmp_path, tiny_args, capsys, monkeypatch, what, owner, name, spoil):
     _on_second_call(monkeypatch, owner, name, spoil)
     status = main(tiny_args("simclr", tmp_path, "--steps", "4", "--checkpoint-every", "1"))
-    assert status == exit_status.DIVERGED
+    assert status == errors.DIVERGED
     assert f"the {what} became non-finite at step 2" in capsys.readouterr().err
     saved = load_checkpoint(tmp_path)
     assert saved["step"] == 1 and _all_finite(saved["model"])
@@ -86,7 +86,7 @@ class _HugeInitialScale(torch.amp.GradScaler):
 
 def test_fp16_steps_the_scaler_skips_are_logged_and_the_run_continues(tmp_path, tiny_args, monkeypatch):
     monkeypatch.setattr(torch.amp, "GradScaler", _HugeInitialScale)
-    assert main(tiny_args("simclr", tmp_path, "--precision", "fp16", "--steps", "4")) == exit_status.OK
+    assert main(tiny_args("simclr", tmp_path, "--precision", "fp16", "--steps", "4")) == errors.OK
     skipped = [int(row["skipped"]) for row in _log(tmp_path)]
     assert len(skipped) == 4 and skipped[0] == 1  # 2**40 overflows fp16 at once
     assert json.loads((tmp_path / "metrics.json").read_text())["skipped_steps"] == sum(skipped)
@@ -95,5 +95,5 @@ def test_fp16_steps_the_scaler_skips_are_logged_and_the_run_continues(tmp_path, 
 
 
 def test_fp32_steps_are_never_skipped(tmp_path, tiny_args):
-    assert main(tiny_args("simclr", tmp_path, "--steps", "2")) == exit_status.OK
+    assert main(tiny_args("simclr", tmp_path, "--steps", "2")) == errors.OK
     assert [row["skipped"] for row in _log(tmp_path)] == ["0", "0"]

@@ -6,9 +6,9 @@ import argparse
 import pytest
 
 from gradcache.cli import main
-from gradcache.train import exit_status
+from gradcache.train import errors
+from gradcache.train.arguments import add_train_options
 from gradcache.train.modes import MODES
-from gradcache.train.options import add_train_options
 
 
 def _numeric_options() -> list[tuple[str, str]]:
@@ -34,7 +34,7 @@ def test_the_parser_has_the_numeric_options_this_file_expects():
 @pytest.mark.parametrize(("mode", "option"), NUMERIC, ids=[f"{m}{o}" for m, o in NUMERIC])
 def test_nan_and_infinity_exit_2_and_write_nothing(tmp_path, capsys, mode, option, value):
     output = tmp_path / "run"
-    assert main(["train", mode, option, value, "--output-dir", str(output)]) == exit_status.USAGE
+    assert main(["train", mode, option, value, "--output-dir", str(output)]) == errors.USAGE
     error = capsys.readouterr().err
     assert option in error and "Traceback" not in error
     assert not output.exists()
@@ -50,7 +50,7 @@ def test_nan_and_infinity_exit_2_and_write_nothing(tmp_path, capsys, mode, optio
 ])
 def test_out_of_range_values_exit_2_naming_the_option_and_write_nothing(tmp_path, capsys, mode, option, value):
     output = tmp_path / "run"
-    assert main(["train", mode, option, value, "--output-dir", str(output)]) == exit_status.USAGE
+    assert main(["train", mode, option, value, "--output-dir", str(output)]) == errors.USAGE
     error = capsys.readouterr().err
     assert f"{option} " in error and value in error and "Traceback" not in error
     assert not output.exists()
@@ -58,4 +58,4 @@ def test_out_of_range_values_exit_2_naming_the_option_and_write_nothing(tmp_path
 
 def test_the_smallest_image_size_of_the_convnet_trains(tmp_path, tiny_args):
     """8 is the refused 7's neighbour: the limit is the model's, not a guess."""
-    assert main(tiny_args("simclr", tmp_path, "--image-size", "8", "--steps", "1")) == exit_status.OK
+    assert main(tiny_args("simclr", tmp_path, "--image-size", "8", "--steps", "1")) == errors.OK

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from gradcache.train import exit_status
-from gradcache.train.checkpoint import load_checkpoint
+from gradcache.train import errors
+from gradcache.train.checkpoints.atomic import load_checkpoint
 from tests.train.conftest import TINY
 
 STEPS = 30  # enough that a run signalled after its first logged step is still training
@@ -51,7 +51,7 @@ def _finish(process: subprocess.Popen, timeout: float = 120.0) -> tuple[int, str
 def uninterrupted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("uninterrupted")
     status, stderr = _finish(_gradcache("train", "simclr", *ARGS, "--output-dir", str(folder)))
-    assert status == exit_status.OK, stderr
+    assert status == errors.OK, stderr
     return _losses(folder)
 
 
@@ -65,13 +65,13 @@ def test_a_signal_saves_exits_preempted_and_the_resume_logs_the_uninterrupted_lo
     (os.killpg if group else os.kill)(process.pid, signum)
     status, stderr = _finish(process)
 
-    assert status == exit_status.PREEMPTED, stderr
+    assert status == errors.PREEMPTED, stderr
     saved = load_checkpoint(folder)
     assert 1 <= saved["step"] < STEPS and saved["step"] == len(_losses(folder))  # the step in progress, finished
     assert f"gradcache train simclr --resume {folder}" in stderr and f"step {saved['step']}" in stderr
     status, stderr = _finish(_gradcache("train", "simclr", "--resume", str(folder), "--workers", "0",
                                          "--threads", "1", "--quiet"))  # threads: the same float sums
-    assert status == exit_status.OK, stderr
+    assert status == errors.OK, stderr
     assert _losses(folder) == uninterrupted
 
 
@@ -84,7 +84,7 @@ def test_a_second_signal_stops_at_once_and_keeps_the_previous_checkpoint(tmp_pat
     os.killpg(process.pid, signal.SIGINT)  # another signal number: two handler calls, not one coalesced
     status, stderr = _finish(process)
 
-    assert status == exit_status.INTERRUPTED, stderr
+    assert status == errors.INTERRUPTED, stderr
     assert "stopped at once without saving" in stderr
     assert 1 <= load_checkpoint(folder)["step"] < STEPS  # the last complete save loads
 
@@ -110,5 +110,5 @@ def test_ranks_agree_on_the_step_a_signal_to_one_of_them_stops_at(tmp_path, tiny
     argv = tiny_args("simclr", tmp_path, "--steps", "6", "--threads", "1")
     # spawn, not fork: a fork after an in-process FSDP run of an earlier test cannot run autograd
     statuses = run_on_ranks(_signal_rank_1_during_step_2, 2, argv, start_method="spawn")
-    assert statuses == [exit_status.PREEMPTED] * 2
+    assert statuses == [errors.PREEMPTED] * 2
     assert load_checkpoint(tmp_path)["step"] == 3 == len(_losses(tmp_path))

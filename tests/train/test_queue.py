@@ -8,7 +8,7 @@ import torch
 
 import gradcache
 from gradcache.cli import main
-from gradcache.train.checkpoint import load_checkpoint
+from gradcache.train.checkpoints.atomic import load_checkpoint
 from gradcache.train.config import RunConfig
 from tests.train.conftest import text_args
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gradcache.cli import main
-from gradcache.train.checkpoint import load_checkpoint
+from gradcache.train.checkpoints.atomic import load_checkpoint
 from tests.tiny_text_model import write_tiny_bert
 from tests.train.conftest import text_args
 

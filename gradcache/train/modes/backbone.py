@@ -10,8 +10,15 @@ from typing import Any
 
 from torch import nn
 
-from gradcache.models import IMAGE_ENCODER_PRESETS, ConvNetConfig, ResNetConfig, ViTConfig, build_image_encoder
-from gradcache.train.config import RunConfig, UsageError
+from gradcache.models import (
+    IMAGE_ENCODER_PRESETS,
+    ConvNetConfig,
+    ResNetConfig,
+    ViTConfig,
+    build_image_encoder,
+)
+from gradcache.train.config import RunConfig
+from gradcache.train.errors import UsageError
 
 CONVNET_MIN_IMAGE_SIZE = 8  # its three 2 x 2 max-pools leave 1 x 1 of an 8 x 8 image
 BACKBONE_HELP = f"image encoder: a preset of gradcache.models ({', '.join(IMAGE_ENCODER_PRESETS)})"

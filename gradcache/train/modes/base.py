@@ -16,10 +16,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gradcache.train.batches import StepSampler
 from gradcache.train.config import RunConfig
-from gradcache.train.datasets import BUILT_IN_DATA, DataError
-from gradcache.train.image_set import DataSplits
+from gradcache.train.data.images.files import BUILT_IN_DATA
+from gradcache.train.data.images.sets import DataSplits
+from gradcache.train.data.order import StepSampler
+from gradcache.train.errors import DataError
 from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
 
 

@@ -19,12 +19,22 @@ from torch.utils.data import DataLoader
 from gradcache import losses
 from gradcache.models import CLIP as ClipModel
 from gradcache.models import ByteTokenizer, TextEncoder
-from gradcache.models.open_clip import OpenClipModel, OpenClipTokenizer, open_clip_architecture
-from gradcache.train.batches import StepSampler, training_batches
-from gradcache.train.config import RunConfig, UsageError
-from gradcache.train.datasets import DataError, load_caption_table
-from gradcache.train.evaluate import embed_images, embed_texts, retrieval_recall, zero_shot_top1
-from gradcache.train.image_set import DataSplits
+from gradcache.models.open_clip import (
+    OpenClipModel,
+    OpenClipTokenizer,
+    open_clip_architecture,
+)
+from gradcache.train.config import RunConfig
+from gradcache.train.data.images.files import load_caption_table
+from gradcache.train.data.images.sets import DataSplits
+from gradcache.train.data.order import StepSampler, training_batches
+from gradcache.train.errors import DataError, UsageError
+from gradcache.train.eval.images import (
+    embed_images,
+    embed_texts,
+    retrieval_recall,
+    zero_shot_top1,
+)
 from gradcache.train.modes.backbone import BACKBONE_HELP, build_backbone, check_backbone
 from gradcache.train.modes.base import Mode
 
@@ -67,7 +77,9 @@ class CLIP(Mode):
                                  f"{config.model}; drop --pretrained or name an open_clip architecture")
             return
         try:
-            from gradcache.integrations.open_clip import check_architecture  # needs the open-clip extra
+            from gradcache.integrations.open_clip import (
+                check_architecture,  # needs the open-clip extra
+            )
 
             check_architecture(architecture)
         except (ImportError, ValueError) as error:

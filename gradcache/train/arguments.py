@@ -1,0 +1,142 @@
+"""The command line of `gradcache train <mode>`: one option per RunConfig field, defaults from the dataclass
+(and the mode's own defaults), choices from where they are defined, and the RunConfig built from it."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from gradcache.distributed import FSDP_REDUCE_MODES
+from gradcache.train.config import RunConfig
+from gradcache.train.modes import MODES, Mode
+from gradcache.train.optim.optimizers import LR_SCALINGS, OPTIMIZERS
+from gradcache.train.strategies import PRECISIONS, STRATEGIES
+
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" unless the help already says what the default is: one default per option."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
+    """Every option of `gradcache train <mode>`; the help states each default once."""
+    default: Callable[[str], Any] = lambda name: mode.defaults.get(name, _FIELD_DEFAULTS[name])  # noqa: E731
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", default=default("data"), help=f"{mode.built_in_help} or {mode.path_data}")
+    if mode.images:
+        data.add_argument("--image-size", type=int, default=default("image_size"),
+                          help="images are decoded or rendered at this side")
+    data.add_argument("--train-size", type=int, default=default("train_size"),
+                      help=f"built-in data: training {mode.items}")
+    data.add_argument("--test-size", type=int, default=default("test_size"), help=f"{mode.items} held out for evaluation")
+    data.add_argument("--data-seed", type=int, default=default("data_seed"),
+                      help="seed of the built-in data and the held-out split")
+    data.add_argument("--workers", type=int, default=default("workers"), help="data loader worker processes "
+                      "(0: in the main one); augmenting in a worker overlaps it with the encoders")
+    data.add_argument("--max-bad-share", type=float, default=default("max_bad_share"),
+                      help=f"stop before training (exit 4) when more than this share of the {mode.items} cannot be "
+                      "used (files that fail to decode, rows without a field); fewer are skipped and counted")
+    data.add_argument("--threads", type=int, default=None, help="torch threads of the training process on CPU "
+                      "(default: CPU cores minus --workers, at least 1)")
+
+    model = parser.add_argument_group("model")
+    if mode.images:
+        model.add_argument("--model", default=default("model"), help=mode.model_help)
+        model.add_argument("--width", type=int, default=default("width"), help="convnet: channels of the first stage")
+        model.add_argument("--norm", default=default("norm"), choices=["group", "batch"], help="convnet/resnet "
+                           "normalisation (group: per-example, exact under gradcache; the convnet standardises its "
+                           "conv weights with it; batch: per-chunk statistics under gradcache/naive)")
+        model.add_argument("--projection-dim", type=int, default=default("projection_dim"),
+                           help="embedding size of the loss")
+    model.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+
+    run = parser.add_argument_group("optimisation")
+    run.add_argument("--strategy", default=default("strategy"), choices=list(STRATEGIES),
+                     help="gradcache: exact full-batch gradient in chunks; naive: accumulation (negatives only "
+                          "within a chunk); full: one pass over the whole batch (ignores --chunk-size)")
+    run.add_argument("--batch-size", type=int, default=default("batch_size"),
+                     help="global contrastive batch over all ranks (negatives follow from it)")
+    run.add_argument("--chunk-size", type=int, default=default("chunk_size"),
+                     help="examples per encoder pass (larger than the batch: one chunk)")
+    run.add_argument("--tile-size", type=int, default=None, help="compute the loss in tiles of this many rows "
+                     "(default: dense, no tiles)")
+    run.add_argument("--queue-size", type=int, default=default("queue_size"), help="keep this many past "
+                     "embeddings of the candidate side as extra negatives (a queue, as MoCo/XBM; advanced once per "
+                     "step, or per micro-batch under naive; 0: in-batch negatives only)")
+    run.add_argument("--queue-warmup", type=int, default=default("queue_warmup"), help="calls of the loss (steps; "
+                     "micro-batches under naive) before the queue is read or filled")
+    length = run.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=int, default=None, help=f"passes over the training data (default: "
+                        f"{mode.default_epochs} when --steps is not given)")
+    length.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from --epochs)")
+    run.add_argument("--optimizer", default=default("optimizer"), choices=list(OPTIMIZERS),
+                     help="lars/lamb: for large batches")
+    run.add_argument("--lr", type=float, default=default("lr"), help="peak learning rate at --base-batch-size")
+    run.add_argument("--lr-scaling", default=default("lr_scaling"), choices=list(LR_SCALINGS),
+                     help="scale --lr by (batch / base batch) (linear) or its square root (sqrt)")
+    run.add_argument("--base-batch-size", type=int, default=default("base_batch_size"),
+                     help="the batch size --lr is stated for")
+    run.add_argument("--warmup", type=int, default=default("warmup"), help="linear warm-up steps, then cosine decay to 0")
+    run.add_argument("--weight-decay", type=float, default=default("weight_decay"),
+                     help="on weights, not on biases or norms")
+    run.add_argument("--momentum", type=float, default=default("momentum"), help="sgd/lars momentum")
+    run.add_argument("--temperature", type=float, default=default("temperature"),
+                     help="loss temperature" + (" (initial; learned)" if mode.name == "clip" else ""))
+    run.add_argument("--precision", default=default("precision"), choices=list(PRECISIONS),
+                     help="encoders under autocast in bf16/fp16 (fp16 with a gradient scaler)")
+    run.add_argument("--device", default=default("device"), help="cpu, cuda or cuda:N")
+    run.add_argument("--seed", type=int, default=default("seed"),
+                     help="seed of initialisation, data order and augmentation")
+
+    shard = parser.add_argument_group("sharding (torchrun)")
+    shard.add_argument("--fsdp", action="store_true", help="shard each encoder block by block with FSDP2 instead "
+                       "of DDP; checkpoints become last.dcp (one shard per rank, resumable on any number of ranks); "
+                       "without torchrun, a one-process gloo group is started")
+    shard.add_argument("--fsdp-reduce", default=default("fsdp_reduce"), choices=list(FSDP_REDUCE_MODES),
+                       help="--fsdp: reduce-scatter gradients after every chunk (chunk: sharded gradients) or once "
+                       "per step (step: whole gradients between chunks, fewer collectives)")
+    shard.add_argument("--cpu-offload", action="store_true", help="--fsdp: keep sharded parameters, gradients "
+                       "and optimizer state in CPU memory; the optimizer steps on CPU")
+    shard.add_argument("--collective-timeout", type=float, default=default("collective_timeout"),
+                       help="seconds a collective waits for the other ranks before the step fails (a rank that "
+                       "died or froze); longer than the slowest evaluation or save, which the others wait for")
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--output-dir", default=None, help="run folder (default: runs/<mode>-<time>; "
+                        "on --resume: the checkpoint's folder)")
+    output.add_argument("--resume", default=None, help="continue from this checkpoint, or from a run folder's "
+                        "newest good one (falling back to previous.pt with a warning); 'auto': from --output-dir's "
+                        "if it holds one, else start afresh there (for torchrun --max-restarts); a larger --steps "
+                        "or --epochs extends the run (default: start a new run)")
+    output.add_argument("--checkpoint-every", type=int, default=default("checkpoint_every"),
+                        help="save the checkpoint every N steps and at the end")
+    output.add_argument("--eval-every", type=int, default=default("eval_every"),
+                        help="evaluate every N steps (0: at start and end only)")
+    if mode.images:
+        output.add_argument("--knn-k", type=int, default=default("knn_k"), help="kNN evaluation: neighbours")
+        output.add_argument("--knn-temperature", type=float, default=default("knn_temperature"),
+                            help="kNN evaluation: vote temperature")
+    output.add_argument("--quiet", action="store_true", help="no progress bar")
+    mode.add_options(data, model, run, default)
+
+
+def explicit_options(mode: Mode, argv: list[str]) -> set[str]:
+    """The field of every option that `argv` spells out (abbreviations are disabled, so this is exact)."""
+    probe = argparse.ArgumentParser(add_help=False)
+    add_train_options(probe, mode)
+    return {action.dest for action in probe._actions
+            if any(token == option or token.startswith(option + "=") for token in argv
+                   for option in action.option_strings)}
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig that a parsed `gradcache train <mode>` command line describes."""
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    return RunConfig(**{k: v for k, v in vars(args).items() if k in names})

@@ -1,0 +1,138 @@
+"""Atomic checkpoints that carry their own checksum, with the previous one kept beside the newest.
+
+A save writes a temporary file in the same folder, fsyncs it, then renames it into place (`os.replace`): a crash
+at any point leaves the previous checkpoint whole, since until the rename the old file is untouched and the
+rename itself is atomic within one file system. Given `previous=`, the file being replaced is first renamed
+there, so a run folder holds `last.pt` and `previous.pt`. A checkpoint is a plain dict of tensors, numbers,
+strings and containers, loaded with `torch.load(weights_only=True)` (a file from elsewhere never runs code),
+plus `CHECKSUM_KEY`: the sha256 of the rest (gradcache/train/checkpoints/checksum.py), checked on every load.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradcache.train.checkpoints.checksum import CHECKSUM_KEY, content_sha256
+from gradcache.train.errors import CheckpointError, DiskFull
+
+EXTRA_FILE = "extra.pt"  # in a sharded checkpoint folder: rank 0's step, run options and random state
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_sharded_folder(path: str | os.PathLike) -> bool:
+    """A folder written by `gradcache.train.checkpoints.sharded.save_sharded`: shards, `.metadata` and `EXTRA_FILE`."""
+    path = Path(path)
+    return (path / ".metadata").is_file() and (path / EXTRA_FILE).is_file()
+
+
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: str | os.PathLike | None = None) -> Path:
+    """Write `state` with its checksum to `path` atomically, first renaming an existing `path` to `previous`
+    (when given). A failure leaves both as they were and no temporary file behind.
+
+    Raises:
+        DiskFull: the file system ran out of space (or quota); it names the folder and the space needed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {**state, CHECKSUM_KEY: content_sha256(state)}
+    handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if previous is not None and path.exists():
+            os.replace(path, previous)  # a crash before the next rename leaves previous alone: it is read then
+        os.replace(handle.name, path)
+    except OSError as error:
+        Path(handle.name).unlink(missing_ok=True)
+        if error.errno in NO_SPACE:
+            raise DiskFull(path.parent, _size_needed(state, path), shutil.disk_usage(path.parent).free) from error
+        raise
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)  # make the renames themselves durable
+    return path
+
+
+def _size_needed(state: dict[str, Any], path: Path) -> int:
+    """The size of the checkpoint already there, else the bytes of the tensors being saved."""
+    if path.is_file():
+        return path.stat().st_size
+    total, stack = 0, [state]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return total
+
+
+def _fsync_directory(folder: Path) -> None:
+    if os.name != "posix":
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def read_checked(path: str | os.PathLike) -> dict[str, Any]:
+    """The dict in the file `path`, after checking its checksum (files written before checksums have none).
+
+    Raises:
+        CheckpointError: missing, unreadable, not a dict, or its contents differ from its checksum.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several unrelated types for a corrupt or foreign file
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r} (truncated or damaged?): {error}") from error
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{str(path)!r} is not a gradcache checkpoint (it holds a {type(state).__name__})")
+    stored = state.pop(CHECKSUM_KEY, None)
+    if stored is not None and stored != content_sha256(state):
+        raise CheckpointError(f"checkpoint {str(path)!r} fails its checksum: its contents changed after it was "
+                              "written (damaged disk or copy)")
+    return state
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a training checkpoint written by `save_checkpoint`: a file, or a run folder's `last.pt` (no fallback:
+    `gradcache.train.checkpoints.kinds.open_checkpoint` is what chooses between `last.pt` and `previous.pt`)."""
+    path = Path(path)
+    state = read_checked(path / "last.pt" if path.is_dir() else path)
+    if "args" not in state or "model" not in state:
+        raise CheckpointError(f"{str(path)!r} is not a gradcache training checkpoint (no 'args' or 'model')")
+    return state
+
+
+def capture_random_state() -> dict[str, Any]:
+    """Every generator a training step may draw from: torch CPU, each CUDA device, and Python's `random`."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_random_state(state: dict[str, Any]) -> None:
+    """Put back what `capture_random_state` recorded (CUDA states only where CUDA is present)."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

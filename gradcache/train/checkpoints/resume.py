@@ -1,0 +1,101 @@
+"""How `--resume` chooses its checkpoint and merges the checkpoint's run options with the command line.
+
+`--resume PATH` continues from a checkpoint file, or from the newest good checkpoint of a run folder;
+`--resume auto` (with `--output-dir`) does the same in the output folder when it holds a checkpoint and starts
+the run afresh there when it holds none: the same command then starts a run and restarts it after any failure
+(`torchrun --max-restarts`). Rank 0 chooses and tells the other ranks (`choose_checkpoint`).
+
+The resumed run is the run that was interrupted: its options come from the checkpoint. The run-local options
+(`RUN_LOCAL`) may be given anew; `--steps` or `--epochs` may lengthen the run (never shorten it: checked
+against the data in `check_length`); any other option given on the command line must equal the checkpoint's,
+or the resume is refused, naming the option.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from torch import nn
+
+from gradcache.train.checkpoints.kinds import (
+    KINDS,
+    Found,
+    RunCheckpoint,
+    find_checkpoint,
+    locate,
+)
+from gradcache.train.config import MODEL_FIELDS, RunConfig
+from gradcache.train.errors import CheckpointError
+from gradcache.train.modes import MODES
+from gradcache.train.run import build_model
+from gradcache.train.run_folder.lock import decided_by_rank_zero
+
+# --cpu-offload only moves where the shards live, so a resumed run may turn it on or off.
+RUN_LOCAL = ("device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every", "eval_every",
+             "cpu_offload", "collective_timeout")
+LENGTH = ("steps", "epochs")
+AUTO = "auto"  # --resume auto
+
+
+def choose_checkpoint(resume: str, output_dir: str) -> Found:
+    """The checkpoint `--resume` names (`--resume auto`: `output_dir`'s newest good one, if any), chosen on rank 0
+    (warning on stderr of a newer one it falls back from) and given to every rank.
+
+    Raises:
+        CheckpointError: on every rank, where rank 0 found none or only bad ones (see `locate`).
+    """
+    def on_rank_zero() -> tuple[bool, str | None, list[tuple[str, str]]]:
+        found = find_checkpoint(output_dir) if resume == AUTO else locate(resume)
+        found.warn()
+        chosen = found.chosen
+        return (chosen is not None and chosen.sharded, None if chosen is None else str(chosen.path),
+                [(str(path), reason) for path, reason in found.skipped])
+
+    sharded, path, skipped = decided_by_rank_zero(on_rank_zero)
+    return Found(None if path is None else KINDS[sharded](path), [(Path(p), reason) for p, reason in skipped])
+
+
+def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> RunConfig:
+    """The options of `saved` (the checkpoint `given.resume` names) with the run-local ones (and a new length)
+    from the command line.
+
+    Raises:
+        CheckpointError: a checkpoint of another kind, mode or model, or an option that differs.
+    """
+    if "fsdp" in explicit and not saved.sharded:
+        raise CheckpointError(f"--resume {given.resume} is a single-file checkpoint (last.pt) of a run without "
+                              "--fsdp; resume it without --fsdp, or start a new run with --fsdp")
+    meta = saved.meta()
+    stored_mode = meta["args"].get("mode")
+    if stored_mode != given.mode:
+        raise CheckpointError(f"{given.resume} is a {stored_mode} checkpoint; resume it with "
+                              f"`gradcache train {stored_mode} --resume ...`")
+    stored = RunConfig.from_dict(meta["args"])
+    for key in sorted(explicit - set(RUN_LOCAL) - set(LENGTH)):
+        if getattr(stored, key) != getattr(given, key):
+            kind = "a different model" if key in MODEL_FIELDS else "a run with different options"
+            raise CheckpointError(f"--resume {given.resume} holds {kind}: it was trained with "
+                                  f"--{key.replace('_', '-')} {getattr(stored, key)!r}, this command gives "
+                                  f"{getattr(given, key)!r}; drop the option to resume, or start a new run")
+    merged = dataclasses.replace(stored, **{key: getattr(given, key) for key in RUN_LOCAL})
+    if explicit & set(LENGTH):
+        merged = dataclasses.replace(merged, steps=given.steps, epochs=given.epochs)
+    if merged.output_dir is None:
+        merged = dataclasses.replace(merged, output_dir=str(saved.path.parent))
+    if saved.sharded != merged.fsdp:
+        raise CheckpointError(f"--resume {given.resume} is a sharded checkpoint but its run has no --fsdp; "
+                              "it was not written by gradcache train")
+    mode = MODES[merged.mode]
+    saved.check_fits(nn.ModuleDict({"model": build_model(mode, merged), "loss": mode.build_loss(merged)}))
+    return merged
+
+
+def check_length(config: RunConfig, saved: RunCheckpoint, train_size: int) -> None:
+    """A resumed run may be made longer, not shorter than the run it continues."""
+    before = saved.meta()["total_steps"]
+    after = config.total_steps(train_size)
+    if after < before:
+        given = f"--steps {config.steps}" if config.steps is not None else f"--epochs {config.epochs}"
+        raise CheckpointError(f"--resume {config.resume}: {given} gives {after} steps, fewer than the {before} the "
+                              f"run was set to; a resume may lengthen a run, not shorten it: give at least {before} "
+                              "steps, or drop the option")

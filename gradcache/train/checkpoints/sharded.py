@@ -1,0 +1,192 @@
+"""Sharded checkpoints (`last.dcp`) of `--fsdp` runs: torch.distributed.checkpoint folders that resume on any
+number of ranks, with a sha256 of every shard file and the same atomic replace as single-file checkpoints."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from gradcache import distributed
+from gradcache.train.checkpoints.atomic import (
+    EXTRA_FILE,
+    NO_SPACE,
+    is_sharded_folder,
+    read_checked,
+    save_checkpoint,
+)
+from gradcache.train.checkpoints.checksum import files_sha256
+from gradcache.train.errors import CheckpointError, DiskFull
+
+FILES_KEY = "files"  # in extra.pt: sha256 of every other file of the folder, checked by check_sharded_files
+
+
+def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 extra: dict[str, Any] | None = None, previous: str | os.PathLike | None = None) -> Path:
+    """Every rank writes its shards of `model` and `optimizer` to `folder` (torch.distributed.checkpoint).
+
+    `model` holds everything trained (encoders and loss, e.g. an `nn.ModuleDict`); `optimizer` steps exactly
+    its parameters. Keys are parameter names, not ranks, so `load_sharded` reads it on any number of ranks,
+    one process without a process group included. `extra` (step, arguments, scheduler; rank 0's copy is written,
+    with the saving `world_size` and the sha256 of every shard file, to `extra.pt` beside the shards) must load
+    with `weights_only=True`. The shards go to `<folder>.partial`, which rank 0 then renames into place, first
+    renaming the folder it replaces to `previous` (when given; else that one is deleted), so a crash mid-save
+    leaves a whole checkpoint. Call on every rank, with a folder every rank can reach.
+
+    Raises:
+        DiskFull: no space left for the shards (on any rank); the partial folder is removed.
+    """
+    folder = Path(folder)
+    partial = folder.with_name(folder.name + ".partial")
+    replaced = Path(previous) if previous is not None else folder.with_name(folder.name + ".old")
+    grouped = distributed.is_distributed()
+    leader = distributed.rank() == 0
+    if leader:
+        shutil.rmtree(partial, ignore_errors=True)  # what a crashed save left
+    if grouped:
+        dist.barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), no_dist=not grouped)
+        if leader:
+            files = files_sha256(partial)
+            save_checkpoint({**(extra or {}), "world_size": distributed.world_size(), FILES_KEY: files},
+                            partial / EXTRA_FILE)
+    except Exception as error:
+        if leader:
+            shutil.rmtree(partial, ignore_errors=True)
+        if _out_of_space(error) and not isinstance(error, DiskFull):
+            raise DiskFull(folder.parent, _folder_size(folder), shutil.disk_usage(folder.parent).free) from error
+        raise
+    if leader:
+        if folder.exists():
+            shutil.rmtree(replaced, ignore_errors=True)
+            os.replace(folder, replaced)  # until the next rename the run folder's resolver reads `previous`
+        os.replace(partial, folder)
+        if previous is None:
+            shutil.rmtree(replaced, ignore_errors=True)
+    if grouped:
+        dist.barrier()  # nobody reads the folder before it is whole
+    return folder
+
+
+def _out_of_space(error: BaseException | None) -> bool:
+    """An ENOSPC anywhere in `error`'s chain, or in the per-rank failures torch.distributed.checkpoint gathers."""
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return True
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict) and any(_out_of_space(getattr(f, "exc", f)) for f in failures.values()
+                                              if isinstance(getattr(f, "exc", f), BaseException)):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def _folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) if folder.is_dir() else 0
+
+
+def check_sharded_files(folder: str | os.PathLike) -> None:
+    """Raise CheckpointError unless `folder` is a whole sharded checkpoint: `extra.pt` passes its checksum, and
+    every shard file named in it is there with the sha256 it was written with (folders written before these
+    checksums are checked for `extra.pt` alone)."""
+    folder = _resolve_sharded(Path(folder))
+    expected = read_checked(folder / EXTRA_FILE).get(FILES_KEY)
+    if expected is None:
+        return
+    actual = files_sha256(folder, exclude=(EXTRA_FILE,))
+    for name, digest in expected.items():
+        if name not in actual:
+            raise CheckpointError(f"sharded checkpoint {str(folder)!r} lacks its file {name}")
+        if actual[name] != digest:
+            raise CheckpointError(f"sharded checkpoint {str(folder)!r}: {name} fails its checksum (truncated, or "
+                                  "changed after it was written)")
+
+
+def sharded_extra(folder: str | os.PathLike) -> dict[str, Any]:
+    """The `extra` of a `save_sharded` folder, without a model: what `--resume` needs to rebuild the run."""
+    folder = _resolve_sharded(Path(folder))
+    return _extra(folder)
+
+
+def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Read a `save_sharded` folder into `model` and `optimizer` (sharded or not, any number of ranks) and
+    return its `extra` (with the `world_size` that saved it). Call on every rank, after sharding and after
+    building the optimizer.
+
+    Raises:
+        CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
+    """
+    folder = _resolve_sharded(Path(folder))
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = _read(folder, {"model": model_state, "optimizer": optimizer_state})
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return _extra(folder)
+
+
+def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
+    """Read only the model of a `save_sharded` folder into `model` (sharded or a plain module in one process,
+    as `gradcache eval` needs) and return its `extra`; the optimizer state stays on disk.
+
+    Raises:
+        CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
+    """
+    folder = _resolve_sharded(Path(folder))
+    state = _read(folder, {"model": get_model_state_dict(model)})
+    set_model_state_dict(model, state["model"])
+    return _extra(folder)
+
+
+def check_sharded_model(folder: str | os.PathLike, model: nn.Module) -> None:
+    """Raise CheckpointError unless the sharded checkpoint `folder` holds every parameter of `model`."""
+    folder = _resolve_sharded(Path(folder))
+    _check_holds(folder, get_model_state_dict(model))
+
+
+def _check_holds(folder: Path, model_state: dict[str, Any]) -> None:
+    stored = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    missing = sorted(k for k in model_state if f"model.{k}" not in stored)
+    if missing:
+        raise CheckpointError(f"{str(folder)!r} does not hold parameters {missing[:5]}"
+                              f"{' and more' if len(missing) > 5 else ''}: it was saved from another model")
+    for key, value in model_state.items():
+        size = getattr(stored[f"model.{key}"], "size", None)  # tensors carry their global size, other entries none
+        if isinstance(value, torch.Tensor) and size is not None and tuple(size) != tuple(value.shape):
+            raise CheckpointError(f"{str(folder)!r} holds {key} of shape {tuple(size)}, the model has "
+                                  f"{tuple(value.shape)}: it was saved from another model")
+
+
+def _read(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Fill `state` (its "model" entry a model state dict) in place from `folder`, after checking that the folder
+    holds every parameter of that model."""
+    _check_holds(folder, state["model"])
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not distributed.is_distributed())
+    return state
+
+
+def _extra(folder: Path) -> dict[str, Any]:
+    """`extra.pt` as the caller of save_sharded gave it (with `world_size`), checked, without the shard checksums."""
+    return {k: v for k, v in read_checked(folder / EXTRA_FILE).items() if k != FILES_KEY}
+
+
+def _resolve_sharded(folder: Path) -> Path:
+    """`folder`, if it is a sharded checkpoint (choosing between `last.dcp` and `previous.dcp` is
+    `gradcache.train.checkpoints.kinds`'s)."""
+    if not is_sharded_folder(folder):
+        hint = (" it is a single-file checkpoint: resume without --fsdp" if folder.is_file()
+                else " give the folder that save_sharded wrote (it holds .metadata and extra.pt)")
+        raise CheckpointError(f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint;{hint}")
+    return folder

@@ -1,0 +1,2 @@
+"""Text data: rows of (query, positive, hard negatives) read from files (`pairs.py`), the built-in world
+(`world.py`), and the tokenised batches a step trains on (`batches.py`)."""

@@ -1,0 +1,85 @@
+"""The batches of `gradcache train text`: per step, the queries' tokens and their passages' tokens, grouped by query.
+
+Step s takes the rows that the run's StepSampler gives (a function of seed and step, so resume is exact). The
+passages of a batch of n queries with h hard negatives each are n (1 + h) texts in query order, each query's
+positive first: [p_1, n_1_1 .. n_1_h, p_2, n_2_1 ..]. Grouping by query keeps a chunk of c queries aligned with
+a chunk of c (1 + h) passages, so NaiveAccumulation's micro-batches hold whole queries and, under
+torch.distributed, the ranks' passages gathered by rank stay grouped by query.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from gradcache import losses
+from gradcache.train.data.order import StepSampler
+from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.preemption import ignore_stop_signals
+
+
+class QueryPassages(Dataset):
+    """Item (epoch, i): query i and its passages, positive first."""
+
+    def __init__(self, pairs: TextPairs) -> None:
+        self.pairs = pairs
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[str, list[str]]:
+        _, index = item
+        return self.pairs.queries[index], [self.pairs.positives[index], *self.pairs.negatives[index]]
+
+
+class TokenizeGroups:
+    """Tokenises a batch of items into [query tokens (n, L), passage tokens (n (1 + h), L')] (a class, not a
+    lambda, so worker processes can pickle it)."""
+
+    def __init__(self, tokenizer: Callable[[list[str]], dict[str, torch.Tensor]]) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, items: list[tuple[str, list[str]]]) -> list[dict[str, torch.Tensor]]:
+        queries = [query for query, _ in items]
+        passages = [passage for _, group in items for passage in group]
+        return [self.tokenizer(queries), self.tokenizer(passages)]
+
+
+def split_groups(passages: torch.Tensor, negatives_per_query: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(n (1 + h), D) passage embeddings grouped by query -> positives (n, D) and hard negatives (n h, D) or None."""
+    grouped = passages.view(-1, 1 + negatives_per_query, passages.shape[-1])  # (n, 1 + h, D)
+    negatives = grouped[:, 1:].reshape(-1, passages.shape[-1]) if negatives_per_query else None  # (n h, D)
+    return grouped[:, 0], negatives
+
+
+class GroupedInfoNCE(nn.Module):
+    """InfoNCE(query (n, D), passages (n (1 + h), D) grouped by query, positive first): every query against every
+    positive and hard negative of the batch, over all ranks when the strategy gathers them."""
+
+    def __init__(self, negatives_per_query: int, temperature: float, symmetric: bool = False,
+                 tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0) -> None:
+        super().__init__()
+        self.negatives_per_query = negatives_per_query
+        self.infonce = losses.InfoNCE(temperature=temperature, symmetric=symmetric, tile_size=tile_size,
+                                      queue_size=queue_size, queue_warmup=queue_warmup)
+
+    @property
+    def temperature(self) -> float:
+        return self.infonce.temperature
+
+    def forward(self, query: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
+        if passages.shape[0] != query.shape[0] * (1 + self.negatives_per_query):
+            raise ValueError(f"passages must hold {1 + self.negatives_per_query} rows per query (positive and "
+                             f"{self.negatives_per_query} hard negatives), got {passages.shape[0]} for "
+                             f"{query.shape[0]} queries")
+        positive, negatives = split_groups(passages, self.negatives_per_query)  # (n, D), (n h, D) or None
+        return self.infonce(query, positive, negatives)
+
+
+def text_batches(pairs: TextPairs, sampler: StepSampler, tokenizer: Callable, workers: int) -> DataLoader:
+    """A loader of [query tokens, passage tokens] per step, in the order `sampler` gives."""
+    return DataLoader(QueryPassages(pairs), batch_sampler=sampler, num_workers=workers,
+                      collate_fn=TokenizeGroups(tokenizer), persistent_workers=False,
+                      prefetch_factor=2 if workers else None, worker_init_fn=ignore_stop_signals)

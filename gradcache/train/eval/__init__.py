@@ -1,0 +1,3 @@
+"""Held-out evaluation with faiss: kNN, cross-modal recall and zero-shot accuracy for images (`images.py`),
+passage retrieval for text (`retrieval.py`). All scores are percentages.
+May import: torch, numpy, faiss, the data package; never the loop or the checkpoints."""

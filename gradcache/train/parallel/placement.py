@@ -1,0 +1,157 @@
+"""Where a run's parameters live: replicated on every rank (one process, or DDP under torchrun) or sharded
+block by block (`--fsdp`, FSDP2). Everything the loop would otherwise branch on for sharding is here.
+
+|                         | Replicated                          | Sharded (`--fsdp`)                               |
+|-------------------------|-------------------------------------|--------------------------------------------------|
+| process group           | torchrun's, if launched             | torchrun's, or a one-process group for the run   |
+| encoders                | DDP-wrapped when world size > 1     | `fully_shard` per block (optimizer built after)  |
+| checkpoint              | `last.pt`, written by rank 0        | `last.dcp`, every rank writes its shards         |
+| who evaluates           | rank 0                              | every rank: sharded forwards are collectives     |
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gradcache import distributed
+from gradcache.train.checkpoints.kinds import RunCheckpoint, run_checkpoint
+from gradcache.train.config import RunConfig
+from gradcache.train.errors import CollectiveFailure, UsageError
+
+
+def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0) -> None:
+    """Under `torchrun` (WORLD_SIZE > 1 in the environment) join the process group: NCCL on CUDA (this process's
+    GPU, cuda:LOCAL_RANK), else gloo; a collective that waits longer than `collective_timeout` seconds for a peer
+    fails (torch.distributed.DistError) instead of hanging.
+
+    Raises:
+        UsageError: `collective_timeout` is not a positive, finite number of seconds.
+    """
+    if not 0 < collective_timeout < math.inf:
+        raise UsageError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}; "
+                         "e.g. --collective-timeout 1800")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and not dist.is_initialized():
+        cuda = device.startswith("cuda")
+        if cuda and torch.cuda.is_available() and torch.device(device).index is None:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        timeout = datetime.timedelta(seconds=collective_timeout)
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        # torchrun keeps its store across --max-restarts: under the same keys, a restarted group would read the
+        # addresses its failed predecessor published and connect to dead ranks
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore(f"attempt_{attempt}", store),
+                                rank=rank, world_size=world_size, timeout=timeout)
+
+
+@contextlib.contextmanager
+def collective_failures(collective_timeout: float) -> Iterator[None]:
+    """Turn what a failed collective raises into CollectiveFailure, in a run over more than one rank: gloo raises
+    a plain RuntimeError (exactly that type: no narrower one exists) for a closed connection and for a timeout,
+    the other backends and the store a torch.distributed.DistError; NCCL's watchdog aborts the process instead.
+    Subclasses of RuntimeError (such as TrainingDiverged) pass through."""
+    try:
+        yield
+    except RuntimeError as error:
+        failed = type(error) is RuntimeError or isinstance(error, dist.DistError)
+        if not (failed and distributed.is_distributed() and distributed.world_size() > 1):
+            raise
+        text = str(error).strip()
+        first_line = text.splitlines()[0][:300] if text else ""
+        raise CollectiveFailure(
+            f"the step failed on rank {distributed.rank()} of {distributed.world_size()} ({type(error).__name__}: "
+            f"{first_line}). Where another rank died or froze, a collective fails like this, at once or after "
+            f"--collective-timeout {collective_timeout:g} s. Under torchrun --max-restarts N with --resume auto the "
+            "group restarts from the last checkpoint; if a rank was only slow (a long evaluation or save), raise "
+            "--collective-timeout") from error
+
+
+def device_of(name: str) -> torch.device:
+    """`--device cuda` under torchrun means this process's GPU, cuda:LOCAL_RANK."""
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and distributed.is_distributed():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    return device
+
+
+class Replicated:
+    """Every rank holds the whole model; DDP averages the gradients when there is more than one."""
+
+    sharded = False
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+
+    def process_group(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
+        """What the strategy encodes with (built before the optimizer)."""
+        if distributed.world_size() == 1:
+            return encoders
+        wrap = lambda e: nn.parallel.DistributedDataParallel(  # noqa: E731
+            e, device_ids=[device.index] if device.type == "cuda" else None)
+        return wrap(encoders) if isinstance(encoders, nn.Module) else [wrap(e) for e in encoders]
+
+    def evaluates(self) -> bool:
+        return distributed.rank() == 0
+
+    def gathered(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def checkpoint(self, output_dir: str | os.PathLike) -> RunCheckpoint:
+        return run_checkpoint(Path(output_dir), self.sharded)
+
+
+class Sharded(Replicated):
+    """Each encoder sharded block by block with FSDP2; the optimizer must be built over the shards."""
+
+    sharded = True
+
+    @contextlib.contextmanager
+    def process_group(self) -> Iterator[None]:
+        """Without torchrun, a one-process group (FSDP2 needs one even on one rank), ended on the way out."""
+        if distributed.is_distributed():
+            yield
+            return
+        backend = "cpu:gloo,cuda:nccl" if self.config.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
+        from gradcache.train.parallel.fsdp import shard_encoder
+
+        for encoder in [encoders] if isinstance(encoders, nn.Module) else encoders:
+            shard_encoder(encoder, cpu_offload=self.config.cpu_offload)
+        return encoders
+
+    def evaluates(self) -> bool:
+        return True
+
+    @contextlib.contextmanager
+    def gathered(self, model: nn.Module) -> Iterator[None]:
+        """Every FSDP unit of `model` unsharded (evaluation calls methods such as `embed`, which the forward
+        hooks of the root unit do not see); a collective, so every rank enters it."""
+        units = [m for m in model.modules() if callable(getattr(m, "set_requires_gradient_sync", None))]
+        for unit in units:
+            unit.unshard()
+        try:
+            yield
+        finally:
+            for unit in units:
+                unit.reshard()
+
+
+def placement_for(config: RunConfig) -> Replicated:
+    return Sharded(config) if config.fsdp else Replicated(config)

@@ -1,0 +1,3 @@
+"""What a run leaves in its output folder besides checkpoints: the lock that gives the folder to one job
+(`lock.py`) and the logs, metrics and curves (`log.py`).
+May import: the standard library, matplotlib, `gradcache.train.errors`."""

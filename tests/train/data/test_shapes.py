@@ -1,0 +1,42 @@
+import torch
+
+from gradcache.train.data.images.shapes import (
+    COLOURS,
+    SHAPE_NAMES,
+    TONES,
+    load_shapes,
+    render_shapes,
+)
+
+
+def test_same_seed_same_bytes_and_captions():
+    first, second = render_shapes(40, 16, seed=3), render_shapes(40, 16, seed=3)
+    assert torch.equal(first.images, second.images)
+    assert torch.equal(first.labels, second.labels)
+    assert first.captions == second.captions
+
+
+def test_different_seed_different_images():
+    assert not torch.equal(render_shapes(40, 16, seed=3).images, render_shapes(40, 16, seed=4).images)
+
+
+def test_caption_names_the_class_and_a_colour():
+    shapes = render_shapes(200, 16, seed=0)
+    for label, caption in zip(shapes.labels.tolist(), shapes.captions):
+        words = caption.split()
+        assert SHAPE_NAMES[label] == words[3]
+        assert words[2] in COLOURS and words[-2] in {name for name, _, _ in TONES}
+
+
+def test_not_trivial_every_class_and_many_distinct_captions():
+    shapes = render_shapes(600, 16, seed=1)
+    assert set(shapes.labels.tolist()) == set(range(len(SHAPE_NAMES)))
+    assert len(set(shapes.captions)) > 350
+    # the images vary in colour, not just in shape: the per-image mean colour is spread out
+    assert shapes.images.float().mean((2, 3)).std(0).min() > 20
+
+
+def test_train_and_test_splits_are_independent_draws():
+    splits = load_shapes(32, 16, 16, seed=0)
+    assert len(splits.train) == 32 and len(splits.test) == 16
+    assert not torch.equal(splits.train.images[:16], splits.test.images)

@@ -1,0 +1,53 @@
+"""One job per run folder: while a job holds a folder's lock, a second one exits 2 at once naming the holder;
+the lock goes with the holder's process, however it ends (SIGKILL included)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from gradcache.cli import main
+from gradcache.train import errors
+from gradcache.train.run_folder.lock import RunFolderLock
+from tests.multiprocess import run_on_ranks
+
+HOLD = ("import sys, time; from gradcache.train.run_folder.lock import RunFolderLock; "
+        "lock = RunFolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)")
+
+
+def test_a_second_job_on_a_locked_folder_exits_2_naming_the_holder(tmp_path, tiny_args, capsys):
+    assert main(tiny_args("simclr", tmp_path)) == 0
+    before = (tmp_path / "train_log.csv").read_bytes()
+    with RunFolderLock(tmp_path).acquire():  # a job running in the folder
+        for argv in (["train", "simclr", "--resume", str(tmp_path)],
+                     tiny_args("simclr", tmp_path, "--resume", "auto")):
+            assert main(argv) == errors.USAGE
+            err = capsys.readouterr().err
+            assert f"run folder {tmp_path} is in use by another job (pid {os.getpid()} on host " \
+                   f"{socket.gethostname()}, since " in err
+    assert (tmp_path / "train_log.csv").read_bytes() == before
+    assert main(["train", "simclr", "--resume", str(tmp_path), "--quiet"]) == 0  # released: the folder is free
+
+
+def test_the_lock_dies_with_its_holder(tmp_path, tiny_args, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(tiny_args("simclr", tmp_path)) == errors.USAGE
+        assert f"(pid {holder.pid} on host" in capsys.readouterr().err
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]  # the second job wrote nothing
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert main(tiny_args("simclr", tmp_path)) == 0
+
+
+def _train_on_rank(rank: int, world_size: int, argv: list[str]) -> int:
+    return main(argv)
+
+
+def test_every_rank_of_a_group_exits_2_when_rank_0_finds_the_folder_locked(tmp_path, tiny_args):
+    """Rank 0 takes the lock and tells the others: none of them waits for a rank that gave up."""
+    with RunFolderLock(tmp_path).acquire():
+        assert run_on_ranks(_train_on_rank, 2, tiny_args("simclr", tmp_path, "--threads", "1")) == [2, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]

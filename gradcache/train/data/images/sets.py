@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gradcache.train.data.held_out import held_out_order
+
 
 @dataclass
 class ImageSet:
@@ -66,18 +68,6 @@ class DataSplits:
     train: ImageSet
     test: ImageSet
     name: str
-
-
-def held_out_order(count: int, test_size: int, seed: int, items: str) -> torch.Tensor:
-    """A permutation of `count` items that depends only on `seed`; its first `test_size` are held out.
-
-    Raises:
-        ValueError: unless 0 < test_size < count (the message names `items` and the fix).
-    """
-    if not 0 < test_size < count:
-        raise ValueError(f"the held-out split needs 0 < --test-size < {count} {items}, got {test_size}; "
-                         f"pass a smaller --test-size or provide more {items}")
-    return torch.randperm(count, generator=torch.Generator().manual_seed(seed))
 
 
 def random_split(images: ImageSet, test_size: int, seed: int, name: str) -> DataSplits:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from gradcache.train.data.images.sets import held_out_order
+from gradcache.train.data.held_out import held_out_order
 from gradcache.train.errors import DataError
 
 SEPARATORS = {".tsv": "\t", ".csv": ","}

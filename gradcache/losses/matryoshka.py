@@ -31,7 +31,8 @@ class Matryoshka(nn.Module):
     Under GradCache and CachedLoss the sum is computed in phase (2) from the cached full-width embeddings: each
     chunk is still encoded twice, never once per dimension, and the gradient equals FullBatch's on every encoder
     parameter and on the inner loss's learnable temperature and bias (shared by every dimension, trained once).
-    Tiled inner losses (``tile_size``) work as they are. Cost: the inner loss once per dimension.
+    Tiled inner losses (``tile_size``) work as they are. Cost: the inner loss once per dimension. The inner
+    loss's own methods are reached through ``.loss`` (``loss_fn.loss.clamp_logit_scale()`` for CLIP).
 
     Queue: an inner loss with ``queue_size`` > 0 keeps ONE queue of full-width rows. Each call reads it once,
     hands each dimension its first d_k columns, and pushes the full-width rows once, after the whole sum (under

@@ -33,9 +33,8 @@ above, so the queue advances once per call of the wrapper, not once per dimensio
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -5,8 +5,8 @@ pushed once per call, against a queue kept by hand; bad input refused before any
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 import torch
@@ -97,7 +97,9 @@ def test_value_and_gradients_equal_the_sum_over_dims_of_the_formula(name, tiling
 
 def test_truncated_rows_are_what_sentence_transformers_shrink_hands_the_inner_loss():
     pytest.importorskip("sentence_transformers")
-    from sentence_transformers.sentence_transformer.losses.matryoshka import shrink as st_shrink
+    from sentence_transformers.sentence_transformer.losses.matryoshka import (
+        shrink as st_shrink,
+    )
 
     inner, dims, weights = ClipLoss(temperature=0.05).double(), (8, 5, 2), (1.0, 0.3, 0.6)
     image, text = CASES_BY_NAME["clip"].inputs(5, 8, seed=2)

@@ -4,7 +4,8 @@ negatives = 2 n - 2 (NT-Xent: 2n views, all but itself and its positive), n - 1 
 captions), n (1 + h) - 1 (InfoNCE with h hard negatives per query: every candidate of the batch but the
 positive), where n is what the loss sees at once: the global batch for GradCache and FullBatch, one
 micro-batch gathered over the ranks for NaiveAccumulation. A full queue of Q past embeddings
-(``queue_size``) adds Q to each: every anchor meets every queued row of its candidate side.
+(``queue_size``) adds Q to each: every anchor meets every queued row of its candidate side. A ``Matryoshka``
+loss counts as its inner loss: every dimension contrasts each anchor with the same negatives.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch import nn
 
 from gradcache.baselines import FullBatch, NaiveAccumulation
 from gradcache.cache import CachedLoss, GradCache
-from gradcache.losses import ClipLoss, InfoNCE, NTXent, SigLipLoss
+from gradcache.losses import ClipLoss, InfoNCE, Matryoshka, NTXent, SigLipLoss
 
 STRATEGY_NAMES = {"gradcache": GradCache, "cached_loss": CachedLoss, "full": FullBatch, "naive": NaiveAccumulation}
 LOSS_NAMES = {"ntxent": NTXent, "clip": ClipLoss, "siglip": SigLipLoss, "infonce": InfoNCE}
@@ -41,7 +42,8 @@ def negatives_per_anchor(
 
     Args:
         strategy: "gradcache", "cached_loss", "full" or "naive" (or the class, or an instance).
-        loss: "ntxent", "clip", "siglip" or "infonce" (or the class, or an instance).
+        loss: "ntxent", "clip", "siglip" or "infonce" (or the class, or an instance, or a ``Matryoshka``
+            instance wrapping one: its inner loss decides).
         batch_size: the global batch: examples (pairs, images) summed over every rank.
         chunk_size: examples per chunk on one rank; only "naive" reads it (its loss sees one micro-batch of
             every rank), None meaning the whole per-rank batch.
@@ -61,6 +63,8 @@ def negatives_per_anchor(
         4158
     """
     strategy_name = _name_of(strategy, STRATEGY_NAMES, "strategy")
+    if isinstance(loss, Matryoshka):
+        loss = loss.loss
     loss_name = _name_of(loss, LOSS_NAMES, "loss")
     for name, value in (("batch_size", batch_size), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -78,6 +78,16 @@ def test_a_full_queue_adds_its_rows_to_every_anchor(strategy, loss, hard):
     assert counts[0] == gradcache.negatives_per_anchor(strategy, loss, 12, 4, 1, hard)  # the empty queue
 
 
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_matryoshka_loss_counts_as_its_inner_loss(strategy):
+    """Every dim's logits (the last recorded: the narrowest) hold the inner loss's count, queue included."""
+    counts: list[int] = []
+    wrapped = losses.Matryoshka(losses.InfoNCE(queue_size=9), dims=(5, 3, 1))
+    _step(strategy, "infonce", 12, 4, 2, counts, loss_fn=wrapped, steps=3)
+    assert counts[-1] == gradcache.negatives_per_anchor(strategy, wrapped, 12, 4, 1, 2, queue_size=9)
+    assert counts[0] == gradcache.negatives_per_anchor(strategy, wrapped, 12, 4, 1, 2)
+
+
 def test_the_trainer_default_under_accumulation():
     """`gradcache train --strategy naive` at batch 128, chunk 32: 62 negatives per anchor, not 254."""
     counts: list[int] = []

@@ -23,16 +23,23 @@ Saved state: the buffers ``rows`` (size, D), ``pointer`` (next row to overwrite)
 ``calls`` (calls counted), so the queue moves with ``.to()`` and travels in ``state_dict()`` and checkpoints.
 D is unknown until the first call, so a fresh queue holds a (0, 0) ``rows`` placeholder and
 ``_load_from_state_dict`` adopts the saved shape: ``load_state_dict`` on a fresh loss accepts a saved queue.
+
+Several calls as one (``SharedQueueCall``): a wrapper that calls its loss several times on column prefixes of
+the same embeddings (``Matryoshka``, once per dimension) keeps ONE queue of full-width rows. Inside the block
+each queue's ``contents`` is read once, on the first call, and cut to each call's width; ``push`` records the
+first call's rows instead of enqueuing them; the wrapper then pushes their full-width rows once, under the rules
+above, so the queue advances once per call of the wrapper, not once per dimension.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["EmbeddingQueue", "check_queue_options", "make_queue", "queued_negatives"]
+__all__ = ["EmbeddingQueue", "SharedQueueCall", "check_queue_options", "make_queue", "queued_negatives"]
 
 
 def _check_count(value: object, name: str) -> int:
@@ -84,6 +91,7 @@ class EmbeddingQueue(nn.Module):
     pointer: torch.Tensor
     count: torch.Tensor
     calls: torch.Tensor
+    _shared: _SharedState | None = None  # set only inside a SharedQueueCall block (a class default: old pickles)
 
     def __init__(self, size: int, warmup: int = 0) -> None:
         super().__init__()
@@ -104,7 +112,12 @@ class EmbeddingQueue(nn.Module):
         return int(self.calls) >= self.warmup
 
     def check_width(self, width: int, option: str = "queue_size") -> None:
-        """Raise ValueError, touching nothing, if the queue already holds rows of another width than ``width``."""
+        """Raise ValueError, touching nothing, if the queue already holds rows of another width than ``width``.
+
+        Inside a ``SharedQueueCall`` the full width was checked on entry and any narrower width is a prefix of it.
+        """
+        if self._shared is not None and width <= self._shared.width:
+            return
         if self.rows.numel() and self.rows.shape[1] != width:
             raise ValueError(
                 f"{option}: the queue holds embeddings of width {self.rows.shape[1]} (from earlier calls or a loaded "
@@ -114,8 +127,16 @@ class EmbeddingQueue(nn.Module):
             )
 
     def contents(self, like: torch.Tensor) -> torch.Tensor | None:
-        """(count, D) queued rows, oldest first, on ``like``'s device and dtype; None when empty or warming up."""
+        """(count, D) queued rows, oldest first, on ``like``'s device and dtype; None when empty or warming up.
+
+        Inside a ``SharedQueueCall``: the rows read on the block's first call, cut to ``like``'s width (count, d).
+        """
         self.check_width(like.shape[1])
+        if self._shared is not None:
+            return self._shared.contents(self, like)
+        return self._read(like)
+
+    def _read(self, like: torch.Tensor) -> torch.Tensor | None:
         filled = int(self.count)
         if not self.active or not filled:
             return None
@@ -129,8 +150,12 @@ class EmbeddingQueue(nn.Module):
     def push(self, loss: torch.Tensor, *embeddings: torch.Tensor) -> None:
         """Enqueue ``embeddings`` (stacked, detached) if gradients are on and ``loss`` is finite; else nothing.
 
-        The finiteness check reads one value from the device (one synchronisation per call).
+        The finiteness check reads one value from the device (one synchronisation per call). Inside a
+        ``SharedQueueCall`` it only records the first call's ``embeddings``, for the block's one push.
         """
+        if self._shared is not None:
+            self._shared.record(embeddings)
+            return
         if not torch.is_grad_enabled() or not bool(torch.isfinite(loss.detach())):
             return
         with torch.no_grad():
@@ -178,3 +203,72 @@ class EmbeddingQueue(nn.Module):
             self._resize(torch.empty(saved.shape, dtype=saved.dtype, device=self.rows.device))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+
+class _SharedState:
+    """One queue's side of a ``SharedQueueCall``: its rows as read once, and the rows its first call pushed."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.read = False
+        self.rows: torch.Tensor | None = None  # (count, width), a copy: never written in place
+        self.pushed: tuple[torch.Tensor, ...] | None = None
+
+    def contents(self, queue: EmbeddingQueue, like: torch.Tensor) -> torch.Tensor | None:
+        if not self.read:
+            self.rows, self.read = queue._read(like), True
+        return None if self.rows is None else self.rows[:, : like.shape[1]]  # (count, d): the first d columns
+
+    def record(self, embeddings: tuple[torch.Tensor, ...]) -> None:
+        if self.pushed is None:  # every call pushes the same rows, cut to another width: keep the first
+            self.pushed = embeddings
+
+
+class SharedQueueCall:
+    """Several calls of ``loss`` on column prefixes of the same (N, width) embeddings, seen by its queues as one.
+
+        queue rows read once (full width), each call given their first d columns; one push of full-width rows
+
+    Inside the block each ``EmbeddingQueue`` of ``loss`` returns, from ``contents(like)``, the rows it held on
+    entry cut to ``like``'s width, and records what the first call pushes instead of enqueuing it. ``push(value)``,
+    called once at the end, enqueues those rows mapped back to full width by ``widen`` under the queue's usual
+    rules (gradients on, ``value`` finite). Leaving the block without ``push`` (an error in a call) leaves every
+    queue as it was.
+
+    Args:
+        loss: the module whose queues (every ``EmbeddingQueue`` among its modules) are shared.
+        width: the full embedding width; a queue already holding rows of another width raises on entry.
+        widen: maps a tensor that ``loss`` pushed on the first call (a prefix view of an input) to its full-width
+            (N, width) rows.
+
+    Raises:
+        ValueError: a queue of ``loss`` holds rows of another width than ``width`` (on entry, nothing changed).
+
+    Example:
+        >>> with SharedQueueCall(inner, width=64, widen=full_rows_of) as shared:
+        ...     total = inner(query[:, :64], positive[:, :64]) + inner(query[:, :32], positive[:, :32])
+        ...     shared.push(total)
+    """
+
+    def __init__(self, loss: nn.Module, width: int,
+                 widen: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.queues = [m for m in loss.modules() if isinstance(m, EmbeddingQueue)]
+        self.width, self.widen = width, widen
+
+    def __enter__(self) -> SharedQueueCall:
+        for queue in self.queues:  # every width checked before any queue changes mode
+            queue.check_width(self.width)
+        for queue in self.queues:
+            queue._shared = _SharedState(self.width)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for queue in self.queues:
+            queue._shared = None
+
+    def push(self, value: torch.Tensor) -> None:
+        """Enqueue, once, the full-width rows of what the first call pushed into each queue."""
+        for queue in self.queues:
+            state, queue._shared = queue._shared, None
+            if state is not None and state.pushed is not None:
+                queue.push(value, *(self.widen(e) for e in state.pushed))

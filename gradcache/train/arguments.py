@@ -9,7 +9,8 @@ from typing import Any
 
 from gradcache.distributed import FSDP_REDUCE_MODES
 from gradcache.train.config import RunConfig
-from gradcache.train.modes import MODES, Mode
+from gradcache.train.modes import Mode
+from gradcache.train.modes.base import OptionGroups
 from gradcache.train.optim.optimizers import LR_SCALINGS, OPTIMIZERS
 from gradcache.train.strategies import PRECISIONS, STRATEGIES
 
@@ -30,9 +31,6 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
     default: Callable[[str], Any] = lambda name: mode.defaults.get(name, _FIELD_DEFAULTS[name])  # noqa: E731
     data = parser.add_argument_group("data")
     data.add_argument("--data", default=default("data"), help=f"{mode.built_in_help} or {mode.path_data}")
-    if mode.images:
-        data.add_argument("--image-size", type=int, default=default("image_size"),
-                          help="images are decoded or rendered at this side")
     data.add_argument("--train-size", type=int, default=default("train_size"),
                       help=f"built-in data: training {mode.items}")
     data.add_argument("--test-size", type=int, default=default("test_size"), help=f"{mode.items} held out for evaluation")
@@ -47,14 +45,6 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                       "(default: CPU cores minus --workers, at least 1)")
 
     model = parser.add_argument_group("model")
-    if mode.images:
-        model.add_argument("--model", default=default("model"), help=mode.model_help)
-        model.add_argument("--width", type=int, default=default("width"), help="convnet: channels of the first stage")
-        model.add_argument("--norm", default=default("norm"), choices=["group", "batch"], help="convnet/resnet "
-                           "normalisation (group: per-example, exact under gradcache; the convnet standardises its "
-                           "conv weights with it; batch: per-chunk statistics under gradcache/naive)")
-        model.add_argument("--projection-dim", type=int, default=default("projection_dim"),
-                           help="embedding size of the loss")
     model.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
 
     run = parser.add_argument_group("optimisation")
@@ -119,12 +109,8 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                         help="save the checkpoint every N steps and at the end")
     output.add_argument("--eval-every", type=int, default=default("eval_every"),
                         help="evaluate every N steps (0: at start and end only)")
-    if mode.images:
-        output.add_argument("--knn-k", type=int, default=default("knn_k"), help="kNN evaluation: neighbours")
-        output.add_argument("--knn-temperature", type=float, default=default("knn_temperature"),
-                            help="kNN evaluation: vote temperature")
     output.add_argument("--quiet", action="store_true", help="no progress bar")
-    mode.add_options(data, model, run, default)
+    mode.add_options(OptionGroups(data, model, run, output), default)
 
 
 def explicit_options(mode: Mode, argv: list[str]) -> set[str]:

@@ -22,8 +22,8 @@ from gradcache import distributed, negatives_per_anchor
 from gradcache.losses.queue import queued_negatives
 from gradcache.train.checkpoints.kinds import RunCheckpoint
 from gradcache.train.config import RunConfig
-from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.order import StepSampler
+from gradcache.train.data.splits import Splits
 from gradcache.train.errors import Preempted, TrainingDiverged
 from gradcache.train.modes import MODES
 from gradcache.train.parallel.placement import Replicated, placement_for
@@ -34,7 +34,7 @@ from gradcache.train.run_folder.log import RunLog
 __all__ = ["train", "TrainingDiverged", "Preempted"]
 
 
-def train(config: RunConfig, saved: RunCheckpoint | None = None, data: DataSplits | None = None) -> dict[str, Any]:
+def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | None = None) -> dict[str, Any]:
     """Run (or, given `saved`, continue) training; return the run summary also written to metrics.json.
 
     Raises:
@@ -49,7 +49,7 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: DataSplit
                       signals)
 
 
-def _train(config: RunConfig, saved: RunCheckpoint | None, data: DataSplits, placement: Replicated,
+def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placement: Replicated,
            signals: StopSignals) -> dict[str, Any]:
     rank, world_size = distributed.rank(), distributed.world_size()
     run = Run(config, data, placement, saved)  # step 0 evaluated, or the checkpoint loaded; nothing written

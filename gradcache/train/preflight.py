@@ -26,7 +26,7 @@ from gradcache.train.checkpoints.resume import (
 )
 from gradcache.train.config import RunConfig
 from gradcache.train.data.images.files import check_bad_share
-from gradcache.train.data.images.sets import DataSplits
+from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.modes import MODES
 from gradcache.train.run_folder.lock import (
@@ -44,7 +44,7 @@ NOT_NEGATIVE = ("warmup", "weight_decay", "workers", "eval_every")
 
 
 def prepare_run(given: RunConfig, explicit: set[str]
-                ) -> tuple[RunConfig, RunCheckpoint | None, DataSplits, contextlib.AbstractContextManager]:
+                ) -> tuple[RunConfig, RunCheckpoint | None, Splits, contextlib.AbstractContextManager]:
     """Check the options, take the output folder (its lock: see gradcache/train/run_folder/lock.py), merge a resume
     checkpoint and load the data; return them with the folder's lock, which the caller holds while it trains.
     A check that fails releases the lock and writes nothing (a folder it created is removed again)."""
@@ -84,7 +84,7 @@ def _output_folder(given: RunConfig, explicit: set[str]) -> Path:
     return output
 
 
-def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckpoint | None, DataSplits]:
+def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckpoint | None, Splits]:
     found = choose_checkpoint(given.resume, given.output_dir) if given.resume is not None else None
     saved = found.chosen if found is not None else None
     config = merge_resume(given, explicit, saved) if saved is not None else dataclasses.replace(given, resume=None)

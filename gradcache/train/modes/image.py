@@ -1,0 +1,58 @@
+"""What the image modes (SimCLR, CLIP) share: the image options, the `--model` presets of gradcache.models
+(modes/backbone.py), and the data: a built-in image set by name or a path in the mode's own format."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gradcache.train.config import RunConfig
+from gradcache.train.data.images.files import BUILT_IN_DATA
+from gradcache.train.data.images.sets import DataSplits
+from gradcache.train.errors import DataError
+from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
+from gradcache.train.modes.base import Mode, OptionGroups
+
+
+class ImageMode(Mode):
+    """A mode that trains an image encoder on images decoded to `--image-size`; subclasses read a path with
+    `load_path` and may add to the options with `add_image_mode_options`."""
+
+    items = "images"
+    model_help: str = BACKBONE_HELP  # what --model names in this mode
+    built_in_help = f"a built-in data set ({', '.join(BUILT_IN_DATA)}: procedural shapes, scikit-learn's digits)"
+
+    def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
+        groups.data.add_argument("--image-size", type=int, default=default("image_size"),
+                                 help="images are decoded or rendered at this side")
+        groups.model.add_argument("--model", default=default("model"), help=self.model_help)
+        groups.model.add_argument("--width", type=int, default=default("width"),
+                                  help="convnet: channels of the first stage")
+        groups.model.add_argument("--norm", default=default("norm"), choices=["group", "batch"],
+                                  help="convnet/resnet normalisation (group: per-example, exact under gradcache; the "
+                                  "convnet standardises its conv weights with it; batch: per-chunk statistics under "
+                                  "gradcache/naive)")
+        groups.model.add_argument("--projection-dim", type=int, default=default("projection_dim"),
+                                  help="embedding size of the loss")
+        groups.output.add_argument("--knn-k", type=int, default=default("knn_k"), help="kNN evaluation: neighbours")
+        groups.output.add_argument("--knn-temperature", type=float, default=default("knn_temperature"),
+                                   help="kNN evaluation: vote temperature")
+        self.add_image_mode_options(groups, default)
+
+    def add_image_mode_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
+        """The options of this image mode alone."""
+
+    def check_model(self, config: RunConfig) -> None:
+        check_backbone(config)
+
+    def load_data(self, config: RunConfig) -> DataSplits:
+        """A built-in data set by name (`BUILT_IN_DATA`), or a path in this mode's format."""
+        if config.data in BUILT_IN_DATA:
+            return BUILT_IN_DATA[config.data](config)
+        if not Path(config.data).exists():
+            raise DataError(f"--data {config.data!r} does not exist; give {' or '.join(map(repr, BUILT_IN_DATA))}, "
+                            f"or {self.path_data}")
+        return self.load_path(Path(config.data), config)
+
+    def load_path(self, path: Path, config: RunConfig) -> DataSplits:
+        raise NotImplementedError

@@ -59,7 +59,8 @@ def check_guide(guide: object, inputs: Sequence[torch.Tensor]) -> list[torch.Ten
         if tensor.shape[0] != embeddings.shape[0]:
             raise ValueError(
                 f"{name} has {tensor.shape[0]} rows but its input has {embeddings.shape[0]}; row k of each guide "
-                f"tensor must embed the same text as row k of the input"
+                f"tensor must embed the same text as row k of the input (under torch.distributed with gathered "
+                f"embeddings, gather the guide's rows too, in rank order)"
             )
     return [tensor.detach() for tensor in guide]
 

@@ -25,12 +25,15 @@ def strategy_grads(loss_fn: nn.Module, inputs: list[torch.Tensor], chunk_size: i
     """Every encoder and loss parameter's gradient after one step of each strategy, from the same weights."""
     torch.manual_seed(0)
     encoder = mlp(10, 16, 6, dropout=0.1).double()
+    # Negatives split with their queries (chunk_size * h rows), so naive micro-batch k is queries k and theirs.
+    per_query = [t.shape[0] // inputs[0].shape[0] for t in inputs]
+    chunk_sizes = [chunk_size * rows for rows in per_query]
     results = {}
     strategies = {
         "full": lambda: FullBatch(encoder, loss_fn),
-        "gradcache": lambda: GradCache(encoder, loss_fn, chunk_size),
-        "cached_loss": lambda: CachedLoss(encoder, loss_fn, chunk_size),
-        "naive": lambda: NaiveAccumulation(encoder, loss_fn, chunk_size),
+        "gradcache": lambda: GradCache(encoder, loss_fn, chunk_sizes),
+        "cached_loss": lambda: CachedLoss(encoder, loss_fn, chunk_sizes),
+        "naive": lambda: NaiveAccumulation(encoder, loss_fn, chunk_sizes),
     }
     for name, make in strategies.items():
         if name == "naive" and loss_kwargs:

@@ -32,9 +32,14 @@ _SAME_TYPE = ("query_to_query", "doc_to_doc", "positive_to_positive")  # blocks 
 
 
 def check_directions(directions: object) -> tuple[str, ...]:
-    """Return ``directions`` as a tuple of distinct known names that includes "query_to_doc"; raise otherwise."""
+    """Return ``directions`` as a tuple of distinct known names that includes "query_to_doc".
+
+    Raises:
+        TypeError: ``directions`` is a string or not a sequence.
+        ValueError: an unknown or repeated name, or no "query_to_doc".
+    """
     if isinstance(directions, str) or not isinstance(directions, Sequence):
-        raise ValueError(
+        raise TypeError(
             f"directions must be a tuple of names from {DIRECTIONS}, got {directions!r}; for one direction write "
             f"('query_to_doc',)"
         )

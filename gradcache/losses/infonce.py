@@ -85,7 +85,8 @@ class InfoNCE(nn.Module):
             width differs from the queue's, an unknown similarity, direction, partition_mode, hardness_mode or
             margin_strategy, ``symmetric`` beside ``directions``/``partition_mode``, an option the tiles or the
             queue do not support, a guide that does not match the inputs.
-        TypeError: a non-tensor or non-floating input, a non-int queue_size, a guide that is not a tuple.
+        TypeError: a non-tensor or non-floating input, a non-int queue_size, directions given as one string, a
+            guide that is not a tuple.
 
     Example:
         >>> loss_fn = InfoNCE(temperature=0.05, directions=("query_to_doc", "query_to_query"))

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 pytest.importorskip("sentence_transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
-from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss, MultipleNegativesRankingLoss  # noqa: E402
-from sentence_transformers.util import dot_score  # noqa: E402
+from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss, MultipleNegativesRankingLoss
+from sentence_transformers.util import dot_score
 
 
 def st_columns(query, positive, negatives):

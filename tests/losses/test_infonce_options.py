@@ -89,7 +89,6 @@ def test_gradcache_equals_the_full_batch(options):
 
 @pytest.mark.parametrize("options, match", [
     (dict(directions=("query_to_query",)), r"directions must include 'query_to_doc'"),
-    (dict(directions="query_to_doc"), r"directions must be a tuple of names"),
     (dict(directions=("query_to_doc", "doc_to_queries")), r"unknown names \['doc_to_queries'\]"),
     (dict(directions=("query_to_doc", "query_to_doc")), r"lists a name twice"),
     (dict(directions=ALL, partition_mode="per_direction"), r"\['query_to_query', 'doc_to_doc'\] score only"),
@@ -104,6 +103,11 @@ def test_gradcache_equals_the_full_batch(options):
 def test_bad_options_are_refused(options, match):
     with pytest.raises(ValueError, match=match):
         InfoNCE(**options)
+
+
+def test_directions_as_one_string_is_a_type_error():
+    with pytest.raises(TypeError, match=r"directions must be a tuple of names .* write \('query_to_doc',\)"):
+        InfoNCE(directions="query_to_doc")
 
 
 @pytest.mark.parametrize("options, named", [

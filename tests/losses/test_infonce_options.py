@@ -40,8 +40,9 @@ def _value_and_grads(loss_fn, rows):
 
 @pytest.mark.parametrize("hardness_mode, hardness_strength", HARDNESS)
 @pytest.mark.parametrize("directions, partition_mode", SETTINGS)
-@pytest.mark.parametrize("similarity, temperature", [("cosine", 0.05), ("dot", 1.0)])
-@pytest.mark.parametrize("n, hard_negatives", [(5, 0), (4, 2), (1, 1)])
+@pytest.mark.parametrize("n, hard_negatives, similarity, temperature", [
+    (5, 0, "cosine", 0.05), (4, 2, "cosine", 0.05), (3, 1, "dot", 1.0), (1, 1, "cosine", 0.05),
+])
 def test_equals_multiple_negatives_ranking_loss(n, hard_negatives, similarity, temperature, directions,
                                                 partition_mode, hardness_mode, hardness_strength):
     rows = _rows(n, hard_negatives, seed=n * 10 + hard_negatives)

@@ -9,7 +9,6 @@ from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
 from gradcache.distributed import gather_sizes, gradient_sync, is_distributed
-from gradcache.inputs import split
 from gradcache.precision import autocast_off_everywhere
 from gradcache.strategy import Strategy
 
@@ -61,7 +60,7 @@ class NaiveAccumulation(Strategy):
         """Forward and backward per micro-batch; accumulate into `.grad`; return the mean micro-batch loss."""
         self.require_grad_enabled()
         self.check_inputs(inputs)
-        chunks = [split(v, self.chunk_size_for(i), self.options["split_fn"]) for i, v in enumerate(inputs)]
+        chunks = [self.split(i, v) for i, v in enumerate(inputs)]
         count = self._micro_batch_count(chunks)
         warn_if_batchnorm_in_chunks(self.all_encoders())
         encoders = self.all_encoders()

@@ -460,3 +460,15 @@ def test_chunk_tokens_refuses_an_embedding_without_one_row_per_example():
     with pytest.raises(TypeError, match="12 rows for 6 examples; chunk_tokens sorts the examples"):
         step()
     assert all(p.grad is None for p in encoder.parameters())
+
+
+def test_the_same_encoder_listed_twice_is_a_shared_encoder():
+    """luyug's tied encoder, `models=[encoder, encoder]`: the full-batch gradient, as for one shared module."""
+    torch.manual_seed(12)
+    encoder, loss = mlp().double().eval(), ClipLoss(temperature=0.1, learnable=True).double()
+    batch = tuple(torch.randn(2, 7, 10, dtype=torch.float64))
+    want_loss, want = full_batch_grads(encoder, loss, batch)
+    zero(encoder, loss)
+    got_loss = GradCache([encoder, encoder], loss, 3).step(*batch)
+    assert torch.allclose(got_loss, want_loss, rtol=1e-12)
+    assert_grads_close(grads_of(encoder, loss), want, 1e-12)

@@ -133,6 +133,7 @@ def all_cases_worker(rank, world_size):
         "uneven": uneven_worker(rank, world_size, (slice(0, 7), slice(7, GLOBAL))),
         "gather": gather_worker(rank, world_size),
         "held_no_sync": held_no_sync_worker(rank, world_size, half),
+        "two_embeddings": two_embeddings_worker(rank, world_size, half),
         "wrapped": {(m, v): wrapped_worker(rank, world_size, m, half, VARIANTS.get(v, {}))
                     for m in ("two_tower", "shared") for v in ["plain", *variant_names(m)]},
     }
@@ -192,6 +193,52 @@ def uneven_worker(rank, world_size, slices):
     except ValueError as error:
         result["naive_error"] = str(error)
     return result
+
+
+class TwoEmbeddings(nn.Module):
+    """A text tower returning a tuple: a pooled embedding (B, 6) and two half-width rows per example (2B, 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.text = TokenEncoder()
+
+    def forward(self, input_ids, attention_mask):
+        pooled = self.text(input_ids, attention_mask)
+        return pooled, torch.tanh(pooled).reshape(-1, 3)
+
+
+def two_embeddings_setup():
+    image, _, clip = two_tower_model()
+    torch.manual_seed(6)
+    text = TwoEmbeddings().eval()
+
+    def loss(image_embedding, pooled, halves):  # (N, 6), (N, 6), (2N, 3): each gathered over ranks on its own
+        return clip(image_embedding, pooled) + 0.5 * clip(image_embedding[:, :3].repeat_interleave(2, 0), halves)
+
+    return image, text, clip, loss
+
+
+def two_embeddings_worker(rank, world_size, slices):
+    """An encoder returning several embeddings, one loss argument each, under DDP: each gathered by its own rows."""
+    results = {}
+    for name in ("gradcache", "cached"):
+        image, text, clip, loss = two_embeddings_setup()
+        towers = [DistributedDataParallel(image), DistributedDataParallel(text)]
+        value = one_step(name, towers, loss, [rows(b, slices[rank]) for b in two_tower_batch()], 4)
+        results[name] = {"loss": value, "grads": grads(image, text, clip)}
+    return results
+
+
+@pytest.mark.parametrize("name", ["gradcache", "cached"])
+def test_several_embeddings_per_encoder_under_ddp_equal_one_process(ranks, name):
+    image, text, clip, loss = two_embeddings_setup()
+    want_loss = FullBatch([image, text], loss).step(*two_tower_batch())
+    want = grads(image, text, clip)
+    for rank_result in ranks:
+        got = rank_result["two_embeddings"][name]
+        assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
+        assert_grads_close(got["grads"], want, 1e-5)
+        assert torch.allclose(got["grads"]["2.logit_scale"], want["2.logit_scale"], rtol=1e-4)
 
 
 SECOND_BATCH_SEED = 5

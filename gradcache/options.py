@@ -29,7 +29,7 @@ class Options(TypedDict, total=False):
         type the library does not know; for a tensor, mapping or sequence it replaces the split along dim 0), or
         one per input with None where the library splits (`[None, split_pairs]`). Not with `chunk_tokens` on the
         same input. FullBatch ignores it.
-    trim_padding: drop trailing all-padding columns per chunk of a mapping input with an `attention_mask`.
+    trim_padding: drop trailing all-padding columns per chunk of a mapping (or pair) input with an `attention_mask`.
         Exact only for encoders that ignore masked positions, which cannot be checked: off by default.
     autocast_dtype: torch.bfloat16 or torch.float16 to run the encoders under autocast; the loss and the
         embedding gradients stay in float32.

@@ -96,7 +96,7 @@ class Strategy:
 
     def split_fn_for(self, index: int) -> SplitFn | None:
         split_fn = self.options["split_fn"]
-        return split_fn[index] if isinstance(split_fn, Sequence) else split_fn
+        return split_fn if split_fn is None or callable(split_fn) else split_fn[index]
 
     def split(self, index: int, value: Any) -> list[Any]:
         """Input `index` in chunks of its chunk size, by its `split_fn` where one is given."""
@@ -135,7 +135,7 @@ class Strategy:
                 "it does not apply) or a single int."
             )
         split_fn = self.options["split_fn"]
-        if isinstance(split_fn, Sequence) and len(split_fn) != len(inputs):
+        if not (split_fn is None or callable(split_fn)) and len(split_fn) != len(inputs):
             raise ValueError(
                 f"split_fn has {len(split_fn)} entries for {len(inputs)} inputs; give one per input (None where the "
                 "library splits) or a single callable."

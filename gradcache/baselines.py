@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -10,7 +9,6 @@ from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
 from gradcache.distributed import gather_sizes, gradient_sync, is_distributed
-from gradcache.inputs import split
 from gradcache.precision import autocast_off_everywhere
 from gradcache.strategy import Strategy
 
@@ -62,18 +60,21 @@ class NaiveAccumulation(Strategy):
         """Forward and backward per micro-batch; accumulate into `.grad`; return the mean micro-batch loss."""
         self.require_grad_enabled()
         self.check_inputs(inputs)
-        chunks = [split(v, self.chunk_size_for(i), self.options["split_fn"]) for i, v in enumerate(inputs)]
+        chunks = [self.split(i, v) for i, v in enumerate(inputs)]
         count = self._micro_batch_count(chunks)
         warn_if_batchnorm_in_chunks(self.all_encoders())
         encoders = self.all_encoders()
         losses = []
-        with _gradients_restored_on_error(self._parameters()):
+        with _HeldGradients(self._parameters()) as held:
             for k in range(count):
+                last = k == count - 1
                 with contextlib.ExitStack() as sync:
                     for encoder in encoders:  # synchronise once, on the last micro-batch
-                        sync.enter_context(gradient_sync(encoder, k == count - 1, self.options["fsdp_reduce"]))
+                        sync.enter_context(gradient_sync(encoder, last, self.options["fsdp_reduce"]))
                     embeddings = self.embed([c[k] for c in chunks])  # micro-batch k: chunk k of every input
                     loss = self.loss_over(embeddings, loss_kwargs, f" (micro-batch {k + 1} of {count})")
+                    if last:  # the synchronising backward all-reduces .grad whole, earlier steps' share included
+                        held.add_back()
                     with running_stats_frozen(encoders), autocast_off_everywhere():
                         self.scaled(loss / count).backward()
                 losses.append(loss.detach())
@@ -108,20 +109,34 @@ class NaiveAccumulation(Strategy):
         return list(unique.values())
 
 
-@contextlib.contextmanager
-def _gradients_restored_on_error(parameters: list[nn.Parameter]) -> Iterator[None]:
-    """Accumulate this step into fresh `.grad`s, then add back the ones held before; on an error (a
-    non-finite loss in micro-batch 3 of 4, say) put back exactly the `.grad`s held before the step.
-    Costs nothing when the caller zeroed gradients with set_to_none (the default)."""
-    held = [p.grad for p in parameters]
-    for p in parameters:
-        p.grad = None
-    try:
-        yield
-    except BaseException:
-        for p, grad in zip(parameters, held):
-            p.grad = grad
-        raise
-    for p, grad in zip(parameters, held):
-        if grad is not None:
-            p.grad = grad if p.grad is None else p.grad.add_(grad)
+class _HeldGradients:
+    """The `.grad`s held before a step, set aside while its first micro-batches accumulate into fresh ones and
+    added back (`add_back`) just before the last micro-batch's backward, the one that synchronises: a caller
+    accumulating over steps under its own DDP `no_sync` has its earlier steps' gradients all-reduced with this
+    one's, as in plain DDP accumulation. On an error (a non-finite loss in micro-batch 3 of 4, say) exactly the
+    `.grad`s held before the step are put back: a held gradient is never written in place.
+
+    Costs nothing when the caller zeroed gradients with set_to_none (the default); otherwise one copy of each
+    held `.grad` that the earlier micro-batches did not write (all of them for a step of one micro-batch).
+    """
+
+    def __init__(self, parameters: list[nn.Parameter]) -> None:
+        self.parameters = parameters
+        self.held: list[torch.Tensor | None] = []
+
+    def __enter__(self) -> _HeldGradients:
+        self.held = [p.grad for p in self.parameters]
+        for p in self.parameters:
+            p.grad = None
+        return self
+
+    def add_back(self) -> None:
+        """.grad = this step's gradient so far + the held one, the held tensor left as it was."""
+        for p, grad in zip(self.parameters, self.held):
+            if grad is not None:
+                p.grad = grad.clone() if p.grad is None else p.grad.add_(grad)
+
+    def __exit__(self, error_type: type[BaseException] | None, *_: Any) -> None:
+        if error_type is not None:
+            for p, grad in zip(self.parameters, self.held):
+                p.grad = grad

@@ -2,9 +2,10 @@
 loss at the activation memory of one chunk, or faster with the memory to keep more.
 
 One step, read top to bottom:
-  (1) encode every chunk of every input, recording each chunk's random state; without an autograd graph, or,
-      for the first chunks whose graphs fit in `memory_budget`, with it, kept; an input that learns nothing
-      (a frozen tower) is encoded here once, for good;
+  (1) encode every chunk of every input (one embedding per chunk, or a tuple of several, each concatenated
+      over the chunks and a loss argument of its own), recording each chunk's random state; without an autograd
+      graph, or, for the first chunks whose graphs fit in `memory_budget`, with it, kept; an input that learns
+      nothing (a frozen tower) is encoded here once, for good;
   (2) compute the loss over the full batch (gathered from every rank under torch.distributed) from those
       embeddings, and its gradient with respect to every embedding and every loss parameter: the gradient cache;
   (3) back-propagate the kept graphs; re-encode each other chunk with a graph under its recorded random and
@@ -33,11 +34,11 @@ from gradcache.distributed import (
     holds_its_own_sync,
 )
 from gradcache.graph_memory import GraphBudget, saved_bytes
-from gradcache.inputs import encode, split, tensors_of, trim_padding
+from gradcache.inputs import check_embedding_count, encode, tensors_of, trim_padding
 from gradcache.options import Options, Unpack
 from gradcache.precision import AutocastState, autocast_context, autocast_off_everywhere, upcast
 from gradcache.random_state import RandomState
-from gradcache.recompute_check import RecomputeCheck
+from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
 from gradcache.strategy import Encoders, LossFn, Strategy
 from gradcache.token_chunks import cut, split_to_count, token_plan
 
@@ -57,7 +58,8 @@ class GradCache(Strategy):
 
     Args:
         encoders: one module shared by every input (SimCLR's two views), or one module per input (CLIP's towers).
-        loss_fn: callable taking the embeddings in input order plus `loss_kwargs`, returning a scalar.
+        loss_fn: callable taking the embeddings in input order plus `loss_kwargs`, returning a scalar; one argument
+            per embedding (an encoder, or `get_embedding`, returning a tuple of several gives several).
         chunk_size: examples per chunk, an int or one per input (required); a larger chunk than the batch is
             one chunk.
         **options: the keyword options of every strategy, spelled once in `gradcache.options.Options`
@@ -96,21 +98,25 @@ class GradCache(Strategy):
         with autocast_context(self.options["autocast_dtype"], self.device_type()):
             autocast_state = AutocastState.capture()
             first = self._encode_first(chunks, learning)  # (1)
-        embeddings = [  # the caller's order: embeddings[order] = sorted embeddings, (N_i, D)
-            e if o is None else e[torch.argsort(o.to(e.device))] for e, o in zip(first.embeddings, orders)
+        embeddings = [  # per input, each of its embeddings in the caller's order, (N_i, D)
+            [e if o is None else _callers_order(e, o, i) for e in per_input]
+            for i, (per_input, o) in enumerate(zip(first.embeddings, orders))
         ]
 
         if not building:  # evaluation: the loss and nothing else
-            return self.loss_over([upcast(e) for e in embeddings], loss_kwargs)
+            return self.loss_over([upcast(e) for per_input in embeddings for e in per_input], loss_kwargs)
 
-        cached = [upcast(e).requires_grad_(learn) for e, learn in zip(embeddings, learning)]  # (2) the cache's leaves
+        cached = [  # (2) the cache's leaves
+            [upcast(e).requires_grad_(learn) for e in per_input] for per_input, learn in zip(embeddings, learning)
+        ]
         learners = [i for i, learn in enumerate(learning) if learn]
         if learners:  # frozen inputs reach the loss as constants
             unset = [p for p in _loss_parameters(self.loss_fn) if p.grad is None]  # (3) clears them on an error
             replay = _Replay(self, chunks, orders, first, autocast_state, learners, unset)
-            for i, bridged in zip(learners, _ReencodeOnBackward.apply(replay, *(cached[i] for i in learners))):
-                cached[i] = bridged
-        loss = self.loss_over(cached, loss_kwargs)
+            bridged = iter(_ReencodeOnBackward.apply(replay, *(e for i in learners for e in cached[i])))
+            cached = [[next(bridged) for _ in per_input] if learning[i] else per_input
+                      for i, per_input in enumerate(cached)]
+        loss = self.loss_over([e for per_input in cached for e in per_input], loss_kwargs)  # one argument each
         self.steps_taken += 1
         return loss
 
@@ -131,7 +137,7 @@ class GradCache(Strategy):
                 chunks.append(cut(value, order, sizes))
                 orders.append(order)
             else:
-                pieces = split(value, self.chunk_size_for(i), self.options["split_fn"])
+                pieces = self.split(i, value)
                 chunks.append([trim_padding(c) for c in pieces] if self.options["trim_padding"] else pieces)
                 orders.append(None)
         check_same_chunk_counts(encoders, [len(c) for c in chunks])
@@ -148,7 +154,7 @@ class GradCache(Strategy):
         for i, input_chunks in enumerate(chunks):
             encoder = self.encoder_for(i)
             own_sync = holds_its_own_sync(encoder)
-            pieces, states, graphs = [], [], []
+            pieces, states, graphs = [], [], []  # pieces[k][j]: chunk k's embedding j
             for k, chunk in enumerate(input_chunks):
                 name = f"input {i}"
                 if learning[i]:
@@ -157,16 +163,19 @@ class GradCache(Strategy):
                     left_out = [*encoder.parameters(), *encoder.buffers(), *tensors_of(chunk)]
                     with torch.enable_grad(), gradient_sync(encoder, False, self.options["fsdp_reduce"]):
                         with saved_bytes(left_out) as graph:
-                            embedding = encode(encoder, chunk, self.options["get_embedding"], name)
-                    if budget.settle(i, chunk, graph.total) and embedding.requires_grad:
-                        graphs.append(embedding)
+                            outputs = encode(encoder, chunk, self.options["get_embedding"], name)
+                    if budget.settle(i, chunk, graph.total) and any(e.requires_grad for e in outputs):
+                        graphs.append(outputs)
                 else:
                     budget.close(i)  # kept chunks are a prefix of each input's
                     with torch.no_grad():
-                        embedding = encode(encoder, chunk, self.options["get_embedding"], name)
-                pieces.append(embedding.detach())
-            first.embeddings.append(torch.cat(pieces))  # (N_i, D), sorted order under chunk_tokens
-            first.rows.append([p.shape[0] for p in pieces])
+                        outputs = encode(encoder, chunk, self.options["get_embedding"], name)
+                if pieces:
+                    check_embedding_count(outputs, len(pieces[0]), name, k)
+                pieces.append([e.detach() for e in outputs])
+            slots = list(zip(*pieces))  # slots[j][k]: embedding j of chunk k
+            first.embeddings.append([torch.cat(slot) for slot in slots])  # (N_i, D) each, sorted under chunk_tokens
+            first.rows.append([[e.shape[0] for e in slot] for slot in slots])
             first.random_states.append(states)
             first.kept.append(graphs)
         if self.options["memory_budget"] is not None:  # under FSDP2 every rank re-encodes as many chunks
@@ -186,11 +195,15 @@ class GradCache(Strategy):
         """
         first = replay.first
         unset = replay.unset + [p for p in _parameters(self, replay.learners) if p.grad is None]
-        gradients = {}
-        for i, g in zip(replay.learners, cached_gradients):
-            order = replay.orders[i]
-            g = g if order is None else g[order.to(g.device)]  # caller's order -> the chunks' sorted order
-            gradients[i] = list(g.split(first.rows[i]))  # per chunk, (rows, D), float32
+        gradients = {}  # gradients[i][k][j]: of input i's chunk k's embedding j, (rows, D), float32
+        flat = iter(cached_gradients)  # in the order of the loss's arguments
+        for i in replay.learners:
+            order, per_slot = replay.orders[i], []
+            for rows in first.rows[i]:
+                g = next(flat)
+                g = g if order is None else g[order.to(g.device)]  # caller's order -> the chunks' sorted order
+                per_slot.append(g.split(rows))
+            gradients[i] = [list(per_chunk) for per_chunk in zip(*per_slot)]
         groups: dict[int, list[int]] = {}
         for i in replay.learners:
             groups.setdefault(id(self.encoder_for(i)), []).append(i)
@@ -200,7 +213,8 @@ class GradCache(Strategy):
             for key, members in groups.items():
                 encoder = self.encoder_for(members[0])
                 check = RecomputeCheck.for_encoder(encoder, self.options["check_recompute"])
-                kept = [(out, gradients[i][k]) for i in members for k, out in enumerate(first.kept[i])]
+                kept = [(out, g) for i in members for k, outs in enumerate(first.kept[i])
+                        for out, g in zip(outs, gradients[i][k])]
                 others = [(i, k) for i in members for k in range(len(first.kept[i]), len(replay.chunks[i]))]
                 if kept:
                     with gradient_sync(encoder, not others, fsdp_reduce):
@@ -210,12 +224,9 @@ class GradCache(Strategy):
                     with gradient_sync(encoder, final, fsdp_reduce):
                         with replay.first.random_states[i][k].replay(), replay.autocast_state.apply():
                             chunk, name = replay.chunks[i][k], f"input {i}"
-                            embedding = encode(encoder, chunk, self.options["get_embedding"], name)
-                        if check is not None:  # before this chunk's backward writes any .grad
-                            cached = first.embeddings[i].split(first.rows[i])[k]  # (rows, D), phase (1)'s
-                            where = f"chunk {k + 1} of {len(first.rows[i])}"
-                            check(embedding, cached, replay.autocast_state, name, where)
-                        _backward(encoder, [(embedding, gradients[i][k])], final, later[key])
+                            outputs = encode(encoder, chunk, self.options["get_embedding"], name)
+                        _check_recomputed(check, outputs, replay, i, k)  # before this chunk's backward writes any .grad
+                        _backward(encoder, list(zip(outputs, gradients[i][k])), final, later[key])
                 for i in members:
                     first.kept[i] = []  # the kept graphs are spent
 
@@ -243,6 +254,35 @@ def _backward(encoder: nn.Module, pairs: list[tuple[torch.Tensor, torch.Tensor]]
         accumulate_without_hooks(outputs, grads, shared, retain_graph=bool(own))
         if own:
             torch.autograd.backward(outputs, grads, inputs=own if shared else None)
+
+
+def _check_recomputed(
+    check: RecomputeCheck | None, outputs: list[torch.Tensor], replay: _Replay, i: int, k: int,
+) -> None:
+    """Phase (3)'s embeddings of input i's chunk k against what phase (1) cached: as many, and each the same
+    (`check_recompute`)."""
+    first, name, count = replay.first, f"input {i}", len(replay.first.embeddings[i])
+    if len(outputs) != count:
+        raise RecomputationMismatchError(
+            f"phase (3) re-encoded chunk {k + 1} of {name} into {len(outputs)} embeddings, but phase (1) got "
+            f"{count}: the encoder's second pass differs from its first. No gradient of this chunk was written."
+        )
+    for j, embedding in enumerate(outputs if check is not None else ()):
+        cached = first.embeddings[i][j].split(first.rows[i][j])[k]  # (rows, D), phase (1)'s
+        where = f"chunk {k + 1} of {len(replay.chunks[i])}" + (f", embedding {j + 1} of {count}" if count > 1 else "")
+        check(embedding, cached, replay.autocast_state, name, where)
+
+
+def _callers_order(embedding: torch.Tensor, order: torch.Tensor, index: int) -> torch.Tensor:
+    """An embedding of a token-chunked input, its rows put back in the caller's order."""
+    if embedding.shape[0] != order.numel():
+        raise TypeError(
+            f"the encoder of input {index} returned an embedding of {embedding.shape[0]} rows for {order.numel()} "
+            "examples; chunk_tokens sorts the examples by length and puts each embedding's rows back in the "
+            "caller's order, which needs one row per example. Drop chunk_tokens for this input (use chunk_size "
+            "with trim_padding=True)."
+        )
+    return embedding[torch.argsort(order.to(embedding.device))]
 
 
 def _learns(encoder: nn.Module, value: Any) -> bool:
@@ -293,12 +333,13 @@ def _tied_later(cache: GradCache, encoders: list[nn.Module]) -> dict[int, set[in
 
 @dataclass
 class _FirstPass:
-    """What phase (1) leaves, per input: embeddings (chunks' order), rows per chunk, random states, kept graphs."""
+    """What phase (1) leaves, per input i: its embeddings j (`embeddings[i][j]`, chunks' order), the rows of each
+    in each chunk (`rows[i][j][k]`), each chunk's random state, and the kept chunks' embeddings (`kept[i][k][j]`)."""
 
-    embeddings: list[torch.Tensor]
-    rows: list[list[int]]
+    embeddings: list[list[torch.Tensor]]
+    rows: list[list[list[int]]]
     random_states: list[list[RandomState]]
-    kept: list[list[torch.Tensor]]
+    kept: list[list[list[torch.Tensor]]]
 
 
 class _Replay:

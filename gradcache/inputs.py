@@ -1,9 +1,16 @@
-"""Inputs: how long a batch is, how it splits into chunks, how a chunk reaches its encoder.
+"""Inputs: how long a batch is, how it splits into chunks, how a chunk reaches its encoder, what comes back.
 
-An input is a tensor, a mapping of tensors (a tokenizer's `input_ids` and `attention_mask`) or a tuple or
-list of tensors; all split along dim 0. Anything else goes through the user's `split_fn` hook.
+An input, and how each of its chunks reaches the encoder:
+  - a tensor: `encoder(chunk)`;
+  - a mapping of tensors (a tokenizer's `input_ids` and `attention_mask`): `encoder(**chunk)`;
+  - a tuple or list of tensors: `encoder(*chunk)`;
+  - a pair `(args, kwargs)`, a tuple or list of two whose first is a tuple or list and whose second is a
+    mapping: `encoder(*args, **kwargs)`;
+  - anything else: `encoder(chunk)`, split by the user's `split_fn`.
+The tensors split along dim 0. A `split_fn` given for an input splits it whatever its type; its chunks reach
+the encoder by the same rules.
 
-The other values of a mapping or sequence input, with B the batch's length (its tensors' dim 0):
+The other values of a mapping, sequence or pair input, with B the batch's length (its tensors' dim 0):
   - a list or tuple of B entries holds one entry per example (labels, strings, per-example scales): split,
     reordered and trimmed with the rows, like the tensors;
   - any other value (a number, a flag, a string, None, a list or tuple of another length, a mapping) is one
@@ -12,27 +19,55 @@ The other values of a mapping or sequence input, with B the batch's length (its 
     object of length B (a NumPy array, a range: make it a tensor or a list), or a nested container holding
     tensors of B rows (they would reach every chunk whole: make them top-level entries).
 A batch of one example splits into one chunk, where every value reaches the encoder as given.
+
+What comes back: the encoder's output, or `get_embedding(output)`, is one embedding tensor (B, D) or a tuple or
+list of several (B_k, D_k), each a loss argument of its own, in order (each concatenated over the chunks and
+gathered over ranks alone, so B_k may differ from B, except under `chunk_tokens`, which reorders rows).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 SplitFn = Callable[[Any, int], Sequence[Any]]
-GetEmbedding = Callable[[Any], torch.Tensor]
+GetEmbedding = Callable[[Any], torch.Tensor | Sequence[torch.Tensor]]
+
+
+def is_pair(value: Any) -> bool:
+    """Whether an input or chunk is `(args, kwargs)`, run as `encoder(*args, **kwargs)`."""
+    return (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], (tuple, list))
+            and isinstance(value[1], Mapping))
+
+
+def _entries(value: Any) -> list[tuple[str, Any]]:
+    """The top-level entries of a mapping, sequence or pair input, each with its place in the input."""
+    if isinstance(value, Mapping):
+        return [(f"[{k!r}]", v) for k, v in value.items()]
+    if is_pair(value):
+        args, kwargs = value
+        return [(f"[0][{i}]", v) for i, v in enumerate(args)] + [(f"[1][{k!r}]", v) for k, v in kwargs.items()]
+    if isinstance(value, (tuple, list)):
+        return [(f"[{i}]", v) for i, v in enumerate(value)]
+    return []
+
+
+def _rebuilt(value: Any, entries: list[Any]) -> Any:
+    """`value` (a mapping, sequence or pair) with its top-level entries replaced, in `_entries`' order."""
+    if isinstance(value, Mapping):
+        return dict(zip(value.keys(), entries))
+    if is_pair(value):
+        args, kwargs = value
+        return type(value)((type(args)(entries[: len(args)]), dict(zip(kwargs.keys(), entries[len(args) :]))))
+    return type(value)(entries)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
-    if isinstance(value, Mapping):
-        return [v for v in value.values() if isinstance(v, torch.Tensor)]
-    if isinstance(value, (tuple, list)):
-        return [v for v in value if isinstance(v, torch.Tensor)]
-    return []
+    return [v for _, v in _entries(value) if isinstance(v, torch.Tensor)]
 
 
 def batch_length(value: Any, name: str) -> int | None:
@@ -41,27 +76,29 @@ def batch_length(value: Any, name: str) -> int | None:
     tensors = _tensors(value)
     if not tensors:
         if isinstance(value, (torch.Tensor, Mapping, tuple, list)):
-            raise ValueError(f"{name} holds no tensor; pass a tensor, a mapping or a sequence of tensors.")
+            raise ValueError(
+                f"{name} holds no tensor at its top level; pass a tensor, a mapping or a sequence of tensors, or a "
+                "pair (args, kwargs) of a list and a mapping holding them, or give split_fn to split it yourself."
+            )
         return None
     for t in tensors:
         if t.dim() == 0:
             raise ValueError(f"{name} holds a 0-dimensional tensor; every tensor needs a batch dimension (dim 0).")
     lengths = {t.shape[0] for t in tensors}
+    entries = _entries(value)  # a tensor holds nothing beside its rows
     if len(lengths) > 1:
         if isinstance(value, Mapping):
             detail = ", ".join(f"{k}: {v.shape[0]}" for k, v in value.items() if isinstance(v, torch.Tensor))
         else:
-            detail = ", ".join(str(t.shape[0]) for t in tensors)
-        raise ValueError(f"{name} has tensors of different lengths along dim 0 ({detail}); all must be equal.")
+            detail = ", ".join(f"{place}: {v.shape[0]}" for place, v in entries if isinstance(v, torch.Tensor))
+        raise ValueError(
+            f"{name} has tensors of different lengths along dim 0 ({detail}); all must be equal, or give split_fn "
+            "to split it yourself."
+        )
     rows = lengths.pop()
-    entries: list[tuple[Any, Any]] = []  # a tensor holds nothing beside its rows
-    if isinstance(value, Mapping):
-        entries = list(value.items())
-    elif isinstance(value, (tuple, list)):
-        entries = list(enumerate(value))
-    for key, entry in entries:
+    for place, entry in entries:
         if not isinstance(entry, torch.Tensor):
-            per_example(entry, rows, f"{name}[{key!r}]")
+            per_example(entry, rows, f"{name}{place}")
     return rows
 
 
@@ -109,73 +146,114 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
     return _tensors(value)
 
 
-def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None) -> list[Any]:
-    """Split along dim 0 into chunks of `chunk_size` rows (the last may be shorter); views, no copies. Lists
-    and tuples of one entry per example are sliced alike; other values reach every chunk whole."""
+def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None, name: str = "the input") -> list[Any]:
+    """`split_fn(value, chunk_size)` when given, whatever the input's type; otherwise split along dim 0 into
+    chunks of `chunk_size` rows (the last may be shorter), views, no copies. Lists and tuples of one entry per
+    example are sliced alike; other values reach every chunk whole."""
+    if split_fn is not None:
+        return _user_chunks(split_fn(value, chunk_size), name)
     if isinstance(value, torch.Tensor):
         return list(value.split(chunk_size))
-    if isinstance(value, Mapping):
-        pieces = {k: _pieces(v, value, chunk_size, k) for k, v in value.items()}
-        count = max(len(p) for p in pieces.values() if p is not None)
-        return [
-            {k: (p[i] if p is not None else value[k]) for k, p in pieces.items()} for i in range(count)
-        ]
-    if isinstance(value, (tuple, list)):
-        pieces = [_pieces(v, value, chunk_size, k) for k, v in enumerate(value)]
-        count = max(len(p) for p in pieces if p is not None)
-        return [type(value)(p[i] if p is not None else v for p, v in zip(pieces, value)) for i in range(count)]
-    if split_fn is None:
+    if not isinstance(value, (Mapping, tuple, list)):
         raise TypeError(
-            f"cannot split an input of type {type(value).__name__}; pass a tensor, a mapping or a sequence of "
+            f"cannot split {name}, of type {type(value).__name__}; pass a tensor, a mapping or a sequence of "
             "tensors, or give split_fn=lambda value, chunk_size: [...] that returns its chunks."
         )
-    return list(split_fn(value, chunk_size))
+    rows = _tensors(value)[0].shape[0]
+    entries = [entry for _, entry in _entries(value)]
+    pieces = [_pieces(entry, rows, chunk_size, place) for place, entry in _entries(value)]
+    count = -(-rows // chunk_size)
+    return [_rebuilt(value, [p[k] if p is not None else e for p, e in zip(pieces, entries)]) for k in range(count)]
 
 
-def _pieces(entry: Any, value: Any, chunk_size: int, key: Any) -> Sequence[Any] | None:
-    """One entry of a mapping or sequence input in chunks, or None for a setting every chunk gets whole."""
+def _user_chunks(chunks: Any, name: str) -> list[Any]:
+    """What a `split_fn` returned, as a list of chunks, or a TypeError/ValueError that says what it should be."""
+    if isinstance(chunks, (torch.Tensor, str, bytes, Mapping)) or not isinstance(chunks, Iterable):
+        raise TypeError(
+            f"split_fn returned a {type(chunks).__name__} for {name}; it must return the chunks as a list or tuple "
+            "(e.g. list(value.split(chunk_size)) for a tensor)."
+        )
+    chunks = list(chunks)
+    if not chunks:
+        raise ValueError(f"split_fn returned no chunks for {name}; it must return at least one.")
+    return chunks
+
+
+def _pieces(entry: Any, rows: int, chunk_size: int, place: str) -> Sequence[Any] | None:
+    """One entry of a mapping, sequence or pair input in chunks, or None for a setting every chunk gets whole."""
     if isinstance(entry, torch.Tensor):
         return entry.split(chunk_size)
-    rows = _tensors(value)[0].shape[0]
-    if per_example(entry, rows, f"an input's entry {key!r}"):
+    if per_example(entry, rows, f"an input's entry {place}"):
         return [entry[start : start + chunk_size] for start in range(0, rows, chunk_size)]
     return None
 
 
 def trim_padding(chunk: Any) -> Any:
-    """Drop the trailing columns that are padding in every row of a mapping chunk with an `attention_mask`.
+    """Drop the trailing columns that are padding in every row of a chunk with an `attention_mask` (a mapping,
+    or the mapping of a pair): every tensor of the chunk as wide as the mask is cut alike.
 
     Exact only for encoders that ignore masked positions (attention masking and masked pooling); the library
     cannot check that, so the strategies do this only when asked (`trim_padding=True`).
     """
-    if not isinstance(chunk, Mapping) or "attention_mask" not in chunk:
+    keywords = chunk[1] if is_pair(chunk) else chunk
+    if not isinstance(keywords, Mapping) or "attention_mask" not in keywords:
         return chunk
-    mask = chunk["attention_mask"]
-    if mask.dim() != 2:
+    mask = keywords["attention_mask"]
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         return chunk
     kept = mask.ne(0).any(dim=0).nonzero()
     length = int(kept.max()) + 1 if kept.numel() else 1
     if length == mask.shape[1]:
         return chunk
-    return {
-        k: v[:, :length] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == mask.shape[1] else v
-        for k, v in chunk.items()
-    }
+    width = mask.shape[1]
+    return _rebuilt(chunk, [
+        v[:, :length] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == width else v
+        for _, v in _entries(chunk)
+    ])
 
 
-def encode(encoder: nn.Module, chunk: Any, get_embedding: GetEmbedding | None, name: str) -> torch.Tensor:
-    """Run the encoder on a chunk (mapping: keyword arguments; tuple/list: positional; else one argument)."""
+def encode(encoder: nn.Module, chunk: Any, get_embedding: GetEmbedding | None, name: str) -> list[torch.Tensor]:
+    """Run the encoder on a chunk (see the module docstring for how it is called); its embeddings, one or several.
+
+    Raises:
+        TypeError: the output (after `get_embedding`) is not a floating-point tensor with a batch dimension, nor
+            a non-empty tuple or list of them.
+    """
     if isinstance(chunk, Mapping):
         output = encoder(**chunk)
+    elif is_pair(chunk):
+        output = encoder(*chunk[0], **chunk[1])
     elif isinstance(chunk, (tuple, list)):
         output = encoder(*chunk)
     else:
         output = encoder(chunk)
     embedding = get_embedding(output) if get_embedding is not None else output
-    if not isinstance(embedding, torch.Tensor) or not embedding.is_floating_point():
-        what = type(embedding).__name__ if not isinstance(embedding, torch.Tensor) else f"a {embedding.dtype} tensor"
+    several = isinstance(embedding, (tuple, list))
+    embeddings = list(embedding) if several else [embedding]
+    for k, e in enumerate(embeddings):
+        if not (isinstance(e, torch.Tensor) and e.is_floating_point() and e.dim() >= 1):
+            what = type(e).__name__ if not isinstance(e, torch.Tensor) else (
+                f"a {e.dtype} tensor" if not e.is_floating_point() else "a 0-dimensional tensor")
+            where = f" at position {k} of the {type(embedding).__name__} it returned" if several else ""
+            raise TypeError(
+                f"the encoder of {name} returned {what}{where}, not a floating-point tensor of embeddings with a "
+                "batch dimension (B, D), nor a tuple of such tensors (one loss argument each); pass "
+                "get_embedding=lambda output: ... that picks the embedding tensor(s) out of the encoder's output."
+            )
+    if not embeddings:
         raise TypeError(
-            f"the encoder of {name} returned {what}, not a floating-point tensor of embeddings; pass "
-            "get_embedding=lambda output: ... that picks the embedding tensor out of the encoder's output."
+            f"the encoder of {name} returned an empty {type(embedding).__name__}; return at least one embedding "
+            "tensor, or pass get_embedding=lambda output: ... that picks it out of the encoder's output."
         )
-    return embedding
+    return embeddings
+
+
+def check_embedding_count(outputs: list[torch.Tensor], first: int, name: str, k: int) -> None:
+    """Every chunk of an input gives as many embeddings as its first (`first`): each is concatenated over the
+    chunks into one loss argument. TypeError otherwise, naming chunk `k` (from 0)."""
+    if len(outputs) != first:
+        raise TypeError(
+            f"the encoder of {name} returned {first} embedding(s) for its first chunk and {len(outputs)} for chunk "
+            f"{k + 1}; each embedding is one loss argument, concatenated over the chunks, so every chunk must give "
+            "as many. Return a fixed number (get_embedding can pick them out of the output)."
+        )

@@ -23,9 +23,13 @@ __all__ = ["DEFAULTS", "Options", "Unpack", "checked"]
 class Options(TypedDict, total=False):
     """Keyword options of GradCache, CachedLoss, FullBatch and NaiveAccumulation (all optional).
 
-    get_embedding: maps an encoder's output to its (B, D) embedding tensor (default: the output itself).
-    split_fn: `split_fn(input, chunk_size) -> chunks` for inputs that are not tensors, mappings or sequences.
-    trim_padding: drop trailing all-padding columns per chunk of a mapping input with an `attention_mask`.
+    get_embedding: maps an encoder's output to its (B, D) embedding tensor, or to a tuple of several, each a
+        loss argument of its own (default: the output itself).
+    split_fn: `split_fn(input, chunk_size) -> chunks`, called for every input when given (the one way to split a
+        type the library does not know; for a tensor, mapping or sequence it replaces the split along dim 0), or
+        one per input with None where the library splits (`[None, split_pairs]`). Not with `chunk_tokens` on the
+        same input. FullBatch ignores it.
+    trim_padding: drop trailing all-padding columns per chunk of a mapping (or pair) input with an `attention_mask`.
         Exact only for encoders that ignore masked positions, which cannot be checked: off by default.
     autocast_dtype: torch.bfloat16 or torch.float16 to run the encoders under autocast; the loss and the
         embedding gradients stay in float32.
@@ -60,7 +64,7 @@ class Options(TypedDict, total=False):
     """
 
     get_embedding: GetEmbedding | None
-    split_fn: SplitFn | None
+    split_fn: SplitFn | Sequence[SplitFn | None] | None
     trim_padding: bool
     autocast_dtype: torch.dtype | None
     scaler: Any | None
@@ -92,9 +96,9 @@ def checked(options: dict[str, Any]) -> Options:
     if unknown:
         raise TypeError(f"unknown option(s) {unknown}; the options are {sorted(DEFAULTS)}.")
     full: Options = {**DEFAULTS, **options}  # type: ignore[typeddict-item]
-    for name in ("get_embedding", "split_fn"):
-        if full[name] is not None and not callable(full[name]):
-            raise TypeError(f"{name} must be callable or None, got {full[name]!r}.")
+    if full["get_embedding"] is not None and not callable(full["get_embedding"]):
+        raise TypeError(f"get_embedding must be callable or None, got {full['get_embedding']!r}.")
+    _check_split_fn(full["split_fn"])
     for name in ("trim_padding", "gather"):
         if not isinstance(full[name], bool):
             raise TypeError(f"{name} must be True or False, got {full[name]!r}.")
@@ -119,6 +123,20 @@ def checked(options: dict[str, Any]) -> Options:
         _check_count("chunk_tokens", tokens, 1, "tokens per chunk (rows x padded length)")
     _check_recompute(full["check_recompute"])
     return full
+
+
+def _check_split_fn(value: Any) -> None:
+    if value is None or callable(value):
+        return
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise TypeError(
+            f"split_fn must be callable, None, or one callable (or None) per input, got {value!r}."
+        )
+    if not value:
+        raise ValueError("split_fn is an empty sequence; give a callable, or one callable (or None) per input.")
+    for i, entry in enumerate(value):
+        if entry is not None and not callable(entry):
+            raise TypeError(f"split_fn[{i}] must be callable or None (the library's own split), got {entry!r}.")
 
 
 def _check_recompute(value: Any) -> None:

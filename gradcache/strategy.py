@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from gradcache.distributed import all_gather_with_grad
-from gradcache.inputs import batch_length, encode, trim_padding
+from gradcache.inputs import SplitFn, batch_length, encode, split, trim_padding
 from gradcache.non_finite import NonFiniteLossError
 from gradcache.options import Options, Unpack, checked
 from gradcache.precision import autocast_context, autocast_off_everywhere, upcast
@@ -31,13 +31,14 @@ class Strategy:
 
     Args:
         encoders: one module shared by every input, or one module per input.
-        loss_fn: callable taking the embeddings in input order plus `loss_kwargs`, returning a scalar.
+        loss_fn: callable taking the embeddings in input order plus `loss_kwargs`, returning a scalar; one argument
+            per embedding (an encoder, or `get_embedding`, returning a tuple of several gives several).
         chunk_size: rows per chunk; an int or one int per input. Required where `chunk_size_required`;
             accepted and ignored otherwise (FullBatch), so the strategies swap in one line.
         **options: the keyword options, spelled once in `gradcache.options.Options` (get_embedding, split_fn,
             trim_padding, autocast_dtype, scaler, gather, fsdp_reduce, memory_budget, chunk_tokens,
-            check_recompute); checked
-            before anything runs. A strategy that `pairs_chunks_across_inputs` refuses chunk_tokens.
+            check_recompute); checked before anything runs. A strategy that `pairs_chunks_across_inputs` refuses
+            chunk_tokens.
     """
 
     chunk_size_required: ClassVar[bool] = True
@@ -93,6 +94,14 @@ class Strategy:
             return self.chunk_size[index]
         return self.chunk_size
 
+    def split_fn_for(self, index: int) -> SplitFn | None:
+        split_fn = self.options["split_fn"]
+        return split_fn if split_fn is None or callable(split_fn) else split_fn[index]
+
+    def split(self, index: int, value: Any) -> list[Any]:
+        """Input `index` in chunks of its chunk size, by its `split_fn` where one is given."""
+        return split(value, self.chunk_size_for(index), self.split_fn_for(index), f"input {index}")
+
     def device_type(self) -> str:
         for encoder in self.all_encoders():
             for parameter in encoder.parameters():
@@ -125,9 +134,20 @@ class Strategy:
                 f"chunk_tokens has {len(tokens)} entries for {len(inputs)} inputs; give one per input (None where "
                 "it does not apply) or a single int."
             )
+        split_fn = self.options["split_fn"]
+        if not (split_fn is None or callable(split_fn)) and len(split_fn) != len(inputs):
+            raise ValueError(
+                f"split_fn has {len(split_fn)} entries for {len(inputs)} inputs; give one per input (None where the "
+                "library splits) or a single callable."
+            )
         for i, value in enumerate(inputs):
             wanted = tokens[i] if isinstance(tokens, Sequence) else tokens
             chunked = self.chunk_size_required  # FullBatch ignores chunk_tokens, as it ignores chunk_size
+            if wanted is not None and chunked and self.split_fn_for(i) is not None:
+                raise ValueError(
+                    f"chunk_tokens={wanted} and split_fn both apply to input {i}, and each would decide its chunks; "
+                    "give one of them per input, e.g. chunk_tokens=[None, 4096] with split_fn=[split_images, None]."
+                )
             if wanted is not None and chunked and not has_token_mask(value):
                 raise ValueError(
                     f"chunk_tokens={wanted} applies to input {i}, which is not a mapping with a 2-D attention_mask; "
@@ -156,13 +176,15 @@ class Strategy:
         return loss.reshape(())
 
     def embed(self, values: Sequence[Any]) -> list[torch.Tensor]:
-        """Each input (or its micro-batch) through its encoder in one forward, under the autocast option;
+        """Each input (or its micro-batch) through its encoder in one forward, under the autocast option: the
+        loss arguments, one per embedding in input order (an encoder returning several gives several);
         half-precision embeddings come back as float32 for the loss."""
         with autocast_context(self.options["autocast_dtype"], self.device_type()):
             trim = self.options["trim_padding"]
             embeddings = [
-                encode(self.encoder_for(i), trim_padding(v) if trim else v, self.options["get_embedding"], f"input {i}")
-                for i, v in enumerate(values)
+                e for i, v in enumerate(values)
+                for e in encode(self.encoder_for(i), trim_padding(v) if trim else v, self.options["get_embedding"],
+                                f"input {i}")
             ]
         return [upcast(e) for e in embeddings]
 

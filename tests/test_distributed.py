@@ -1,6 +1,7 @@
 """Two gloo ranks on CPU: every strategy under DDP against one process on the concatenated global batch."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -30,9 +31,9 @@ def shared_model():
     return mlp(), NTXent(temperature=0.2)
 
 
-def two_tower_batch():
-    g = torch.Generator().manual_seed(2)
-    return torch.randn(GLOBAL, 10, generator=g), tokens(GLOBAL, seed=3)
+def two_tower_batch(seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(GLOBAL, 10, generator=g), tokens(GLOBAL, seed=seed + 1)
 
 
 def shared_batch():
@@ -95,12 +96,12 @@ def ddp_worker(rank, world_size, model_name, slices, chunk_size):
     return results
 
 
-def reference(model_name, name, chunk_size):
+def reference(model_name, name, chunk_size, batch_seed=2):
     """One process, the concatenated global batch: FullBatch, or for NaiveAccumulation the mean over global
     micro-batches k, each made of chunk k of every rank."""
     if model_name == "two_tower":
         image, text, loss = two_tower_model()
-        modules, encoders, batch = [image, text, loss], [image, text], two_tower_batch()
+        modules, encoders, batch = [image, text, loss], [image, text], two_tower_batch(batch_seed)
     else:
         encoder, loss = shared_model()
         modules, encoders, batch = [encoder, loss], encoder, shared_batch()
@@ -131,6 +132,8 @@ def all_cases_worker(rank, world_size):
         "shared": ddp_worker(rank, world_size, "shared", half, 4),
         "uneven": uneven_worker(rank, world_size, (slice(0, 7), slice(7, GLOBAL))),
         "gather": gather_worker(rank, world_size),
+        "held_no_sync": held_no_sync_worker(rank, world_size, half),
+        "two_embeddings": two_embeddings_worker(rank, world_size, half),
         "wrapped": {(m, v): wrapped_worker(rank, world_size, m, half, VARIANTS.get(v, {}))
                     for m in ("two_tower", "shared") for v in ["plain", *variant_names(m)]},
     }
@@ -190,6 +193,83 @@ def uneven_worker(rank, world_size, slices):
     except ValueError as error:
         result["naive_error"] = str(error)
     return result
+
+
+class TwoEmbeddings(nn.Module):
+    """A text tower returning a tuple: a pooled embedding (B, 6) and two half-width rows per example (2B, 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.text = TokenEncoder()
+
+    def forward(self, input_ids, attention_mask):
+        pooled = self.text(input_ids, attention_mask)
+        return pooled, torch.tanh(pooled).reshape(-1, 3)
+
+
+def two_embeddings_setup():
+    image, _, clip = two_tower_model()
+    torch.manual_seed(6)
+    text = TwoEmbeddings().eval()
+
+    def loss(image_embedding, pooled, halves):  # (N, 6), (N, 6), (2N, 3): each gathered over ranks on its own
+        return clip(image_embedding, pooled) + 0.5 * clip(image_embedding[:, :3].repeat_interleave(2, 0), halves)
+
+    return image, text, clip, loss
+
+
+def two_embeddings_worker(rank, world_size, slices):
+    """An encoder returning several embeddings, one loss argument each, under DDP: each gathered by its own rows."""
+    results = {}
+    for name in ("gradcache", "cached"):
+        image, text, clip, loss = two_embeddings_setup()
+        towers = [DistributedDataParallel(image), DistributedDataParallel(text)]
+        value = one_step(name, towers, loss, [rows(b, slices[rank]) for b in two_tower_batch()], 4)
+        results[name] = {"loss": value, "grads": grads(image, text, clip)}
+    return results
+
+
+@pytest.mark.parametrize("name", ["gradcache", "cached"])
+def test_several_embeddings_per_encoder_under_ddp_equal_one_process(ranks, name):
+    image, text, clip, loss = two_embeddings_setup()
+    want_loss = FullBatch([image, text], loss).step(*two_tower_batch())
+    want = grads(image, text, clip)
+    for rank_result in ranks:
+        got = rank_result["two_embeddings"][name]
+        assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
+        assert_grads_close(got["grads"], want, 1e-5)
+        assert torch.allclose(got["grads"]["2.logit_scale"], want["2.logit_scale"], rtol=1e-4)
+
+
+SECOND_BATCH_SEED = 5
+
+
+def held_no_sync_worker(rank, world_size, slices):
+    """A caller accumulating over two steps holds DDP's no_sync over the first; the second synchronises."""
+    results = {}
+    for name in ("naive", "gradcache"):
+        image, text, loss = two_tower_model()
+        towers = [DistributedDataParallel(image), DistributedDataParallel(text)]
+        strategy = STRATEGIES[name](towers, loss, 4)
+        with contextlib.ExitStack() as held:
+            for tower in towers:
+                held.enter_context(tower.no_sync())
+            strategy.step(*[rows(b, slices[rank]) for b in two_tower_batch()])
+        strategy.step(*[rows(b, slices[rank]) for b in two_tower_batch(SECOND_BATCH_SEED)])
+        results[name] = grads(image, text, loss)
+    return results
+
+
+@pytest.mark.parametrize("name", ["naive", "gradcache"])
+def test_steps_under_the_callers_no_sync_reach_the_next_synchronised_step(ranks, name):
+    """Plain DDP accumulation: what .grad gathered under the caller's no_sync is all-reduced by the first
+    synchronising backward after it. So both steps' gradients, averaged over ranks, are on every rank: the sum of
+    one process's gradients on each global batch (NaiveAccumulation: of its global micro-batches)."""
+    _, first = reference("two_tower", name if name == "naive" else "full", 4)
+    _, second = reference("two_tower", name if name == "naive" else "full", 4, SECOND_BATCH_SEED)
+    want = {k: first[k] + second[k] for k in first}
+    for rank_result in ranks:
+        assert_grads_close(rank_result["held_no_sync"][name], want, 1e-5)
 
 
 def test_all_gather_with_grad_for_a_loss_used_without_gradcache(ranks):

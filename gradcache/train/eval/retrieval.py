@@ -15,9 +15,9 @@ from collections.abc import Callable
 import faiss
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.eval.embed import embed_texts
 
 RETRIEVAL_DEPTH = 10
 
@@ -57,21 +57,6 @@ def retrieval_metrics(query_embeddings: np.ndarray, corpus_embeddings: np.ndarra
         "mrr@10": 100.0 * float(reciprocal.mean()),
         "ndcg@10": 100.0 * float(gain.mean()),
     }
-
-
-@torch.no_grad()
-def embed_texts(encode: Callable[..., torch.Tensor], tokenizer: Callable, texts: list[str], device: torch.device,
-                batch_size: int = 256) -> np.ndarray:
-    """(N, D) float32 L2-normalised embeddings of `texts` in their order, encoded in batches of similar length
-    (sorted by characters, so a batch pads little)."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    chunks = []
-    for start in range(0, len(order), batch_size):
-        tokens = tokenizer([texts[i] for i in order[start:start + batch_size]])
-        chunks.append(encode(**{key: value.to(device) for key, value in tokens.items()}).float())
-    embeddings = torch.empty(len(texts), chunks[0].shape[1])
-    embeddings[torch.tensor(order)] = F.normalize(torch.cat(chunks), dim=1).cpu()
-    return embeddings.numpy()
 
 
 def evaluate_retrieval(encode_query: Callable[..., torch.Tensor], encode_passage: Callable[..., torch.Tensor],

@@ -28,12 +28,8 @@ from gradcache.train.data.images.files import load_caption_table
 from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.order import StepSampler, training_batches
 from gradcache.train.errors import DataError, UsageError
-from gradcache.train.eval.images import (
-    embed_images,
-    embed_texts,
-    retrieval_recall,
-    zero_shot_top1,
-)
+from gradcache.train.eval.embed import embed_images, embed_texts
+from gradcache.train.eval.images import retrieval_recall, zero_shot_top1
 from gradcache.train.modes.backbone import BACKBONE_HELP, build_backbone, check_backbone
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.image import ImageMode

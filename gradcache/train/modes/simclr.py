@@ -17,7 +17,8 @@ from gradcache.train.data.images.files import load_image_folder
 from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.order import StepSampler, training_batches
 from gradcache.train.errors import UsageError
-from gradcache.train.eval.images import embed_images, knn_top1, pixel_features
+from gradcache.train.eval.embed import embed_images
+from gradcache.train.eval.images import knn_top1, pixel_features
 from gradcache.train.modes.backbone import build_backbone
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.image import ImageMode

@@ -9,13 +9,15 @@ from torch import nn
 
 from gradcache.integrations.sentence_transformers.encoders import GuideEncoder, SentenceEncoder
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss, backward_into, through_calculate_loss
-from gradcache.losses.gist import GISTLoss
+from gradcache.losses import InfoNCE
 from gradcache.options import Options, Unpack
 
 
 class GradCacheGISTLoss(GradCacheLoss):
     """GISTEmbed's guided in-batch negatives over the whole batch at the memory of one chunk:
-    `GISTLoss(model(columns), guide(columns))` (formula in `gradcache.losses.gist.GISTLoss`), by GradCache.
+    `InfoNCE(model(columns), guide=guide(columns))`, by GradCache, with InfoNCE's guided filter (formula in
+    `gradcache.losses.guided`): directions query_to_doc (+ query_to_query for `contrast_anchors`, +
+    positive_to_positive for `contrast_positives`) in one joint softmax, GISTEmbedLoss's blocks.
 
     Equals sentence-transformers' `GISTEmbedLoss(model, guide, temperature, margin_strategy, margin,
     contrast_anchors, contrast_positives)`, value and gradient, and `CachedGISTEmbedLoss` at
@@ -38,7 +40,7 @@ class GradCacheGISTLoss(GradCacheLoss):
 
     Raises:
         TypeError: a guide that is not an nn.Module with a `tokenizer` and `preprocess` (a SentenceTransformer).
-        ValueError: bad hyperparameters (see GISTLoss), here; at the call, other than two or three columns.
+        ValueError: bad hyperparameters (see InfoNCE), here; at the call, other than two or three columns.
 
     Example:
         >>> loss = GradCacheGISTLoss(model, guide=SentenceTransformer("all-MiniLM-L6-v2"), chunk_size=32)
@@ -57,7 +59,10 @@ class GradCacheGISTLoss(GradCacheLoss):
                 f"guide must be a SentenceTransformer (an nn.Module with a tokenizer), got {type(guide).__name__}; "
                 "load it first: guide=SentenceTransformer('all-MiniLM-L6-v2')."
             )
-        loss = GISTLoss(temperature, margin_strategy, margin, contrast_anchors, contrast_positives)
+        directions = ("query_to_doc", *(("query_to_query",) if contrast_anchors else ()),
+                      *(("positive_to_positive",) if contrast_positives else ()))
+        loss = InfoNCE(temperature, directions=directions, partition_mode="joint", margin_strategy=margin_strategy,
+                       margin=margin)
         super().__init__(model, loss, chunk_size, trim_padding=trim_padding, gather_across_devices=gather_across_devices,
                          show_progress_bar=show_progress_bar, **options)
         self.guide = guide  # a child, as in GISTEmbedLoss, so .to(device) moves it; it never receives a gradient
@@ -101,10 +106,9 @@ class GradCacheGISTLoss(GradCacheLoss):
     ) -> torch.Tensor:
         """CachedGISTEmbedLoss's hook: GIST from the model's `reps` and the guide's `reps_guided`, one list of
         (rows, D) embeddings per column each; with `with_backward`, gradients land in each rep's `.grad`."""
-        model_columns = [torch.cat(column) for column in reps]
-        guide_columns = [torch.cat(column) for column in reps_guided]
-        names = ("anchor", "positive", "negative")[:len(model_columns)]
-        value = self.loss(*model_columns, **{f"{name}_guide": g for name, g in zip(names, guide_columns)})
+        model_columns = [torch.cat(column) for column in reps]  # anchor, positive[, negative]: (N, D) each
+        guide_columns = tuple(torch.cat(column) for column in reps_guided)  # the same rows, (N, D') each
+        value = self.loss(*model_columns, guide=guide_columns)
         return backward_into(value, reps, self.loss, with_backward)
 
     def get_config_dict(self) -> dict[str, Any]:

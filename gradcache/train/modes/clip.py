@@ -96,7 +96,7 @@ class CLIP(ImageMode):
         return data
 
     def batches(self, config: RunConfig, data: DataSplits, sampler: StepSampler) -> DataLoader:
-        return training_batches(data.train, sampler, None, _tokenizer(config), config.workers)
+        return training_batches(data.train, sampler, None, caption_tokenizer(config), config.workers)
 
     def build_model(self, config: RunConfig) -> nn.Module:
         architecture = open_clip_architecture(config.model)
@@ -125,7 +125,7 @@ class CLIP(ImageMode):
     def metrics(self, config: RunConfig, model: nn.Module, data: DataSplits,
                 device: torch.device) -> dict[str, float]:
         """Recall@1/5/10 both ways with their chance levels, and zero-shot top-1 where the data has classes."""
-        tokenizer = _tokenizer(config)
+        tokenizer = caption_tokenizer(config)
         images = embed_images(model.encode_image, data.test.images, device)
         texts = embed_texts(model.encode_text, tokenizer, data.test.captions, device)
         metrics = retrieval_recall(images, texts, data.test.captions)
@@ -140,6 +140,7 @@ class CLIP(ImageMode):
         return {"temperature": loss.temperature}
 
 
-def _tokenizer(config: RunConfig) -> ByteTokenizer | OpenClipTokenizer:
+def caption_tokenizer(config: RunConfig) -> ByteTokenizer | OpenClipTokenizer:
+    """The run's caption tokenizer: the built-in byte tokenizer, or the open_clip architecture's own."""
     architecture = open_clip_architecture(config.model)
     return ByteTokenizer(config.context_length) if architecture is None else OpenClipTokenizer(architecture)

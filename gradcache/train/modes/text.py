@@ -28,7 +28,7 @@ BUILT_IN_TEXT = "world"
 BUILT_IN_HARD = "world-hard"  # the same world, every passage also telling of a relative: confusable passages
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """No per-load progress bars of transformers on the program's stderr (the run has its own)."""
     try:
         import transformers
@@ -109,7 +109,7 @@ class Text(Mode):
     def check_model(self, config: RunConfig) -> None:
         """The model folder and its tokenizer load offline, and belong together."""
         folder = model_folder(config.model)
-        _quiet_transformers()
+        quiet_transformers()
         if not folder.is_dir():
             raise UsageError(f"--model {config.model}: no such folder; give a local Hugging Face model folder "
                              f"(written by save_pretrained) or {PACKAGED_MODEL}")

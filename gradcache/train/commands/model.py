@@ -6,7 +6,9 @@ MODEL is, in the order it is recognised:
   `metrics.json`) or a checkpoint file or folder: the run's model, rebuilt from its options and loaded from its
   newest good checkpoint, exactly as `gradcache eval RUN` always did;
 - a sentence-transformers folder (`modules.json`: its pooling and `Normalize` read as sentence-transformers
-  reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with its own tokenizer.
+  reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with its own tokenizer;
+- a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` model): the
+  query tower from the first, the passage tower from the second, the tokenizer of `query/`.
 Anything else is refused (UsageError, exit status 2) before anything is written.
 
 Every model comes back in eval mode on the device asked for, as a `LoadedModel`: what it embeds (`kind`: "text",
@@ -34,6 +36,7 @@ from gradcache.train.errors import UsageError
 
 RUN_FOLDER_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name,
                     ShardedCheckpoint.previous_name, "train_log.csv", "metrics.json")
+TOWER_FOLDERS = ("query", "passage")  # a --separate-towers model: one sentence-transformers folder per side
 MODEL_HELP = ("a run folder of gradcache train (or one of its checkpoints), a sentence-transformers or Hugging Face "
               "model folder, or all-MiniLM-L6-v2 (packaged)")
 
@@ -128,19 +131,22 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
 
 
 def _from_text_folder(name: str, folder: Path, device: torch.device, max_length: int | None,
-                      pooling: str | None) -> LoadedModel:
+                      pooling: str | None, passage_folder: Path | None = None) -> LoadedModel:
+    """A shared tower from `folder`, or a query tower from `folder` and a passage tower from `passage_folder`
+    (both with `folder`'s tokenizer)."""
     from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
     from gradcache.train.modes.text import quiet_transformers
 
     quiet_transformers()
     try:
         encoder = HuggingFaceEncoder(folder, pooling=pooling)
+        passage = None if passage_folder is None else HuggingFaceEncoder(passage_folder, pooling=pooling)
         # the length the folder says it was trained with (sentence-transformers' max_seq_length), else train's
         length = max_length or encoder.max_seq_length or RunConfig.max_length
         tokenizer = HuggingFaceTokenizer(folder, length)
     except (ValueError, OSError) as error:
         raise UsageError(f"MODEL {name}: {error}") from error
-    model = BiEncoder(encoder).to(device).eval()
+    model = BiEncoder(encoder, passage).to(device).eval()
     return LoadedModel("text", source=f"model folder {folder}", module=model, device=device, tokenizer=tokenizer,
                        encode_query=model.encode_query, encode_passage=model.encode_passage)
 
@@ -176,6 +182,9 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
         raise UsageError(f"MODEL {name!r}: no such file or folder; give {MODEL_HELP}")
     if path.is_dir() and ((path / "modules.json").is_file() or (path / "config.json").is_file()):
         return _from_text_folder(name, path, torch_device, max_length, pooling)
+    if all((path / side / "modules.json").is_file() for side in TOWER_FOLDERS):
+        return _from_text_folder(name, path / TOWER_FOLDERS[0], torch_device, max_length, pooling,
+                                 path / TOWER_FOLDERS[1])
     if is_run_path(path):
         return _from_run(path, torch_device, max_length, pooling)
     raise UsageError(f"MODEL {name!r} is a folder of an unknown kind: no checkpoint or run log (last.pt, "

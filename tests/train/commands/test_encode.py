@@ -84,3 +84,16 @@ def test_bad_input_exits_2_naming_it_and_writes_nothing(capsys, tmp_path, tiny_b
     assert main(["encode", str(tiny_bert), *argv, *output]) == errors.USAGE
     assert named in capsys.readouterr().err
     assert list(out.iterdir()) == []
+
+
+def test_query_and_passage_folders_embed_each_side_with_its_own_tower(tmp_path):
+    from tests.tiny_text_model import write_tiny_bert
+
+    for seed, side in enumerate(["query", "passage"]):
+        write_tiny_bert(tmp_path / "towers" / side, seed=seed, sentence_transformers={"pooling_mode_mean_tokens": True})
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS))
+    for side in ("query", "passage"):
+        assert main(["encode", str(tmp_path / "towers"), "--data", str(tmp_path / "texts.txt"), "--tower", side,
+                     "--output", str(tmp_path / f"{side}.npy")]) == 0
+        np.testing.assert_allclose(np.load(tmp_path / f"{side}.npy"),
+                                   Reference(tmp_path / "towers" / side)(TEXTS), atol=2e-6)

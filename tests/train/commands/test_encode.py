@@ -28,8 +28,7 @@ def test_text_rows_in_input_order_and_normalised(tmp_path, tiny_bert):
 def test_a_table_column_of_a_run_to_a_faiss_index(tmp_path, text_run, tiny_bert):
     faiss = pytest.importorskip("faiss")
     with open(tmp_path / "rows.jsonl", "w") as handle:
-        for i, text in enumerate(TEXTS):
-            handle.write(json.dumps({"id": i, "body": text}) + "\n")
+        handle.writelines(json.dumps({"id": i, "body": text}) + "\n" for i, text in enumerate(TEXTS))
     assert main(["encode", str(text_run), "--data", str(tmp_path / "rows.jsonl"), "--key", "body",
                  "--output", str(tmp_path / "e.faiss")]) == 0
     index = faiss.read_index(str(tmp_path / "e.faiss"))

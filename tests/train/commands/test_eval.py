@@ -7,7 +7,12 @@ import pytest
 from gradcache.cli import main
 from gradcache.train import errors
 from gradcache.train.checkpoints.atomic import load_checkpoint
-from tests.train.commands.conftest import Reference, brute_force_metrics, distinct_passages, pair_rows
+from tests.train.commands.conftest import (
+    Reference,
+    brute_force_metrics,
+    distinct_passages,
+    pair_rows,
+)
 
 METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")
 
@@ -44,8 +49,7 @@ def test_a_hugging_face_folder_with_a_corpus_file(capsys, tmp_path, tiny_bert, p
     rows = pair_rows()
     passages = [f"decoy passage number {i}." for i in range(5)] + [row["positive"] for row in rows]
     with open(tmp_path / "corpus.jsonl", "w") as handle:
-        for i, text in enumerate(passages):
-            handle.write(json.dumps({"id": f"doc{i}", "text": text}) + "\n")
+        handle.writelines(json.dumps({"id": f"doc{i}", "text": text}) + "\n" for i, text in enumerate(passages))
     got = _eval(capsys, str(tiny_bert), "--data", str(pairs_file), "--corpus", str(tmp_path / "corpus.jsonl"))
     _check(got, _expected(Reference(tiny_bert), rows, passages), rows, passages)
 
@@ -58,8 +62,7 @@ def test_positives_given_as_corpus_ids(capsys, tmp_path, tiny_bert):
         writer.writerow(["id", "text"])
         writer.writerows([[f"p{i}", text] for i, text in enumerate(passages)])
     with open(tmp_path / "by_id.jsonl", "w") as handle:
-        for row in rows:
-            handle.write(json.dumps({"q": row["query"], "doc": f"p{passages.index(row['positive'])}"}) + "\n")
+        handle.writelines(json.dumps({"q": row["query"], "doc": f"p{passages.index(row['positive'])}"}) + "\n" for row in rows)
     got = _eval(capsys, str(tiny_bert), "--data", str(tmp_path / "by_id.jsonl"), "--query-key", "q",
                 "--positive-key", "doc", "--corpus", str(tmp_path / "corpus.csv"))
     _check(got, _expected(Reference(tiny_bert), rows, passages), rows, passages)

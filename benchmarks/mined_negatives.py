@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,8 +72,18 @@ def _evaluate(model: str, test: Path, folder: Path, name: str) -> dict[str, floa
 def main(argv: Sequence[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
     folder = output_folder(args)
-    work = folder / f"{args.name}_work"
-    work.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{args.name}-") as temporary:  # the runs' checkpoints: not kept
+        rows = _arms(args, Path(temporary))
+    write_csv(folder / f"{args.name}.csv", rows, COLUMNS)
+    for row in rows:
+        print(f"{row['arm']:>10}  mrr@10 {row['mrr@10']:5.1f}  recall@1 {row['recall@1']:5.1f}  "
+              f"recall@10 {row['recall@10']:5.1f}  ({row['seconds']} s, load {row['loadavg_1m']:.1f})")
+    print(f"wrote {folder / (args.name + '.csv')}", file=sys.stderr)
+    return 0
+
+
+def _arms(args: argparse.Namespace, work: Path) -> list[dict]:
+    """Mine, train both arms and evaluate the pretrained model and both runs (module docstring); one row each."""
     pairs = generate_world(args.train_size + args.test_size, 1, args.data_seed, hard=True)
     splits = split_pairs(pairs, args.test_size, args.data_seed, name="world-hard")
     train, test, mined = work / "train.tsv", work / "test.tsv", work / "mined.tsv"
@@ -99,12 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({"arm": arm, "negatives_per_query": per_query, "steps": args.steps, **metrics,
                      "seconds": round(time.perf_counter() - started, 1), **machine_context(0, "cpu")})
         print(json.dumps(rows[-1]), file=sys.stderr)
-    write_csv(folder / f"{args.name}.csv", rows, COLUMNS)
-    for row in rows:
-        print(f"{row['arm']:>10}  mrr@10 {row['mrr@10']:5.1f}  recall@1 {row['recall@1']:5.1f}  "
-              f"recall@10 {row['recall@10']:5.1f}  ({row['seconds']} s, load {row['loadavg_1m']:.1f})")
-    print(f"wrote {folder / (args.name + '.csv')}", file=sys.stderr)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -15,22 +15,7 @@ from typing import Protocol
 
 from torch import nn
 
-from gradcache.baselines import FullBatch, NaiveAccumulation
-from gradcache.cache import CachedLoss, GradCache
-from gradcache.losses import ClipLoss, InfoNCE, NTXent, SigLipLoss
-
-STRATEGY_NAMES = {"gradcache": GradCache, "cached_loss": CachedLoss, "full": FullBatch, "naive": NaiveAccumulation}
-LOSS_NAMES = {"ntxent": NTXent, "clip": ClipLoss, "siglip": SigLipLoss, "infonce": InfoNCE}
-
-
-def _name_of(value: object, names: dict[str, type], argument: str) -> str:
-    """A name of `names`, given the name, the class or an instance."""
-    if isinstance(value, str) and value in names:
-        return value
-    for name, kind in names.items():
-        if value is kind or isinstance(value, kind) or (isinstance(value, type) and issubclass(value, kind)):
-            return name
-    raise ValueError(f"{argument}={value!r} is not one of {sorted(names)} (a name, the class or an instance).")
+from gradcache.names import LOSSES, STRATEGIES, name_of
 
 
 class CountsNegatives(Protocol):
@@ -44,7 +29,7 @@ def _counting_loss(loss: object) -> CountsNegatives:
     instance of gradcache's losses, ``Matryoshka`` included), else the default instance of the named class."""
     if not isinstance(loss, type) and callable(getattr(loss, "negatives_per_anchor", None)):
         return loss  # type: ignore[return-value]  # duck-typed: it has the method
-    return LOSS_NAMES[_name_of(loss, LOSS_NAMES, "loss")]()
+    return LOSSES[name_of(loss, LOSSES, "loss")]()
 
 
 def negatives_per_anchor(
@@ -82,7 +67,7 @@ def negatives_per_anchor(
         >>> negatives_per_anchor("naive", "ntxent", batch_size=128, chunk_size=32, queue_size=4096)
         4158
     """
-    strategy_name = _name_of(strategy, STRATEGY_NAMES, "strategy")
+    strategy_name = name_of(strategy, STRATEGIES, "strategy")
     counting = _counting_loss(loss)
     for name, value in (("batch_size", batch_size), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

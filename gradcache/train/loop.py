@@ -26,7 +26,7 @@ from gradcache.train.data.order import StepSampler
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import Preempted, TrainingDiverged
 from gradcache.train.modes import MODES
-from gradcache.train.parallel.placement import Replicated, placement_for
+from gradcache.train.parallel.placement import Placement, placement_for
 from gradcache.train.preemption import StopSignals
 from gradcache.train.run import Run, peak_memory_mb
 from gradcache.train.run_folder.log import RunLog
@@ -49,7 +49,7 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | 
                       signals)
 
 
-def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placement: Replicated,
+def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placement: Placement,
            signals: StopSignals) -> dict[str, Any]:
     rank, world_size = distributed.rank(), distributed.world_size()
     run = Run(config, data, placement, saved)  # step 0 evaluated, or the checkpoint loaded; nothing written

@@ -32,7 +32,7 @@ from gradcache.train.errors import TrainingDiverged
 from gradcache.train.modes import MODES, Mode
 from gradcache.train.optim.optimizers import build_optimizer, scaled_learning_rate
 from gradcache.train.optim.schedule import warmup_cosine
-from gradcache.train.parallel.placement import Replicated, device_of
+from gradcache.train.parallel.placement import Placement, device_of
 from gradcache.train.strategies import build_strategy
 
 
@@ -56,7 +56,7 @@ class Progress:
 class Run:
     """A run at its first step to train: step 0 of a new run, or the step of `saved`, the checkpoint it continues."""
 
-    def __init__(self, config: RunConfig, data: Splits, placement: Replicated,
+    def __init__(self, config: RunConfig, data: Splits, placement: Placement,
                  saved: RunCheckpoint | None = None) -> None:
         self.config, self.data, self.placement = config, data, placement
         self.mode: Mode = MODES[config.mode]

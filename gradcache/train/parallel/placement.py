@@ -108,19 +108,42 @@ def device_of(name: str) -> torch.device:
     return device
 
 
-class Replicated:
-    """Every rank holds the whole model; DDP averages the gradients when there is more than one."""
+class Placement:
+    """Where a run's parameters live, and what follows from it: the process group a run needs, how the
+    encoders are wrapped, which ranks evaluate, how the model is gathered for evaluation, and the checkpoint
+    kind. `Replicated` and `Sharded` are the two; the loop and the run know only this interface."""
 
-    sharded = False
+    sharded: bool
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
 
     def process_group(self) -> contextlib.AbstractContextManager:
+        """What the run needs around it (a one-process group for FSDP2 without torchrun)."""
         return contextlib.nullcontext()
 
     def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         """What the strategy encodes with (built before the optimizer)."""
+        raise NotImplementedError
+
+    def evaluates(self) -> bool:
+        """Whether this rank runs the evaluation."""
+        raise NotImplementedError
+
+    def gathered(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """`model` whole for evaluation, as long as the block lasts."""
+        return contextlib.nullcontext()
+
+    def checkpoint(self, output_dir: str | os.PathLike) -> RunCheckpoint:
+        return run_checkpoint(Path(output_dir), self.sharded)
+
+
+class Replicated(Placement):
+    """Every rank holds the whole model; DDP averages the gradients when there is more than one."""
+
+    sharded = False
+
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         if distributed.world_size() == 1:
             return encoders
         wrap = lambda e: nn.parallel.DistributedDataParallel(  # noqa: E731
@@ -130,14 +153,8 @@ class Replicated:
     def evaluates(self) -> bool:
         return distributed.rank() == 0
 
-    def gathered(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
 
-    def checkpoint(self, output_dir: str | os.PathLike) -> RunCheckpoint:
-        return run_checkpoint(Path(output_dir), self.sharded)
-
-
-class Sharded(Replicated):
+class Sharded(Placement):
     """Each encoder sharded block by block with FSDP2; the optimizer must be built over the shards."""
 
     sharded = True
@@ -179,5 +196,5 @@ class Sharded(Replicated):
                 unit.reshard()
 
 
-def placement_for(config: RunConfig) -> Replicated:
+def placement_for(config: RunConfig) -> Placement:
     return Sharded(config) if config.fsdp else Replicated(config)

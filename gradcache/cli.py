@@ -92,19 +92,19 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
     from torch import nn
 
     from gradcache.train.checkpoints.kinds import open_checkpoint
-    from gradcache.train.config import RunConfig
+    from gradcache.train.checkpoints.meta import CheckpointMeta
     from gradcache.train.modes import MODES
     from gradcache.train.run import build_model
 
     saved = open_checkpoint(args.checkpoint)
-    meta = saved.meta()
-    config = dataclasses.replace(RunConfig.from_dict(meta["args"]), device=args.device)
+    meta = CheckpointMeta.from_dict(saved.meta(), saved)
+    config = dataclasses.replace(meta.config, device=args.device)
     mode = MODES[config.mode]
     model = build_model(mode, config)
     saved.load(nn.ModuleDict({"model": model, "loss": mode.build_loss(config)}))  # shards into one model
     device = torch.device(args.device)
     data = mode.load_data(config)
-    metrics = {**mode.evaluate(config, model.to(device), data, device), **meta["baselines"], "steps": meta["step"]}
+    metrics = {**mode.evaluate(config, model.to(device), data, device), **meta.baselines, "steps": meta.step}
     print(json.dumps(metrics, indent=2, sort_keys=True))
     if args.output_json:
         with open(args.output_json, "w") as handle:

@@ -26,6 +26,7 @@ from gradcache.train.checkpoints.atomic import (
     restore_random_state,
 )
 from gradcache.train.checkpoints.kinds import RunCheckpoint
+from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import TrainingDiverged
@@ -99,16 +100,15 @@ class Run:
 
     def _resume(self, saved: RunCheckpoint) -> Progress:
         """Continue from `saved`; a longer run than the one saved gets its schedule recomputed (said on stderr)."""
-        meta = saved.meta()
+        meta = CheckpointMeta.from_dict(saved.meta(), saved)
         saved.load(self.trained, self.optimizer)
-        self.scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(self.scheduler.lr_lambdas)})
-        self.scaler.load_state_dict(meta["scaler"])
-        if meta["total_steps"] != self.steps:
-            self._lengthen_schedule(meta["total_steps"], meta["step"])
+        self.scheduler.load_state_dict({**meta.scheduler, "lr_lambdas": [None] * len(self.scheduler.lr_lambdas)})
+        self.scaler.load_state_dict(meta.scaler)
+        if meta.total_steps != self.steps:
+            self._lengthen_schedule(meta.total_steps, meta.step)
         self.last_saved = saved
-        initial = meta.get("initial", {})  # checkpoints from before every mode evaluated at step 0 lack it
-        progress = Progress(meta["step"], meta["elapsed_s"], meta["baselines"], initial)
-        restore_random_state(meta["random_state"])  # last, after everything that could draw numbers
+        progress = Progress(meta.step, meta.elapsed_s, meta.baselines, meta.initial)
+        restore_random_state(meta.random_state)  # last, after everything that could draw numbers
         return progress
 
     def _lengthen_schedule(self, saved_steps: int, step: int) -> None:
@@ -166,12 +166,12 @@ class Run:
 
     def save(self, step: int, position: tuple[int, int]) -> None:
         """The checkpoint at `step`; `position` is (epoch, batch within the epoch)."""
-        meta = {"args": self.config.to_dict(), "signature": self.config.model_signature(), "step": step,
-                "epoch": position[0], "batch_in_epoch": position[1], "total_steps": self.steps,
-                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                "random_state": capture_random_state(), "baselines": self.progress.baselines,
-                "initial": self.progress.initial, "elapsed_s": self.elapsed()}
-        self.checkpoint.save(self.trained, self.optimizer, meta)
+        meta = CheckpointMeta(config=self.config, step=step, total_steps=self.steps, epoch=position[0],
+                              batch_in_epoch=position[1], scheduler=self.scheduler.state_dict(),
+                              scaler=self.scaler.state_dict(), random_state=capture_random_state(),
+                              elapsed_s=self.elapsed(), baselines=self.progress.baselines,
+                              initial=self.progress.initial)
+        self.checkpoint.save(self.trained, self.optimizer, meta.to_dict())
         self.last_saved = self.checkpoint
 
 

@@ -22,6 +22,7 @@ from gradcache.train.checkpoints.kinds import (
     find_checkpoint,
     locate,
 )
+from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import MODEL_FIELDS, RunConfig
 from gradcache.train.errors import CheckpointError
 from gradcache.train.run_folder.lock import decided_by_rank_zero
@@ -63,12 +64,11 @@ def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> 
     if "fsdp" in explicit and not saved.sharded:
         raise CheckpointError(f"--resume {given.resume} is a single-file checkpoint (last.pt) of a run without "
                               "--fsdp; resume it without --fsdp, or start a new run with --fsdp")
-    meta = saved.meta()
-    stored_mode = meta["args"].get("mode")
+    stored_mode = saved.meta().get("args", {}).get("mode")
     if stored_mode != given.mode:
         raise CheckpointError(f"{given.resume} is a {stored_mode} checkpoint; resume it with "
                               f"`gradcache train {stored_mode} --resume ...`")
-    stored = RunConfig.from_dict(meta["args"])
+    stored = CheckpointMeta.from_dict(saved.meta(), saved).config
     for key in sorted(explicit - set(RUN_LOCAL) - set(LENGTH)):
         if getattr(stored, key) != getattr(given, key):
             kind = "a different model" if key in MODEL_FIELDS else "a run with different options"
@@ -88,7 +88,7 @@ def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> 
 
 def check_length(config: RunConfig, saved: RunCheckpoint, train_size: int) -> None:
     """A resumed run may be made longer, not shorter than the run it continues."""
-    before = saved.meta()["total_steps"]
+    before = CheckpointMeta.from_dict(saved.meta(), saved).total_steps
     after = config.total_steps(train_size)
     if after < before:
         given = f"--steps {config.steps}" if config.steps is not None else f"--epochs {config.epochs}"

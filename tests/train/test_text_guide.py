@@ -3,11 +3,11 @@ InfoNCE with the guide's embeddings of the same batch (encoded by the guide fold
 the guide never trains and is not saved, GradCache equals one full batch with it, bad uses exit 2."""
 import pytest
 import torch
+from gradcache.models import BiEncoder, HuggingFaceEncoder
 
 import gradcache.train.run
 from gradcache import losses
 from gradcache.cli import main
-from gradcache.models import BiEncoder, HuggingFaceEncoder
 from gradcache.train.checkpoints.atomic import load_checkpoint
 from tests.tiny_text_model import write_tiny_bert
 from tests.train.conftest import text_args

@@ -94,14 +94,14 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
     from gradcache.train.checkpoints.kinds import open_checkpoint
     from gradcache.train.checkpoints.meta import CheckpointMeta
     from gradcache.train.modes import MODES
-    from gradcache.train.run import build_model
+    from gradcache.train.run import build_loss, build_model
 
     saved = open_checkpoint(args.checkpoint)
     meta = CheckpointMeta.from_dict(saved.meta(), saved)
     config = dataclasses.replace(meta.config, device=args.device)
     mode = MODES[config.mode]
     model = build_model(mode, config)
-    saved.load(nn.ModuleDict({"model": model, "loss": mode.build_loss(config)}))  # shards into one model
+    saved.load(nn.ModuleDict({"model": model, "loss": build_loss(mode, config)}))  # shards into one model
     device = torch.device(args.device)
     data = mode.load_data(config)
     metrics = {**mode.evaluate(config, model.to(device), data, device), **meta.baselines, "steps": meta.step}

@@ -25,6 +25,7 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import Preempted, TrainingDiverged
+from gradcache.train.matryoshka import unwrapped
 from gradcache.train.modes import MODES
 from gradcache.train.parallel.placement import Placement, placement_for
 from gradcache.train.preemption import StopSignals
@@ -74,7 +75,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
         row = {"step": step + 1, "epoch": sampler.position(step)[0], "loss": f"{loss.item():.6f}",
                "lr": f"{result.learning_rate:.6g}",
                "samples_per_s": f"{config.batch_size / (run.elapsed() - waited_from):.1f}",
-               "negatives_per_anchor": negatives + queued, "temperature": f"{run.loss.temperature:.5g}",
+               "negatives_per_anchor": negatives + queued, "temperature": f"{unwrapped(run.loss).temperature:.5g}",
                "elapsed_s": f"{run.elapsed():.2f}", "skipped": int(result.skipped)}
         log.log_step(row)
         bar.update(1)

@@ -69,13 +69,16 @@ class Run:
         self.steps = config.total_steps(len(data.train))
         torch.manual_seed(config.seed)
         self.model = build_model(self.mode, config).to(self.device)
-        self.loss = self.mode.build_loss(config).to(self.device)
+        self.loss = build_loss(self.mode, config).to(self.device)
+        self.guide = self.mode.build_guide(config)  # frozen: not in `trained`, the optimizer or the checkpoint
+        if self.guide is not None:
+            self.guide = self.guide.to(self.device).eval().requires_grad_(False)
         self.trained = nn.ModuleDict({"model": self.model, "loss": self.loss})
         if saved is None:
             self.mode.initialise(config, self.model, self.loss)
         # step 0 is evaluated before placing: one plain model on rank 0, whatever the placement
         self.progress = Progress() if saved is not None else self._step_zero()
-        encoders = placement.place(self.mode.encoders(self.model), self.device)
+        encoders = placement.place(self.mode.encoders(self.model, self.guide), self.device)
         # after placing: the optimizer must hold the sharded parameters, not the ones fully_shard replaced
         lr = scaled_learning_rate(config.lr, config.batch_size, config.base_batch_size, config.lr_scaling)
         self.optimizer = build_optimizer(config.optimizer, [self.model, self.loss], lr, config.weight_decay,
@@ -181,6 +184,12 @@ def build_model(mode: Mode, config: RunConfig) -> nn.Module:
     if config.grad_checkpointing:
         model.set_grad_checkpointing(True)
     return model
+
+
+def build_loss(mode: Mode, config: RunConfig) -> nn.Module:
+    """The mode's loss, summed over `--matryoshka-dims` where given (`Mode.matryoshka`)."""
+    loss = mode.build_loss(config)
+    return loss if config.matryoshka_dims is None else mode.matryoshka(loss, config.matryoshka_dims)
 
 
 def peak_memory_mb(device: torch.device) -> float:

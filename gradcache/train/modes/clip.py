@@ -30,8 +30,10 @@ from gradcache.train.data.images.files import load_caption_table
 from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.order import StepSampler, training_batches
 from gradcache.train.errors import DataError, UsageError
+from gradcache.train.eval.dimensions import at_dim, evaluation_dims, truncated
 from gradcache.train.eval.embed import embed_images, embed_texts
 from gradcache.train.eval.images import retrieval_recall, zero_shot_top1
+from gradcache.train.matryoshka import unwrapped
 from gradcache.train.modes.backbone import BACKBONE_HELP, build_backbone, check_backbone
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.image import ImageMode
@@ -125,36 +127,62 @@ class CLIP(ImageMode):
         if config.pretrained is not None:  # the checkpoint's weights, its learned temperature (and SigLIP's bias)
             pretrained = model.load_pretrained(config.pretrained)
             with torch.no_grad():
-                loss.logit_scale.copy_(pretrained.logit_scale)
-                if isinstance(loss, losses.SigLipLoss):
-                    loss.bias.copy_(pretrained.bias)
+                own = unwrapped(loss)  # the mode's loss, inside a Matryoshka with --matryoshka-dims
+                own.logit_scale.copy_(pretrained.logit_scale)
+                if isinstance(own, losses.SigLipLoss):
+                    own.bias.copy_(pretrained.bias)
 
-    def encoders(self, model: nn.Module) -> list[nn.Module]:
+    def embedding_width(self, config: RunConfig) -> int:
+        architecture = open_clip_architecture(config.model)
+        if architecture is None:
+            return config.projection_dim
+        import open_clip  # check_model has found it and the architecture
+
+        return open_clip.get_model_config(architecture)["embed_dim"]
+
+    def encoders(self, model: nn.Module, guide: nn.Module | None = None) -> list[nn.Module]:
         return [model.image_tower, model.text_tower]
 
     def after_step(self, config: RunConfig, loss: nn.Module) -> None:
         with torch.no_grad():  # 1 / temperature <= --max-logit-scale, in ClipLoss and SigLipLoss alike
-            loss.logit_scale.clamp_(max=math.log(config.max_logit_scale))
+            unwrapped(loss).logit_scale.clamp_(max=math.log(config.max_logit_scale))
 
     def metrics(self, config: RunConfig, model: nn.Module, data: DataSplits,
                 device: torch.device) -> dict[str, float]:
-        """Recall@1/5/10 both ways with their chance levels, and zero-shot top-1 where the data has classes."""
+        """Recall@1/5/10 both ways with their chance levels, and zero-shot top-1 where the data has classes; with
+        `--matryoshka-dims`, both again at each narrower width (`<metric>@<d>`; the chance levels do not change)."""
         tokenizer = _tokenizer(config)
         images = embed_images(model.encode_image, data.test.images, device)
         texts = embed_texts(model.encode_text, tokenizer, data.test.captions, device)
-        metrics = retrieval_recall(images, texts, data.test.captions)
+        prompts = None
         if data.test.labels is not None and data.test.class_names:
-            prompts = data.test.class_prompts or [[f"a photo of a {name}"] for name in data.test.class_names]
-            classes = np.stack([embed_texts(model.encode_text, tokenizer, p, device).mean(0) for p in prompts])
-            classes /= np.linalg.norm(classes, axis=1, keepdims=True)
-            metrics["zero_shot_top1"] = zero_shot_top1(images, data.test.labels, classes)
+            prompt_texts = data.test.class_prompts or [[f"a photo of a {name}"] for name in data.test.class_names]
+            prompts = [embed_texts(model.encode_text, tokenizer, p, device) for p in prompt_texts]  # (P_c, D) each
+        metrics = _scores(images, texts, prompts, data)
+        for dim in evaluation_dims(config.matryoshka_dims, images.shape[1]):
+            cut = _scores(truncated(images, dim), truncated(texts, dim),
+                          None if prompts is None else [truncated(p, dim) for p in prompts], data)
+            metrics.update(at_dim({k: v for k, v in cut.items() if not k.startswith("chance_")}, dim))
         return metrics
 
     def summary(self, loss: nn.Module) -> dict[str, Any]:
         """The learned temperature, and a SigLIP loss's learned bias."""
-        if isinstance(loss, losses.SigLipLoss):
-            return {"temperature": loss.temperature, "bias": float(loss.bias.detach())}
-        return {"temperature": loss.temperature}
+        own = unwrapped(loss)
+        if isinstance(own, losses.SigLipLoss):
+            return {"temperature": own.temperature, "bias": float(own.bias.detach())}
+        return {"temperature": own.temperature}
+
+
+def _scores(images: np.ndarray, texts: np.ndarray, prompts: list[np.ndarray] | None,
+            data: DataSplits) -> dict[str, float]:
+    """Recall both ways of (N, D) unit image and caption embeddings, and zero-shot top-1 from each class's
+    (P_c, D) unit prompt embeddings (their mean, normalised) where the data has classes."""
+    scores = retrieval_recall(images, texts, data.test.captions)
+    if prompts is not None:
+        classes = np.stack([p.mean(0) for p in prompts])  # (C, D)
+        classes /= np.linalg.norm(classes, axis=1, keepdims=True)
+        scores["zero_shot_top1"] = zero_shot_top1(images, data.test.labels, classes)
+    return scores
 
 
 def _tokenizer(config: RunConfig) -> ByteTokenizer | OpenClipTokenizer:

@@ -144,10 +144,18 @@ class Replicated(Placement):
     sharded = False
 
     def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
+        """What the strategy encodes with (built before the optimizer): each distinct trained encoder wrapped
+        once; a frozen one (a guide: nothing to synchronise, which DDP refuses) as it is."""
         if distributed.world_size() == 1:
             return encoders
-        wrap = lambda e: nn.parallel.DistributedDataParallel(  # noqa: E731
-            e, device_ids=[device.index] if device.type == "cuda" else None)
+        wrapped: dict[int, nn.Module] = {}
+
+        def wrap(encoder: nn.Module) -> nn.Module:
+            if not _trains(encoder):
+                return encoder
+            return wrapped.setdefault(id(encoder), nn.parallel.DistributedDataParallel(
+                encoder, device_ids=[device.index] if device.type == "cuda" else None))
+
         return wrap(encoders) if isinstance(encoders, nn.Module) else [wrap(e) for e in encoders]
 
     def evaluates(self) -> bool:
@@ -175,8 +183,10 @@ class Sharded(Placement):
     def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         from gradcache.train.parallel.fsdp import shard_encoder
 
-        for encoder in [encoders] if isinstance(encoders, nn.Module) else encoders:
-            shard_encoder(encoder, cpu_offload=self.config.cpu_offload)
+        distinct = {id(e): e for e in ([encoders] if isinstance(encoders, nn.Module) else encoders)}
+        for encoder in distinct.values():
+            if _trains(encoder):  # a frozen guide stays whole on every rank
+                shard_encoder(encoder, cpu_offload=self.config.cpu_offload)
         return encoders
 
     def evaluates(self) -> bool:
@@ -194,6 +204,10 @@ class Sharded(Placement):
         finally:
             for unit in units:
                 unit.reshard()
+
+
+def _trains(encoder: nn.Module) -> bool:
+    return any(parameter.requires_grad for parameter in encoder.parameters())
 
 
 def placement_for(config: RunConfig) -> Placement:

@@ -90,15 +90,16 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from gradcache.train.modes import MODES
     from gradcache.train.parallel.placement import (
         collective_failures,
-        init_distributed_if_launched,
+        launched_process_group,
     )
     from gradcache.train.preflight import prepare_run
 
-    init_distributed_if_launched(args.device, args.collective_timeout)
-    config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
-    # one job per run folder until this one ends; a failed collective (a rank died or froze) typed
-    with lock, collective_failures(config.collective_timeout):
-        summary = train(config, saved, data)
+    # torchrun's process group for the command, ended with it; a failed collective (a rank died or froze) typed,
+    # from the checks' first broadcast on
+    with launched_process_group(args.device, args.collective_timeout), collective_failures(args.collective_timeout):
+        config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
+        with lock:  # one job per run folder until this one ends
+            summary = train(config, saved, data)
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "

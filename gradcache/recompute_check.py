@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gradcache.non_finite import NonFiniteRecomputationError
-from gradcache.precision import AutocastState
+from gradcache.autocast import AutocastState
 
 TOLERANCES = {torch.float64: 1e-7, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 TF32_TOLERANCE = 1e-3

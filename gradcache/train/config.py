@@ -17,7 +17,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 7
+CONFIG_VERSION = 8
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -70,6 +70,9 @@ class RunConfig:
     negative_keys: list[str] | None = option(None, modes=TEXT, added=3)  # columns, or one list-valued JSONL field
     negatives_per_query: int | None = option(None, modes=TEXT, added=3)  # h; None: what most rows have
     symmetric: bool = option(False, modes=TEXT, added=3)  # InfoNCE in both directions
+    guide: str | None = option(None, modes=TEXT, added=8)  # a frozen model whose similarities mask false negatives
+    guide_margin: float = option(0.0, modes=TEXT, added=8)
+    guide_margin_strategy: str = option("absolute", modes=TEXT, added=8)  # or "relative"
     # optimisation
     strategy: str = "gradcache"
     batch_size: int = option(128, at_least=1)  # global, over every rank
@@ -79,6 +82,7 @@ class RunConfig:
     queue_warmup: int = option(0, added=4)  # steps (micro-batches under naive) before the queue is used
     memory_budget: int | None = option(None, modes=TEXT, added=7)  # bytes of graphs GradCache keeps
     chunk_tokens: int | None = option(None, modes=TEXT, added=7)  # chunks of at most this many padded tokens
+    matryoshka_dims: list[int] | None = option(None, added=8)  # the loss also on these column prefixes (Matryoshka)
     epochs: int | None = option(None, at_least=1)  # None with steps None: the mode's default_epochs
     steps: int | None = option(None, at_least=1)
     optimizer: str = "adamw"

@@ -25,8 +25,9 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import Preempted, TrainingDiverged
+from gradcache.train.matryoshka import unwrapped
 from gradcache.train.modes import MODES
-from gradcache.train.parallel.placement import Replicated, placement_for
+from gradcache.train.parallel.placement import Placement, placement_for
 from gradcache.train.preemption import StopSignals
 from gradcache.train.run import Run, peak_memory_mb
 from gradcache.train.run_folder.log import RunLog
@@ -49,7 +50,7 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | 
                       signals)
 
 
-def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placement: Replicated,
+def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placement: Placement,
            signals: StopSignals) -> dict[str, Any]:
     rank, world_size = distributed.rank(), distributed.world_size()
     run = Run(config, data, placement, saved)  # step 0 evaluated, or the checkpoint loaded; nothing written
@@ -74,7 +75,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
         row = {"step": step + 1, "epoch": sampler.position(step)[0], "loss": f"{loss.item():.6f}",
                "lr": f"{result.learning_rate:.6g}",
                "samples_per_s": f"{config.batch_size / (run.elapsed() - waited_from):.1f}",
-               "negatives_per_anchor": negatives + queued, "temperature": f"{run.loss.temperature:.5g}",
+               "negatives_per_anchor": negatives + queued, "temperature": f"{unwrapped(run.loss).temperature:.5g}",
                "elapsed_s": f"{run.elapsed():.2f}", "skipped": int(result.skipped)}
         log.log_step(row)
         bar.update(1)

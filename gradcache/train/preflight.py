@@ -28,6 +28,7 @@ from gradcache.train.config import LOWER_BOUNDS, RunConfig
 from gradcache.train.data.images.files import check_bad_share
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
+from gradcache.train.matryoshka import check_dims
 from gradcache.train.modes import MODES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
@@ -148,6 +149,8 @@ def check_options(config: RunConfig) -> None:
                          "step yet; drop --fsdp (DDP keeps the queue) or --queue-size")
     MODES[config.mode].check(config)
     MODES[config.mode].check_model(config)  # after the plain values: it may load a model folder
+    if config.matryoshka_dims is not None:  # after the model: its width may come from its folder
+        check_dims(config.matryoshka_dims, MODES[config.mode].embedding_width(config))
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
     _check_sharding(config)

@@ -49,3 +49,15 @@ def tiny_sentence_transformer(folder: Path):
 def features(model, columns=("anchor", "positive", "negative"), rows: int = 7) -> list[dict]:
     """The trainer's `sentence_features`: one tokenized dict per column (with its "modality" entry)."""
     return [model.preprocess(COLUMNS[c][:rows]) for c in columns]
+
+
+def assert_close(got: dict, want: dict, rel: float = 1e-5) -> float:
+    """Every gradient within `rel` of the largest entry; returns the largest relative error."""
+    assert got.keys() == want.keys() and want
+    scale = max(w.abs().max().item() for w in want.values())
+    worst = 0.0
+    for name in want:
+        error = (got[name] - want[name]).abs().max().item()
+        worst = max(worst, error / scale)
+        assert error <= rel * scale, f"{name}: max error {error:.3g} vs scale {scale:.3g}"
+    return worst

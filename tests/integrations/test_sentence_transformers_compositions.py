@@ -21,7 +21,7 @@ from gradcache.integrations.sentence_transformers import GradCacheLoss  # noqa: 
 from gradcache.losses import ClipLoss, InfoNCE  # noqa: E402
 from gradcache.non_finite import NonFiniteLossError  # noqa: E402
 from tests.integrations.sentence_models import (  # noqa: E402
-    features, minilm_path, save_tiny_bert, tiny_sentence_transformer,
+    assert_close, features, minilm_path, save_tiny_bert, tiny_sentence_transformer,
 )
 
 
@@ -58,16 +58,6 @@ def loss_and_grads(model: nn.Module, loss: nn.Module, batch, seed: int = 0, *ext
     return value.detach(), grads
 
 
-def assert_close(got: dict, want: dict, rel: float = 1e-5) -> float:
-    """Every gradient within `rel` of the largest entry; returns the largest relative error."""
-    assert got.keys() == want.keys() and want
-    scale = max(w.abs().max().item() for w in want.values())
-    worst = 0.0
-    for name in want:
-        error = (got[name] - want[name]).abs().max().item()
-        worst = max(worst, error / scale)
-        assert error <= rel * scale, f"{name}: max error {error:.3g} vs scale {scale:.3g}"
-    return worst
 
 
 # --- MatryoshkaLoss -----------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def run_metrics(model: LoadedModel, data: str | None, test_size: int | None = No
     mode = MODES[config.mode]
     if data is None:
         metrics = mode.evaluate(config, model.module, mode.load_data(config), model.device)
-        return {**metrics, **model.meta["baselines"], "steps": model.meta["step"]}
+        return {**metrics, **model.meta.baselines, "steps": model.meta.step}
     if test_size is not None and test_size < 1:
         raise UsageError(f"--test-size must be at least 1, got {test_size}")
     config = dataclasses.replace(config, data=str(data), test_size=test_size or config.test_size)

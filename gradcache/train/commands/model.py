@@ -21,7 +21,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -31,6 +30,7 @@ from gradcache.train.checkpoints.kinds import (
     ShardedCheckpoint,
     open_checkpoint,
 )
+from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
 
@@ -55,7 +55,7 @@ class LoadedModel:
         encode_passage: tokens -> (B, D), the corpus side (text: the passage tower; clip: the text tower).
         encode_image: (B, 3, H, W) in [-1, 1] -> (B, D) (clip, simclr).
         image_size: the side images are decoded to (clip, simclr).
-        config: the run's options and `meta` its checkpoint's meta, for a run; None for a model folder.
+        config: the run's options, and meta its checkpoint's meta, for a run; None for a model folder.
     """
 
     kind: str
@@ -68,7 +68,7 @@ class LoadedModel:
     encode_image: Callable[[torch.Tensor], torch.Tensor] | None = None
     image_size: int | None = None
     config: RunConfig | None = None
-    meta: dict[str, Any] | None = None
+    meta: CheckpointMeta | None = None
 
     @property
     def embeds_text(self) -> bool:
@@ -86,22 +86,21 @@ def is_run_path(path: Path) -> bool:
     return path.is_dir() and any((path / name).exists() for name in RUN_FOLDER_FILES)
 
 
-def load_run(path: str | os.PathLike, device: str = "cpu") -> tuple[RunConfig, nn.Module, dict[str, Any]]:
+def load_run(path: str | os.PathLike, device: str = "cpu") -> tuple[RunConfig, nn.Module, CheckpointMeta]:
     """A run's model (eval mode, on `device`), its options and its checkpoint's meta, from a run folder or checkpoint.
 
     Raises:
         CheckpointError: no checkpoint, or none that passes its checks (exit status 2).
     """
     from gradcache.train.modes import MODES
-    from gradcache.train.run import build_model
+    from gradcache.train.run import build_loss, build_model
 
     saved = open_checkpoint(path)
-    meta = saved.meta()
-    config = dataclasses.replace(RunConfig.from_dict(meta["args"]), device=device)
+    meta = CheckpointMeta.from_dict(saved.meta(), saved)
+    config = dataclasses.replace(meta.config, device=device)
     mode = MODES[config.mode]
     model = build_model(mode, config)
-    saved.load(nn.ModuleDict({"model": model, "loss": mode.build_loss(config)}))  # shards into one model
-    meta = {**meta, "source": f"{saved} (step {meta['step']})"}
+    saved.load(nn.ModuleDict({"model": model, "loss": build_loss(mode, config)}))  # shards into one model
     return config, model.to(torch.device(device)).eval(), meta
 
 
@@ -110,7 +109,7 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
         raise UsageError(f"--pooling {pooling} applies to a model folder; the run {path} pools as it was trained "
                          "(drop --pooling)")
     config, model, meta = load_run(path, str(device))
-    common = {"source": f"run {meta['source']}", "module": model, "device": device, "config": config, "meta": meta}
+    common = {"source": f"run {path} (step {meta.step})", "module": model, "device": device, "config": config, "meta": meta}
     if config.mode == "text":
         from gradcache.models import HuggingFaceTokenizer
         from gradcache.train.modes.text import model_folder

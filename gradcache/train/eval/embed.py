@@ -11,13 +11,20 @@ import torch.nn.functional as F
 from gradcache.train.data.images.augment import to_model_input
 
 
-@torch.no_grad()
 def embed_images(encode: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, device: torch.device,
                  batch_size: int = 512) -> np.ndarray:
     """(N, D) float32 L2-normalised embeddings of uint8 (N, 3, H, W) images, encoded in batches."""
-    chunks = [encode(to_model_input(images[i:i + batch_size]).to(device)).float()
-              for i in range(0, len(images), batch_size)]
-    return F.normalize(torch.cat(chunks), dim=1).cpu().numpy()
+    return embed_image_outputs(lambda batch: (encode(batch),), images, device, batch_size)[0]
+
+
+@torch.no_grad()
+def embed_image_outputs(encode: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], images: torch.Tensor,
+                        device: torch.device, batch_size: int = 512) -> list[np.ndarray]:
+    """Each of the k outputs of `encode` (a tuple of (B, D_j) tensors) as (N, D_j) float32 L2-normalised
+    embeddings of uint8 (N, 3, H, W) images: several embeddings (features and projection) from one pass."""
+    chunks = [[output.float() for output in encode(to_model_input(images[i:i + batch_size]).to(device))]
+              for i in range(0, len(images), batch_size)]  # per batch, k (B, D_j)
+    return [F.normalize(torch.cat(outputs), dim=1).cpu().numpy() for outputs in zip(*chunks)]
 
 
 @torch.no_grad()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -184,12 +185,22 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
 def memory_bytes(text: str) -> int:
-    """`--memory-budget`: bytes, as a number with an optional K, M or G suffix (powers of 1024): 2G, 500M."""
-    number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in "KMG" else (text, "")
+    """`--memory-budget`: bytes, as a finite number with an optional K, M or G suffix (powers of 1024): 2G, 500M.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty value, not a number, NaN or infinite (`inf`, `1e400`): the parser
+            exits 2 naming the option.
+    """
+    stripped = text.strip()
+    unit = stripped[-1:].upper() if stripped[-1:].upper() in ("K", "M", "G") else ""
     try:
-        return int(float(number) * _UNITS[unit])
+        size = float(stripped[:-1] if unit else stripped) * _UNITS[unit]  # 1e300G: finite, times 2**30 is not
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; give e.g. 2G, 500M or 1000000") from None
+        size = math.nan
+    if not math.isfinite(size):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite size in bytes; give e.g. 2G, 500M or 1000000 "
+                                         "(or omit the option to keep no graph)")
+    return int(size)
 
 
 def _tokenizer(config: RunConfig) -> HuggingFaceTokenizer:

@@ -103,6 +103,19 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, dropout_b
     assert final[0]["mrr@10"] == final[1]["mrr@10"] and final[0]["mrr@10_initial"] == final[1]["mrr@10_initial"]
 
 
+def test_a_quiet_resume_prints_no_loading_bar(tmp_path, tiny_bert, capsys):
+    """A resume rebuilds the model before any check: transformers' "Loading weights" bar stays off there too."""
+    import transformers
+
+    assert main(text_args(tiny_bert, tmp_path, "--steps", "1")) == 0
+    transformers.utils.logging.enable_progress_bar()  # as in a new process: the run above turned it off
+    capsys.readouterr()
+    assert main(["train", "text", "--resume", str(tmp_path), "--steps", "2", "--quiet"]) == 0
+    stderr = capsys.readouterr().err
+    assert "extended from 1 to 2 steps" in stderr  # what a quiet resume still says
+    assert "Loading weights" not in stderr and "it/s]" not in stderr
+
+
 def test_eval_subcommand_reproduces_the_final_metrics(tmp_path, tiny_bert, capsys):
     assert main(text_args(tiny_bert, tmp_path)) == 0
     trained = json.loads((tmp_path / "metrics.json").read_text())

@@ -194,13 +194,13 @@ def memory_bytes(text: str) -> int:
     """
     stripped = text.strip()
     unit = stripped[-1:].upper() if stripped[-1:].upper() in ("K", "M", "G") else ""
+    examples = "give e.g. 2G, 500M or 1000000 (or omit the option to keep no graph)"
     try:
         size = float(stripped[:-1] if unit else stripped) * _UNITS[unit]  # 1e300G: finite, times 2**30 is not
     except ValueError:
-        size = math.nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; {examples}") from None
     if not math.isfinite(size):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite size in bytes; give e.g. 2G, 500M or 1000000 "
-                                         "(or omit the option to keep no graph)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite size in bytes; {examples}")
     return int(size)
 
 

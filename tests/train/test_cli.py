@@ -179,8 +179,9 @@ def test_a_warmup_longer_than_the_run_is_cut_to_it_and_said_once(tmp_path, capsy
     argv = ["train", "simclr", *TINY["simclr"][:at], *TINY["simclr"][at + 2:], "--output-dir", str(tmp_path)]
     assert main(argv) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if "--warmup" in line]
-    assert said == [f"gradcache train: --warmup {warmup} is longer than the run's 2 steps; it is cut to 2, so the "
-                    "whole run warms up (give --warmup below 2 for a cosine decay after it)"]
+    expected = (f"gradcache train: --warmup {warmup} is longer than the run's 2 steps; it is cut to 2, so the whole "
+                "run warms up (give --warmup below 2 for a cosine decay after it)")
+    assert said == [expected]
     peak = scaled_learning_rate(2e-3, 16, 256, "sqrt")
     assert _learning_rates(tmp_path) == pytest.approx([peak * (s + 1) / 2 for s in range(2)], rel=1e-5)
     assert main(["train", "simclr", "--resume", str(tmp_path), "--steps", "3", "--quiet", "--workers", "0"]) == 0

@@ -40,7 +40,10 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | 
 
     Raises:
         TrainingDiverged: a non-finite loss, embedding, gradient or weight (no checkpoint of it is written).
-        Preempted: SIGTERM or SIGINT; the step in progress finished and its checkpoint was saved.
+        Preempted: SIGTERM or SIGINT once training started; the step in progress finished and its checkpoint
+            was saved.
+        KeyboardInterrupt: SIGTERM or SIGINT before training started (loading data, building the model, loading
+            the checkpoint, evaluating step 0): nothing trained, nothing saved.
 
     A second signal ends the process at once with status INTERRUPTED, the previous checkpoint intact.
     """
@@ -66,6 +69,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
     bar = tqdm(total=run.steps, initial=progress.start_step, desc=f"{config.mode} {config.strategy}",
                disable=config.quiet or rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
     run.model.train()
+    signals.defer()  # until here a signal stopped at once; from here it lets the step in progress finish and save
     loss = None  # a resume of a finished run trains no step
     waited_from = run.elapsed()  # samples_per_s counts the wait for each batch too, not the step alone
     for step, inputs in enumerate(run.mode.batches(config, data, sampler), start=progress.start_step):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,7 @@ class Text(Mode):
     # --- model and loss ---------------------------------------------------------------------------------
     def build_model(self, config: RunConfig) -> nn.Module:
         folder = model_folder(config.model)
+        _quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
         towers = [HuggingFaceEncoder(folder, pooling=config.pooling) for _ in range(1 + config.separate_towers)]
         return BiEncoder(*towers)
 
@@ -222,12 +224,22 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
 def memory_bytes(text: str) -> int:
-    """`--memory-budget`: bytes, as a number with an optional K, M or G suffix (powers of 1024): 2G, 500M."""
-    number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in "KMG" else (text, "")
+    """`--memory-budget`: bytes, as a finite number with an optional K, M or G suffix (powers of 1024): 2G, 500M.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty value, not a number, NaN or infinite (`inf`, `1e400`): the parser
+            exits 2 naming the option.
+    """
+    stripped = text.strip()
+    unit = stripped[-1:].upper() if stripped[-1:].upper() in ("K", "M", "G") else ""
+    examples = "give e.g. 2G, 500M or 1000000 (or omit the option to keep no graph)"
     try:
-        return int(float(number) * _UNITS[unit])
+        size = float(stripped[:-1] if unit else stripped) * _UNITS[unit]  # 1e300G: finite, times 2**30 is not
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; give e.g. 2G, 500M or 1000000") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; {examples}") from None
+    if not math.isfinite(size):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite size in bytes; {examples}")
+    return int(size)
 
 
 def _vocab_size(folder: Path, pooling: str | None) -> int | None:

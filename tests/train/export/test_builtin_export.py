@@ -1,4 +1,4 @@
-"""A simclr or clip run's RUN/model (built-in encoders) is rebuilt by gradcache.models.from_pretrained, and a ResNet
+"""A simclr or clip model's RUN/model (built-in encoders) is rebuilt by gradcache.models.from_pretrained, and a ResNet
 image encoder loads into torchvision's own ResNet with the loading lines of its README."""
 import json
 
@@ -7,7 +7,10 @@ import torch
 
 import gradcache.models
 from gradcache.cli import main
+from gradcache.train.config import RunConfig
 from gradcache.train.export.kinds import ModelFolderKind, model_folder_kind
+from gradcache.train.export.write import export_model
+from gradcache.train.modes import MODES
 from tests.train.export.helpers import program_model
 
 torchvision = pytest.importorskip("torchvision")
@@ -17,12 +20,21 @@ def _images(size, count=5):
     return torch.rand(count, 3, size, size, generator=torch.Generator().manual_seed(0)) * 2 - 1  # in [-1, 1]
 
 
-@pytest.mark.parametrize("preset, norm", [("resnet18", "group"), ("resnet18", "batch"), ("convnet", "group")])
-def test_simclr_from_pretrained_and_torchvision(tmp_path, tiny_args, preset, norm):
-    assert main(tiny_args("simclr", tmp_path / "run", "--model", preset, "--norm", norm, "--steps", "1")) == 0
-    exported = tmp_path / "run" / "model"
+@pytest.mark.parametrize("preset, norm, image_size", [("resnet18", "group", 16), ("resnet18", "batch", 16),
+                                                      ("resnet18", "group", 72), ("convnet", "group", 16)])
+def test_simclr_from_pretrained_and_torchvision(tmp_path, preset, norm, image_size):
+    """Exported as a run ends (export_model), from random weights and BatchNorm statistics: no training needed."""
+    config = RunConfig(mode="simclr", model=preset, norm=norm, image_size=image_size, width=8, hidden_dim=32,
+                       projection_dim=16)
+    mode = MODES["simclr"]
+    torch.manual_seed(0)
+    model, loss = mode.build_model(config).eval(), mode.build_loss(config)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):  # statistics a run would have learned, not the 0 / 1 start
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    exported = export_model(config, model, loss, tmp_path / "model")
     assert model_folder_kind(exported) is ModelFolderKind.BUILT_IN
-    config, model, _ = program_model(tmp_path / "run")
     images = _images(config.image_size)
     rebuilt = gradcache.models.from_pretrained(exported)
     assert not rebuilt.training
@@ -36,6 +48,7 @@ def test_simclr_from_pretrained_and_torchvision(tmp_path, tiny_args, preset, nor
     if preset == "resnet18":  # the README's lines, run as written, with RUN/model replaced by the folder
         readme = (exported / "README.md").read_text()
         lines = readme.split("torchvision (the image encoder alone)")[1].split("```python\n")[1].split("```")[0]
+        assert ("conv1" in lines) == (image_size <= 64) and ("GroupNorm" in lines) == (norm == "group")
         scope = {}
         exec(lines.replace("RUN/model", str(exported)), scope)
         net = scope["net"].eval()

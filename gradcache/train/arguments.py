@@ -74,7 +74,8 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                      help="scale --lr by (batch / base batch) (linear) or its square root (sqrt)")
     run.add_argument("--base-batch-size", type=int, default=default("base_batch_size"),
                      help="the batch size --lr is stated for")
-    run.add_argument("--warmup", type=int, default=default("warmup"), help="linear warm-up steps, then cosine decay to 0")
+    run.add_argument("--warmup", type=int, default=default("warmup"),
+                     help="linear warm-up steps, then cosine decay to 0 (cut to the run's steps, said on stderr)")
     run.add_argument("--weight-decay", type=float, default=default("weight_decay"),
                      help="on weights, not on biases or norms")
     run.add_argument("--momentum", type=float, default=default("momentum"), help="sgd/lars momentum")

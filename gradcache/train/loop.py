@@ -6,7 +6,8 @@
         loss = run.step(inputs)    # strategy.step writes .grad; scaler.step; zero_grad; schedule; mode's hook;
                                    # the ranks agree on divergence (raises) and on a stop signal
         log; every N steps (and on a stop signal: then raise Preempted) a checkpoint; (optionally) an evaluation
-    the final evaluation, metrics.json, curves.png
+    the final evaluation, RUN/model/ (the model in its users' format: gradcache/train/export/), metrics.json,
+    curves.png
 
 What differs between modes is in the mode (gradcache/train/modes/); what differs between replicated and
 sharded parameters is in the placement (gradcache/train/parallel/placement.py). Rank 0 alone writes the logs.
@@ -14,8 +15,10 @@ sharded parameters is in the placement (gradcache/train/parallel/placement.py). 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
+from torch import nn
 from tqdm import tqdm
 
 from gradcache import distributed, negatives_per_anchor
@@ -25,6 +28,7 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import Preempted, TrainingDiverged
+from gradcache.train.export.write import MODEL_FOLDER, export_model
 from gradcache.train.matryoshka import unwrapped
 from gradcache.train.modes import MODES
 from gradcache.train.parallel.placement import Placement, placement_for
@@ -40,7 +44,10 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | 
 
     Raises:
         TrainingDiverged: a non-finite loss, embedding, gradient or weight (no checkpoint of it is written).
-        Preempted: SIGTERM or SIGINT; the step in progress finished and its checkpoint was saved.
+        Preempted: SIGTERM or SIGINT once training started; the step in progress finished and its checkpoint
+            was saved.
+        KeyboardInterrupt: SIGTERM or SIGINT before training started (loading data, building the model, loading
+            the checkpoint, evaluating step 0): nothing trained, nothing saved.
 
     A second signal ends the process at once with status INTERRUPTED, the previous checkpoint intact.
     """
@@ -66,6 +73,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
     bar = tqdm(total=run.steps, initial=progress.start_step, desc=f"{config.mode} {config.strategy}",
                disable=config.quiet or rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
     run.model.train()
+    signals.defer()  # until here a signal stopped at once; from here it lets the step in progress finish and save
     loss = None  # a resume of a finished run trains no step
     waited_from = run.elapsed()  # samples_per_s counts the wait for each batch too, not the step alone
     for step, inputs in enumerate(run.mode.batches(config, data, sampler), start=progress.start_step):
@@ -93,6 +101,11 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
     bar.close()
     wall_time = run.elapsed()
     final = run.evaluate() if placement.evaluates() else {}
+    # RUN/model/ after the final checkpoint: the weights in the format the mode's users load (every rank gathers)
+    whole = placement.whole(run.trained, lambda: nn.ModuleDict({"model": run.mode.build_model(config),
+                                                               "loss": run.mode.build_loss(config)}))
+    if whole is not None:
+        export_model(config, whole["model"], whole["loss"], Path(config.output_dir) / MODEL_FOLDER)
     if rank != 0:
         return {}
     log.log_eval(run.steps, final)

@@ -1,15 +1,20 @@
 """Pre-emption: SIGTERM or SIGINT stops a run at the end of the step in progress, after a checkpoint.
 
     with StopSignals() as signals:        # installs the handlers in the main thread, restores them on exit
+        run = Run(...)                    # model, checkpoint, step-0 evaluation: a signal stops at once (130)
+        signals.defer()                   # training starts: a first signal now waits for the step's end
         for step ...:
             ... run.step(inputs, step, stop_requested=signals.received is not None)  # ranks agree (run.py)
             if agreed stop: run.save(...); raise Preempted(...)          # the program exits PREEMPTED (75)
 
-The first signal only sets `received` (and says so on stderr); the loop finishes its step, saves and raises
-`Preempted`, whose message names the checkpoint and the command that resumes it. A second signal ends the
-process at once (`os._exit(INTERRUPTED)`, 130), wherever it is: no exception that a save's clean-up or a
-destructor could turn into a traceback; a save in progress is abandoned, and since a save writes a temporary
-file and renames it, the previous checkpoint stays intact.
+Before `defer()` nothing is trained and nothing would be worth saving, so a signal raises KeyboardInterrupt
+where the program is (building the model, loading the checkpoint, evaluating step 0): the program unwinds and
+exits INTERRUPTED (130), as Ctrl-C does before the handlers are installed. After it, the first signal only sets
+`received` (and says so on stderr); the loop finishes its step, saves and raises `Preempted`, whose message
+names the checkpoint and the command that resumes it. A second signal ends the process at once
+(`os._exit(INTERRUPTED)`, 130), wherever it is: no exception that a save's clean-up or a destructor could turn
+into a traceback; a save in progress is abandoned, and since a save writes a temporary file and renames it, the
+previous checkpoint stays intact.
 
 Schedulers signal the whole process group (SLURM, `kill -TERM -PGID`), so the data loader's workers get the
 signal too: `ignore_stop_signals` is their `worker_init_fn`, so they keep feeding the main process, which
@@ -29,13 +34,18 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopSignals:
-    """Within the block, the first SIGTERM/SIGINT sets `received` (the signal's name); the second ends the
-    process with status INTERRUPTED. Outside the main thread (where Python cannot install handlers) it does
-    nothing."""
+    """Within the block, a SIGTERM/SIGINT before `defer()` raises KeyboardInterrupt (stop at once); after it the
+    first sets `received` (the signal's name) and the second ends the process with status INTERRUPTED. Outside
+    the main thread (where Python cannot install handlers) it does nothing."""
 
     def __init__(self) -> None:
         self.received: str | None = None
+        self.deferring = False  # True once training started: a first signal waits for the end of its step
         self._previous: dict[int, object] = {}
+
+    def defer(self) -> None:
+        """Training starts: from now on a first signal lets the step in progress finish and be saved."""
+        self.deferring = True
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -50,6 +60,8 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if not self.deferring:  # nothing trained yet, nothing to save: unwind from here (the CLI exits 130)
+            raise KeyboardInterrupt(f"{name} before training started")
         # os.write, not print: a handler that prints can interrupt a print to the same stream (a reentrant call)
         if self.received is not None:
             os.write(2, f"gradcache train: {name} received a second time; stopped at once without saving (the "

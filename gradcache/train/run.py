@@ -83,7 +83,7 @@ class Run:
         lr = scaled_learning_rate(config.lr, config.batch_size, config.base_batch_size, config.lr_scaling)
         self.optimizer = build_optimizer(config.optimizer, [self.model, self.loss], lr, config.weight_decay,
                                          config.momentum)
-        self.scheduler = warmup_cosine(self.optimizer, min(config.warmup, self.steps), self.steps)
+        self.scheduler = warmup_cosine(self.optimizer, self._warmup_steps(fresh=saved is None), self.steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding,
                                        self.mode.chunk_sizes(config))
@@ -93,6 +93,14 @@ class Run:
         if saved is not None:
             self.progress = self._resume(saved)  # a checkpoint of another model fails here, before any write
         self._started = time.perf_counter()
+
+    def _warmup_steps(self, fresh: bool) -> int:
+        """--warmup, cut to the run's length: the whole run then warms up (a new run says so on stderr, once)."""
+        if self.config.warmup > self.steps and fresh and distributed.rank() == 0:
+            print(f"gradcache train: --warmup {self.config.warmup} is longer than the run's {self.steps} steps; it is "
+                  f"cut to {self.steps}, so the whole run warms up (give --warmup below {self.steps} for a cosine "
+                  "decay after it)", file=sys.stderr)
+        return min(self.config.warmup, self.steps)
 
     def _step_zero(self) -> Progress:
         """The model as initialised, evaluated, and the baselines beside it (rank 0, which writes the logs)."""

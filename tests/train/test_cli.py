@@ -7,6 +7,7 @@ import torch
 from gradcache.cli import main
 from gradcache.train import errors
 from gradcache.train.checkpoints.atomic import load_checkpoint
+from tests.train.conftest import TINY
 
 
 def _losses(folder):
@@ -163,6 +164,28 @@ def test_resume_with_more_steps_continues_on_a_recomputed_schedule(tmp_path, tin
     assert _learning_rates(tmp_path)[:2] == pytest.approx([peak * WarmupCosine(1, 2)(s) for s in range(2)], rel=1e-5)
     for name in before["model"]:  # the new steps trained on from the saved weights
         assert not torch.equal(before["model"][name], after["model"][name]) or "num_batches" in name
+
+
+def test_a_warmup_longer_than_the_run_is_cut_to_it_and_said_once(tmp_path, capsys):
+    """SimCLR's default --warmup (10) in a 2-step run: the run still trains, warming up over both steps, lr
+    (s + 1) / 2 of the peak at step s, and one line on stderr says so, --quiet or not; its resume does not repeat it."""
+    from gradcache.train.config import RunConfig
+    from gradcache.train.modes.simclr import SimCLR
+    from gradcache.train.optim.optimizers import scaled_learning_rate
+
+    warmup = SimCLR.defaults.get("warmup", RunConfig.warmup)
+    assert warmup > 2
+    at = TINY["simclr"].index("--warmup")
+    argv = ["train", "simclr", *TINY["simclr"][:at], *TINY["simclr"][at + 2:], "--output-dir", str(tmp_path)]
+    assert main(argv) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "--warmup" in line]
+    expected = (f"gradcache train: --warmup {warmup} is longer than the run's 2 steps; it is cut to 2, so the whole "
+                "run warms up (give --warmup below 2 for a cosine decay after it)")
+    assert said == [expected]
+    peak = scaled_learning_rate(2e-3, 16, 256, "sqrt")
+    assert _learning_rates(tmp_path) == pytest.approx([peak * (s + 1) / 2 for s in range(2)], rel=1e-5)
+    assert main(["train", "simclr", "--resume", str(tmp_path), "--steps", "3", "--quiet", "--workers", "0"]) == 0
+    assert "is cut to" not in capsys.readouterr().err
 
 
 def test_resume_may_not_shorten_a_run(tmp_path, tiny_args, capsys):

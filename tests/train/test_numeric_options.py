@@ -16,8 +16,9 @@ def _numeric_options() -> list[tuple[str, str]]:
     for mode in MODES.values():
         parser = argparse.ArgumentParser(add_help=False)
         add_train_options(parser, mode)
+        # int, float, and the options with a parser of their own (--memory-budget's sizes): every typed option
         found += [(mode.name, action.option_strings[0]) for action in parser._actions
-                  if action.type in (int, float)]
+                  if action.type is not None and action.type is not str]
     return found
 
 
@@ -28,11 +29,12 @@ def test_the_parser_has_the_numeric_options_this_file_expects():
     assert {"--lr", "--temperature", "--momentum", "--weight-decay", "--image-size", "--max-bad-share",
             "--batch-size"} <= {option for _, option in NUMERIC}
     assert ("clip", "--max-logit-scale") in NUMERIC and ("text", "--max-length") in NUMERIC
+    assert ("text", "--memory-budget") in NUMERIC
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", ""])  # 1e400 overflows to inf; "" is no number
 @pytest.mark.parametrize(("mode", "option"), NUMERIC, ids=[f"{m}{o}" for m, o in NUMERIC])
-def test_nan_and_infinity_exit_2_and_write_nothing(tmp_path, capsys, mode, option, value):
+def test_nan_infinity_and_empty_values_exit_2_and_write_nothing(tmp_path, capsys, mode, option, value):
     output = tmp_path / "run"
     assert main(["train", mode, option, value, "--output-dir", str(output)]) == errors.USAGE
     error = capsys.readouterr().err

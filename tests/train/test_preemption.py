@@ -112,3 +112,47 @@ def test_ranks_agree_on_the_step_a_signal_to_one_of_them_stops_at(tmp_path, tiny
     statuses = run_on_ranks(_signal_rank_1_during_step_2, 2, argv, start_method="spawn")
     assert statuses == [errors.PREEMPTED] * 2
     assert load_checkpoint(tmp_path)["step"] == 3 == len(_losses(tmp_path))
+
+
+@pytest.mark.parametrize(("signum", "during"), [(signal.SIGINT, "model building"), (signal.SIGTERM, "step 0"),
+                                                (signal.SIGINT, "the resume")])
+def test_a_signal_before_training_starts_stops_at_once_unsaved(tmp_path, tiny_args, monkeypatch, capsys, signum,
+                                                               during):
+    """Ctrl-C (or SIGTERM) while the model is built, a checkpoint loaded or step 0 evaluated: nothing is trained
+    or saved, the program exits INTERRUPTED at once instead of training a step and exiting PREEMPTED."""
+    from gradcache.cli import main
+    from gradcache.train import run as run_module
+    from gradcache.train.modes import MODES
+    from gradcache.train.modes.base import Mode
+
+    folder = tmp_path / "run"
+    if during == "the resume":
+        assert main(tiny_args("simclr", folder)) == errors.OK
+    before = load_checkpoint(folder)["step"] if during == "the resume" else None
+
+    def signalled(original):
+        def call(*args, **kwargs):
+            os.kill(os.getpid(), signum)  # handled at the next bytecode, inside this call
+            return original(*args, **kwargs)
+        return call
+
+    if during == "step 0":
+        monkeypatch.setattr(Mode, "evaluate", signalled(Mode.evaluate))
+    elif during == "model building":  # the class's method: a module's name for it may be bound elsewhere
+        simclr = type(MODES["simclr"])
+        monkeypatch.setattr(simclr, "build_model", signalled(simclr.build_model))
+    else:
+        monkeypatch.setattr(run_module.Run, "_resume", signalled(run_module.Run._resume))
+    capsys.readouterr()
+    argv = (["train", "simclr", "--resume", str(folder), "--steps", "4", "--quiet", "--workers", "0"]
+            if during == "the resume" else tiny_args("simclr", folder))
+    assert main(argv) == errors.INTERRUPTED
+    stderr = capsys.readouterr().err
+    assert f"{signal.Signals(signum).name} before training started" in stderr
+    assert "stopped at once without saving" in stderr and "Traceback" not in stderr
+    if during == "the resume":
+        assert load_checkpoint(folder)["step"] == before and len(_losses(folder)) == before  # untouched
+    else:
+        assert not (folder / "last.pt").exists()
+        assert not (folder / "train_log.csv").exists() or _losses(folder) == []
+    assert signal.getsignal(signal.SIGTERM) is not None  # the handlers were put back

@@ -1,6 +1,8 @@
 """`gradcache train text` through main([...]) on a tiny BERT written by the test: no download, seconds per run."""
 import csv
 import json
+import random
+import string
 
 import pytest
 import torch
@@ -8,7 +10,7 @@ import torch
 from gradcache.cli import main
 from gradcache.train.checkpoints.atomic import load_checkpoint
 from tests.tiny_text_model import write_tiny_bert
-from tests.train.conftest import text_args
+from tests.train.conftest import TINY, text_args
 
 pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
 METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")
@@ -51,11 +53,47 @@ def test_gradcache_and_full_batch_train_the_same_model(tmp_path, tiny_bert):
         torch.testing.assert_close(cached[name], full[name], rtol=1e-4, atol=1e-5)
 
 
-def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_bert, killed_after_step):
-    args = ["--steps", "5", "--checkpoint-every", "2"]  # 4 steps per epoch: the resumed part crosses one
-    assert main(text_args(tiny_bert, tmp_path / "whole", *args)) == 0
+@pytest.fixture(scope="module")
+def dropout_bert(tmp_path_factory):
+    """A tiny BERT with dropout 0.1, as MiniLM has: a resume that shifts the random state changes its losses."""
+    return write_tiny_bert(tmp_path_factory.mktemp("models") / "dropout_bert", dropout=0.1)
 
-    killed_after_step(3, text_args(tiny_bert, tmp_path / "cut", *args))
+
+def _random_pairs(path, rows, seed=0):
+    """A JSONL file of `rows` rows: a query of 5-10 random words, a positive and a `negative` passage of 10-20."""
+    generator = random.Random(seed)
+    words = ["".join(generator.choices(string.ascii_lowercase, k=generator.randint(3, 8))) for _ in range(200)]
+
+    def text(low, high):
+        return " ".join(generator.choices(words, k=generator.randint(low, high)))
+
+    path.write_text("".join(json.dumps({"query": text(5, 10), "positive": text(10, 20), "negative": text(10, 20)})
+                            + "\n" for _ in range(rows)), encoding="utf-8")
+    return path
+
+
+# name: (model, options, the step after which the first run is killed); 32 rows, 16 held out
+RESUMES = {
+    "hard-negatives": ("dropout", ["--negative-keys", "negative", "--steps", "5", "--checkpoint-every", "2"], 3),
+    "in-batch": ("dropout", ["--steps", "5", "--checkpoint-every", "2"], 3),  # 2 steps per epoch: crosses two
+    # the packaged model (dropout 0.1) at its smallest: its second step resumed from the checkpoint of its first
+    "minilm": ("all-MiniLM-L6-v2", ["--negative-keys", "negative", "--steps", "2", "--checkpoint-every", "1",
+                                    "--batch-size", "4", "--chunk-size", "4", "--max-length", "8", "--test-size", "4"], 2),
+}
+
+
+@pytest.mark.parametrize("case", RESUMES)
+def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, dropout_bert, killed_after_step, case):
+    """Killed after step k (the checkpoint holds an earlier one), resumed: the same losses, weights and scores as
+    one whole run, with dropout on, so the resumed steps must draw from the checkpoint's random state."""
+    model, options, killed = RESUMES[case]
+    model = str(dropout_bert) if model == "dropout" else model
+    data = _random_pairs(tmp_path / "pairs.jsonl", 32)
+    argv = ["train", "text", *TINY["text"], "--max-length", "16", "--model", model, "--data", str(data), *options]
+    assert main([*argv, "--output-dir", str(tmp_path / "whole")]) == 0
+
+    killed_after_step(killed, [*argv, "--output-dir", str(tmp_path / "cut")])
+    assert load_checkpoint(tmp_path / "cut")["step"] < killed
     assert main(["train", "text", "--resume", str(tmp_path / "cut"), "--quiet"]) == 0
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
     whole, resumed = (load_checkpoint(tmp_path / d)["model"] for d in ("whole", "cut"))
@@ -63,6 +101,19 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_bert
         assert torch.equal(whole[name], resumed[name]), name
     final = [json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "cut")]
     assert final[0]["mrr@10"] == final[1]["mrr@10"] and final[0]["mrr@10_initial"] == final[1]["mrr@10_initial"]
+
+
+def test_a_quiet_resume_prints_no_loading_bar(tmp_path, tiny_bert, capsys):
+    """A resume rebuilds the model before any check: transformers' "Loading weights" bar stays off there too."""
+    import transformers
+
+    assert main(text_args(tiny_bert, tmp_path, "--steps", "1")) == 0
+    transformers.utils.logging.enable_progress_bar()  # as in a new process: the run above turned it off
+    capsys.readouterr()
+    assert main(["train", "text", "--resume", str(tmp_path), "--steps", "2", "--quiet"]) == 0
+    stderr = capsys.readouterr().err
+    assert "extended from 1 to 2 steps" in stderr  # what a quiet resume still says
+    assert "Loading weights" not in stderr and "it/s]" not in stderr
 
 
 def test_eval_subcommand_reproduces_the_final_metrics(tmp_path, tiny_bert, capsys):

@@ -21,6 +21,7 @@ import torch
 
 from gradcache.train.checkpoints.checksum import CHECKSUM_KEY, content_sha256
 from gradcache.train.errors import CheckpointError, DiskFull
+from gradcache.train.run_folder.permissions import as_if_created
 
 EXTRA_FILE = "extra.pt"  # in a sharded checkpoint folder: rank 0's step, run options and random state
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -50,6 +51,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: st
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        as_if_created(handle.name)  # tempfile made it 0600; the run's other files are 0644 under umask 022
         if previous is not None and path.exists():
             _rotate_into_place(Path(handle.name), path, Path(previous))
         else:

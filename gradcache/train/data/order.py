@@ -119,6 +119,18 @@ def training_batches(images: ImageSet, sampler: StepSampler, augmentation: Calla
     """A loader of SimCLR view pairs (tokenizer None) or CLIP (images, tokens) batches, one per step."""
     pairs = AugmentedPairs(images, sampler.seed, augmentation, captions=tokenizer is not None)
     collate = _stack_pairs if tokenizer is None else _CaptionCollate(tokenizer)
-    return DataLoader(pairs, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
+    return step_loader(pairs, sampler, collate, workers)
+
+
+def step_loader(dataset: Dataset, sampler: StepSampler, collate: Callable, workers: int) -> DataLoader:
+    """A loader of one collated batch per step of `sampler`, that draws nothing from the global random state.
+
+    A DataLoader draws its workers' base seed when its iterator is created, from its `generator`, or when that
+    is None from the global generator: a fresh run creates the iterator once at step 0, a resumed run at the
+    checkpoint's step, just after restoring the global state, so that one draw would shift every dropout mask
+    and random number after it. Its own generator, seeded by the run seed, keeps the global state the
+    checkpoint's (what each sample draws is seeded by (seed, epoch, index), so the workers' seeds matter not).
+    """
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
                       persistent_workers=False, prefetch_factor=2 if workers else None,
-                      worker_init_fn=ignore_stop_signals)
+                      worker_init_fn=ignore_stop_signals, generator=torch.Generator().manual_seed(sampler.seed))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -131,6 +132,12 @@ class Mode:
     def baselines(self, config: RunConfig, data: Splits, initial: dict[str, float]) -> dict[str, float]:
         """Scores that show what training bought, given the metrics of the model at step 0."""
         return {}
+
+    # --- export -----------------------------------------------------------------------------------------
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
+        """Write the trained `model` (and what users need of `loss`: its temperature) into the empty `folder` in
+        the format this mode's users load (gradcache/train/export/), with a README.md of the loading lines."""
+        raise NotImplementedError
 
     def summary(self, loss: nn.Module) -> dict[str, Any]:
         """What metrics.json adds for this mode."""

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from gradcache import losses
 from gradcache.models import CLIP as ClipModel
-from gradcache.models import ByteTokenizer, TextEncoder
+from gradcache.models import ByteTokenizer, PretrainedConfig, TextEncoder
 from gradcache.models.open_clip import (
     OpenClipModel,
     OpenClipTokenizer,
@@ -33,8 +33,10 @@ from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.dimensions import at_dim, evaluation_dims, truncated
 from gradcache.train.eval.embed import embed_images, embed_texts
 from gradcache.train.eval.images import retrieval_recall, zero_shot_top1
+from gradcache.train.export.builtin import write_built_in_folder
+from gradcache.train.export.open_clip import write_open_clip_folder
 from gradcache.train.matryoshka import unwrapped
-from gradcache.train.modes.backbone import BACKBONE_HELP, build_backbone, check_backbone
+from gradcache.train.modes.backbone import BACKBONE_HELP, backbone_options, build_backbone, check_backbone
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.image import ImageMode
 
@@ -164,6 +166,22 @@ class CLIP(ImageMode):
                           None if prompts is None else [truncated(p, dim) for p in prompts], data)
             metrics.update(at_dim({k: v for k, v in cut.items() if not k.startswith("chance_")}, dim))
         return metrics
+
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
+        """open_clip's own files for `--model open_clip:ARCH`, else gradcache's built-in format; both at the trained
+        temperature."""
+        loss = unwrapped(loss)  # a Matryoshka sum trains one temperature (and bias)
+        if open_clip_architecture(config.model) is not None:
+            write_open_clip_folder(model, loss.logit_scale, folder, config.pretrained, getattr(loss, "bias", None))
+            return
+        text = dict(vocab_size=ByteTokenizer.vocab_size, context_length=config.context_length,
+                    width=config.text_width, layers=config.text_layers, heads=config.text_heads)
+        preprocessing = {**self.image_preprocessing(config),
+                         "tokenizer": f"gradcache.models.ByteTokenizer(context_length={config.context_length})"}
+        pretrained = PretrainedConfig("clip", config.model, backbone_options(config), config.image_size,
+                                      config.projection_dim, text_encoder=text, temperature=loss.temperature,
+                                      preprocessing=preprocessing)
+        write_built_in_folder(model, pretrained, model.image_tower.encoder, folder)
 
     def summary(self, loss: nn.Module) -> dict[str, Any]:
         """The learned temperature, and a SigLIP loss's learned bias."""

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gradcache.models.pretrained import IMAGE_INPUT
 from gradcache.train.config import RunConfig
 from gradcache.train.data.images.files import BUILT_IN_DATA
 from gradcache.train.data.images.sets import DataSplits
@@ -56,3 +57,9 @@ class ImageMode(Mode):
 
     def load_path(self, path: Path, config: RunConfig) -> DataSplits:
         raise NotImplementedError
+
+    def image_preprocessing(self, config: RunConfig) -> dict[str, Any]:
+        """How the exported model's images are prepared, as the run prepared them (for its config and README)."""
+        return {"images": f"{IMAGE_INPUT}; decoded as trained: RGB, the shorter side resized to {config.image_size}, "
+                          f"centre crop {config.image_size} x {config.image_size}",
+                "image_size": config.image_size}

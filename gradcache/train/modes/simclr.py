@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from gradcache import losses
-from gradcache.models import ProjectionHead, SimCLRModel
+from gradcache.models import PretrainedConfig, ProjectionHead, SimCLRModel
 from gradcache.train.config import RunConfig
 from gradcache.train.data.images.augment import simclr_augmentation
 from gradcache.train.data.images.files import load_image_folder
@@ -20,7 +20,8 @@ from gradcache.train.errors import UsageError
 from gradcache.train.eval.dimensions import truncated
 from gradcache.train.eval.embed import embed_image_outputs
 from gradcache.train.eval.images import knn_top1, pixel_features
-from gradcache.train.modes.backbone import build_backbone
+from gradcache.train.export.builtin import write_built_in_folder
+from gradcache.train.modes.backbone import backbone_options, build_backbone
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.image import ImageMode
 
@@ -94,6 +95,13 @@ class SimCLR(ImageMode):
         for dim in dims:
             metrics[f"knn_top1@{dim}"] = _knn(config, truncated(train_z[0], dim), truncated(test_z[0], dim), data)
         return metrics
+
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
+        """gradcache's built-in format (`gradcache.models.from_pretrained`); a ResNet backbone also for torchvision."""
+        pretrained = PretrainedConfig("simclr", config.model, backbone_options(config), config.image_size,
+                                      config.projection_dim, hidden_dim=config.hidden_dim,
+                                      temperature=config.temperature, preprocessing=self.image_preprocessing(config))
+        write_built_in_folder(model, pretrained, model.backbone, folder)
 
     def baselines(self, config: RunConfig, data: DataSplits, initial: dict[str, float]) -> dict[str, float]:
         """kNN on raw pixels, and on the network as initialised (the model at step 0)."""

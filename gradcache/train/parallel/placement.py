@@ -15,7 +15,7 @@ import contextlib
 import datetime
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -137,6 +137,11 @@ class Placement:
     def checkpoint(self, output_dir: str | os.PathLike) -> RunCheckpoint:
         return run_checkpoint(Path(output_dir), self.sharded)
 
+    def whole(self, trained: nn.ModuleDict, build: Callable[[], nn.ModuleDict]) -> nn.ModuleDict | None:
+        """`trained` as plain modules holding every weight, on rank 0 (None elsewhere): `trained` itself here;
+        under FSDP a copy made by `build` (called on rank 0 alone). Call on every rank."""
+        return trained if distributed.rank() == 0 else None
+
 
 class Replicated(Placement):
     """Every rank holds the whole model; DDP averages the gradients when there is more than one."""
@@ -191,6 +196,17 @@ class Sharded(Placement):
 
     def evaluates(self) -> bool:
         return True
+
+    def whole(self, trained: nn.ModuleDict, build: Callable[[], nn.ModuleDict]) -> nn.ModuleDict | None:
+        """The full weights gathered to rank 0's CPU (a collective) and loaded into a fresh copy there."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if distributed.rank() != 0:
+            return None
+        copy = build()
+        copy.load_state_dict(state)
+        return copy
 
     @contextlib.contextmanager
     def gathered(self, model: nn.Module) -> Iterator[None]:

@@ -106,10 +106,26 @@ def test_eval_reads_the_two_rank_shards_into_one_model(cli_runs, capsys):
         assert evaluated[key] == pytest.approx(trained[key]), key
 
 
+def _assert_export_holds_the_checkpoint(root: Path) -> None:
+    """RUN/model, gathered from the shards at the end of the run, holds the weights of its last.dcp."""
+    import gradcache.models
+    from tests.train.export.helpers import program_model
+
+    _, model, _ = program_model(root)
+    exported = gradcache.models.from_pretrained(root / "model").state_dict()
+    for key, value in model.state_dict().items():
+        assert torch.equal(exported[key], value), key
+
+
+def test_two_ranks_export_the_whole_model(cli_runs):
+    _assert_export_holds_the_checkpoint(Path(cli_runs[0]["folder"]) / "whole")
+
+
 def test_fsdp_on_one_process_without_torchrun(tmp_path):
     assert main(_train("simclr", tmp_path, "--fsdp", "--cpu-offload")) == 0
     assert [step for step, _ in _losses(tmp_path)] == [1, 2]
     assert (tmp_path / "last.dcp" / "extra.pt").is_file() and not dist.is_initialized()
+    _assert_export_holds_the_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize(("options", "message"), [

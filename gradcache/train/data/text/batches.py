@@ -15,9 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from gradcache import losses
-from gradcache.train.data.order import StepSampler
+from gradcache.train.data.order import StepSampler, step_loader
 from gradcache.train.data.text.pairs import TextPairs
-from gradcache.train.preemption import ignore_stop_signals
 
 
 class QueryPassages(Dataset):
@@ -100,6 +99,4 @@ def text_batches(pairs: TextPairs, sampler: StepSampler, tokenizer: Callable, wo
                  guide_tokenizer: Callable | None = None) -> DataLoader:
     """A loader of [query tokens, passage tokens] per step (and the guide's tokens of both, given
     `guide_tokenizer`), in the order `sampler` gives."""
-    return DataLoader(QueryPassages(pairs), batch_sampler=sampler, num_workers=workers,
-                      collate_fn=TokenizeGroups(tokenizer, guide_tokenizer), persistent_workers=False,
-                      prefetch_factor=2 if workers else None, worker_init_fn=ignore_stop_signals)
+    return step_loader(QueryPassages(pairs), sampler, TokenizeGroups(tokenizer, guide_tokenizer), workers)

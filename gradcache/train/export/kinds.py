@@ -1,0 +1,76 @@
+"""What a model folder is, by the files it holds: the one place that tells the kinds apart, for `gradcache export`
+(which writes them) and for the commands that read any MODEL argument (encode, eval, mine).
+
+| kind | recognised by | load it with |
+|---|---|---|
+| `RUN` | `last.pt`, `previous.pt`, `last.dcp` or `previous.dcp` | `gradcache export RUN`, `gradcache eval RUN` |
+| `SENTENCE_TRANSFORMERS` | `modules.json` | `SentenceTransformer(folder)` |
+| `SENTENCE_TRANSFORMERS_TOWERS` | `query/` and `passage/`, each a sentence-transformers folder | one `SentenceTransformer` per side |
+| `OPEN_CLIP` | `open_clip_model.safetensors` + `open_clip_config.json` | `open_clip.create_model("local-dir:" + folder)` |
+| `BUILT_IN` | `config.json` with `gradcache_architecture` + `model.safetensors` | `gradcache.models.from_pretrained(folder)` |
+| `HUGGING_FACE` | any other `config.json` (written by `save_pretrained`) | `transformers.AutoModel.from_pretrained(folder)` |
+
+A run's `model/` folder is one of the middle four (gradcache/train/export/).
+"""
+from __future__ import annotations
+
+import enum
+import json
+import os
+from pathlib import Path
+
+from gradcache.train.errors import UsageError
+
+OPEN_CLIP_WEIGHTS = "open_clip_model.safetensors"  # the names open_clip looks for in a hub or local-dir folder
+OPEN_CLIP_CONFIG = "open_clip_config.json"
+BUILT_IN_CONFIG, BUILT_IN_WEIGHTS = "config.json", "model.safetensors"  # gradcache.models.pretrained's
+BUILT_IN_KEY = "gradcache_architecture"
+QUERY_FOLDER, PASSAGE_FOLDER = "query", "passage"  # --separate-towers: one sentence-transformers folder per side
+RUN_CHECKPOINTS = ("last.pt", "previous.pt", "last.dcp", "previous.dcp")
+
+
+class ModelFolderKind(str, enum.Enum):
+    RUN = "run"
+    SENTENCE_TRANSFORMERS = "sentence-transformers"
+    SENTENCE_TRANSFORMERS_TOWERS = "sentence-transformers-towers"
+    OPEN_CLIP = "open_clip"
+    BUILT_IN = "built-in"
+    HUGGING_FACE = "hugging-face"
+
+
+def model_folder_kind(folder: str | os.PathLike) -> ModelFolderKind:
+    """The kind of the model folder `folder` (the table of the module docstring).
+
+    Raises:
+        UsageError: `folder` is not a folder, or holds none of the files that tell a kind (the message lists them);
+            the commands map it to exit status 2.
+
+    Example:
+        >>> model_folder_kind("runs/text-20261201-110000/model")
+        <ModelFolderKind.SENTENCE_TRANSFORMERS: 'sentence-transformers'>
+    """
+    path = Path(folder)
+    if not path.is_dir():
+        raise UsageError(f"model {str(path)!r} is not a folder; give a run folder, its model/ folder, a "
+                         "sentence-transformers or Hugging Face model folder")
+    if any((path / name).exists() for name in RUN_CHECKPOINTS):
+        return ModelFolderKind.RUN
+    if (path / "modules.json").is_file():
+        return ModelFolderKind.SENTENCE_TRANSFORMERS
+    if all((path / side / "modules.json").is_file() for side in (QUERY_FOLDER, PASSAGE_FOLDER)):
+        return ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS
+    if (path / OPEN_CLIP_WEIGHTS).is_file() and (path / OPEN_CLIP_CONFIG).is_file():
+        return ModelFolderKind.OPEN_CLIP
+    config = path / BUILT_IN_CONFIG
+    if config.is_file():
+        try:
+            values = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as error:
+            raise UsageError(f"model {str(path)!r}: cannot read {BUILT_IN_CONFIG}: {error}") from error
+        if isinstance(values, dict) and BUILT_IN_KEY in values:
+            return ModelFolderKind.BUILT_IN
+        return ModelFolderKind.HUGGING_FACE
+    raise UsageError(f"model {str(path)!r} is a folder of an unknown kind: it holds none of {', '.join(RUN_CHECKPOINTS)} "
+                     f"(a run folder), modules.json (sentence-transformers), {QUERY_FOLDER}/ and {PASSAGE_FOLDER}/ "
+                     f"(separate towers), {OPEN_CLIP_WEIGHTS} (open_clip) or {BUILT_IN_CONFIG} (gradcache or Hugging "
+                     "Face); give a run folder or the model/ folder gradcache export wrote")

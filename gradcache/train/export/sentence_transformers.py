@@ -1,0 +1,101 @@
+"""A text tower as a sentence-transformers folder: `SentenceTransformer(folder)` loads it and embeds as the run
+did, and `transformers.AutoModel.from_pretrained(folder)` reads its weights.
+
+The folder is written in the layout all-MiniLM-L6-v2 ships (and sentence-transformers 3 to 6 read): the Hugging
+Face model and its tokenizer at the top (`model.safetensors`, `config.json`, tokenizer files), `modules.json`
+listing Transformer -> Pooling (`1_Pooling/config.json`) -> Normalize when the tower normalises,
+`sentence_bert_config.json` with `max_seq_length` = the run's `--max-length`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from torch import nn
+
+from gradcache.models import HuggingFaceEncoder
+from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
+
+_POOLING_KEYS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
+_MODULE = "sentence_transformers.models."  # the module paths every sentence-transformers version reads
+
+
+def write_sentence_transformers_folder(tower: HuggingFaceEncoder, base_folder: str | os.PathLike, max_seq_length: int,
+                                       folder: str | os.PathLike) -> None:
+    """Write `tower` (its model, pooling and normalisation) with the tokenizer of `base_folder` (the `--model` the
+    run started from) into the new or empty `folder`.
+
+    The pooler that `HuggingFaceEncoder` drops (never read, never trained) is written back from `base_folder`
+    when that model has one, so `AutoModel.from_pretrained(folder)` finds every weight it expects.
+
+    Args:
+        tower: the trained text encoder.
+        base_folder: the Hugging Face or sentence-transformers folder the run's `--model` named.
+        max_seq_length: the most tokens per text the run trained with (`--max-length`).
+        folder: where to write.
+    """
+    import transformers
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    layout = read_sentence_transformer_folder(base_folder)
+    source = Path(base_folder) if layout is None else layout.model_path
+    model = tower.model
+    restored = _put_back_pooler(model, source)
+    try:
+        model.save_pretrained(folder, safe_serialization=True)
+    finally:
+        if restored:
+            model.pooler = None
+    transformers.AutoTokenizer.from_pretrained(os.fspath(source), local_files_only=True).save_pretrained(folder)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": _MODULE + "Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": _MODULE + "Pooling"}]
+    if tower.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _MODULE + "Normalize"})
+        (folder / "2_Normalize").mkdir(exist_ok=True)
+    _write_json(folder / "modules.json", modules)
+    _write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {"word_embedding_dimension": tower.out_dim,
+               **{f"pooling_mode_{key}": key == {"mean": "mean_tokens", "cls": "cls_token"}[tower.pooling]
+                  for key in _POOLING_KEYS},
+               "include_prompt": True}
+    _write_json(folder / "1_Pooling" / "config.json", pooling)
+    _write_json(folder / "config_sentence_transformers.json",
+                {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+    pooled = ("hidden[:, 0]" if tower.pooling == "cls" else
+              "(hidden * mask).sum(1) / mask.sum(1)  # mean over the tokens")
+    (folder / "README.md").write_text(
+        "# A sentence-transformers model trained by gradcache\n\n```python\n"
+        "from sentence_transformers import SentenceTransformer\n"
+        'model = SentenceTransformer("RUN/model")\n'
+        f"embeddings = model.encode(texts)  # {'unit length, ' if tower.normalize else ''}at most {max_seq_length} "
+        "tokens per text\n```\n\nWith transformers alone:\n\n```python\n"
+        "import torch, transformers\n"
+        'tokenizer = transformers.AutoTokenizer.from_pretrained("RUN/model")\n'
+        'model = transformers.AutoModel.from_pretrained("RUN/model")\n'
+        f"batch = tokenizer(texts, padding=True, truncation=True, max_length={max_seq_length}, return_tensors='pt')\n"
+        "hidden = model(**batch).last_hidden_state\n"
+        "mask = batch['attention_mask'].unsqueeze(-1).float()\n"
+        f"embeddings = {pooled}\n"
+        + ("embeddings = torch.nn.functional.normalize(embeddings, dim=-1)\n" if tower.normalize else "")
+        + "```\n", encoding="utf-8")
+
+
+def _put_back_pooler(model: nn.Module, source: Path) -> bool:
+    """Give `model` (pooler removed) the pooler of the model in `source`, if it has one; True when it did."""
+    if getattr(model, "pooler", False) is not None:
+        return False
+    import transformers
+
+    base = transformers.AutoModel.from_pretrained(os.fspath(source), local_files_only=True)
+    pooler = getattr(base, "pooler", None)
+    if not isinstance(pooler, nn.Module):
+        return False
+    model.pooler = pooler.to(next(model.parameters()).device)
+    return True
+
+
+def _write_json(path: Path, value: object) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,118 @@
+"""`RUN/model/` written atomically, from a trained model or from any checkpoint of a run.
+
+The mode decides the format (`Mode.export`: sentence-transformers for text, open_clip's files for
+`--model open_clip:ARCH`, gradcache's built-in format otherwise); this module writes it into a temporary folder
+beside the output, then renames it into place, so the output is either the previous export or the new one whole,
+never half of one. The files get the permissions the user's umask gives (run_folder/permissions.py), whatever
+the libraries that wrote them chose (safetensors writes 0600).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from torch import nn
+
+from gradcache.train.checkpoints.kinds import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, locate
+from gradcache.train.config import RunConfig
+from gradcache.train.errors import CheckpointError, UsageError
+from gradcache.train.export.kinds import ModelFolderKind, model_folder_kind
+from gradcache.train.modes import MODES
+from gradcache.train.run_folder.permissions import as_if_created
+
+MODEL_FOLDER = "model"  # RUN/model/
+CHECKPOINT_CHOICES = ("last", "previous")  # --checkpoint, or a checkpoint file
+_REPLACEABLE = {ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS,
+                ModelFolderKind.OPEN_CLIP, ModelFolderKind.BUILT_IN}
+
+
+def check_output(output: str | os.PathLike) -> None:
+    """Refuse an `output` that export would not replace: anything but nothing, an empty folder, or a model folder
+    an export wrote (UsageError, before anything is read or written)."""
+    output = Path(output)
+    if not output.exists():
+        return
+    if output.is_dir() and not any(output.iterdir()):
+        return
+    kind = None
+    if output.is_dir():
+        try:
+            kind = model_folder_kind(output)
+        except UsageError:
+            pass
+    if kind not in _REPLACEABLE:
+        raise UsageError(f"--output {str(output)!r} exists and is not a model folder that gradcache export wrote, so it "
+                         "is left alone; give a new folder (or remove that one)")
+
+
+def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: str | os.PathLike) -> Path:
+    """Write `model` (with its trained `loss`: CLIP's temperature) in its mode's format to the folder `output`,
+    atomically, replacing a previous export there; return `output`."""
+    output = Path(output)
+    check_output(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial"))
+    try:
+        MODES[config.mode].export(config, model, loss, partial)
+        for path in (partial, *partial.rglob("*")):
+            as_if_created(path)  # mkdtemp makes 0700 and safetensors writes 0600: set what open() and mkdir() give
+        if output.exists():
+            old = output.with_name(f".{output.name}.{os.getpid()}.replaced")
+            os.replace(output, old)
+            os.replace(partial, output)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(partial, output)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return output
+
+
+def choose_checkpoint(run: str | os.PathLike, checkpoint: str = "last") -> RunCheckpoint:
+    """`--checkpoint`: the run folder's newest good checkpoint (`last`; a damaged last.pt falls back to previous.pt
+    with a warning), its `previous` one, or a checkpoint file or folder given by path.
+
+    Raises:
+        CheckpointError: no such checkpoint, or it fails its checks.
+    """
+    if checkpoint not in CHECKPOINT_CHOICES:
+        return locate(checkpoint).chosen
+    folder = Path(run)
+    if not folder.is_dir():
+        raise CheckpointError(f"run {str(folder)!r} is not a folder; give the run folder of gradcache train")
+    if checkpoint == "last":
+        found = locate(folder)
+        found.warn()
+        return found.chosen
+    for kind in (ShardedCheckpoint, FileCheckpoint):
+        path = folder / kind.previous_name
+        if path.exists():
+            chosen = kind(path)
+            chosen.check()
+            return chosen
+    raise CheckpointError(f"{folder} holds no previous checkpoint ({FileCheckpoint.previous_name} or "
+                          f"{ShardedCheckpoint.previous_name}): a run has one after its second save; use --checkpoint last")
+
+
+def export_checkpoint(saved: RunCheckpoint, output: str | os.PathLike) -> Path:
+    """The model of the checkpoint `saved`, rebuilt from the options it stores, exported to `output` (on CPU).
+
+    Raises:
+        CheckpointError: it does not hold a model of its own options.
+        UsageError: `output` is not replaceable, or what the model was built from (a text run's --model folder)
+            is gone.
+    """
+    check_output(output)
+    config = dataclasses.replace(RunConfig.from_dict(saved.meta()["args"]), device="cpu")
+    mode = MODES[config.mode]
+    try:  # a text run is rebuilt from its --model folder: the architecture and the tokenizer
+        model = mode.build_model(config)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot rebuild the model of {saved} from its --model {config.model}: {error}") from error
+    trained = nn.ModuleDict({"model": model, "loss": mode.build_loss(config)})
+    saved.load(trained)
+    return export_model(config, trained["model"], trained["loss"], output)

@@ -7,8 +7,11 @@ MODEL is, in the order it is recognised:
   newest good checkpoint, exactly as `gradcache eval RUN` always did;
 - a sentence-transformers folder (`modules.json`: its pooling and `Normalize` read as sentence-transformers
   reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with its own tokenizer;
-- a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` model): the
-  query tower from the first, the passage tower from the second, the tokenizer of `query/`.
+- a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
+  query tower from the first, the passage tower from the second, the tokenizer of `query/`;
+- an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`).
+Folders are told apart by gradcache/train/export/kinds.py's `model_folder_kind`, the one place that knows the
+kinds `gradcache export` writes; an exported open_clip model is not loaded yet (give its run folder).
 Anything else is refused (UsageError, exit status 2) before anything is written.
 
 Every model comes back in eval mode on the device asked for, as a `LoadedModel`: what it embeds (`kind`: "text",
@@ -33,10 +36,15 @@ from gradcache.train.checkpoints.kinds import (
 from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
+from gradcache.train.export.kinds import (
+    PASSAGE_FOLDER,
+    QUERY_FOLDER,
+    ModelFolderKind,
+    model_folder_kind,
+)
 
 RUN_FOLDER_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name,
                     ShardedCheckpoint.previous_name, "train_log.csv", "metrics.json")
-TOWER_FOLDERS = ("query", "passage")  # a --separate-towers model: one sentence-transformers folder per side
 MODEL_HELP = ("a run folder of gradcache train (or one of its checkpoints), a sentence-transformers or Hugging Face "
               "model folder, or all-MiniLM-L6-v2 (packaged)")
 
@@ -179,13 +187,35 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
     path = Path(name)
     if not path.exists():
         raise UsageError(f"MODEL {name!r}: no such file or folder; give {MODEL_HELP}")
-    if path.is_dir() and ((path / "modules.json").is_file() or (path / "config.json").is_file()):
-        return _from_text_folder(name, path, torch_device, max_length, pooling)
-    if all((path / side / "modules.json").is_file() for side in TOWER_FOLDERS):
-        return _from_text_folder(name, path / TOWER_FOLDERS[0], torch_device, max_length, pooling,
-                                 path / TOWER_FOLDERS[1])
     if is_run_path(path):
         return _from_run(path, torch_device, max_length, pooling)
-    raise UsageError(f"MODEL {name!r} is a folder of an unknown kind: no checkpoint or run log (last.pt, "
-                     "previous.pt, last.dcp, train_log.csv), no modules.json (sentence-transformers) and no "
-                     f"config.json (Hugging Face); give {MODEL_HELP}")
+    kind = model_folder_kind(path)  # UsageError for a folder of no known kind
+    if kind in (ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.HUGGING_FACE):
+        return _from_text_folder(name, path, torch_device, max_length, pooling)
+    if kind == ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS:
+        return _from_text_folder(name, path / QUERY_FOLDER, torch_device, max_length, pooling, path / PASSAGE_FOLDER)
+    if kind == ModelFolderKind.BUILT_IN:
+        return _from_built_in(name, path, torch_device, max_length, pooling)
+    raise UsageError(f"MODEL {name!r} is an exported open_clip model, which these commands do not load yet; give "
+                     "the run folder it was exported from (its checkpoint holds the same weights)")
+
+
+def _from_built_in(name: str, folder: Path, device: torch.device, max_length: int | None,
+                   pooling: str | None) -> LoadedModel:
+    """An exported built-in SimCLR or CLIP encoder (gradcache.models.from_pretrained)."""
+    from gradcache.models import from_pretrained, read_pretrained_config
+
+    if max_length is not None or pooling is not None:
+        raise UsageError(f"--max-length and --pooling apply to text models; MODEL {name} is a built-in image "
+                         "encoder that tokenises as it was trained (drop them)")
+    try:
+        config = read_pretrained_config(folder)
+        model = from_pretrained(folder).to(device).eval()
+    except (ValueError, OSError) as error:
+        raise UsageError(f"MODEL {name}: {error}") from error
+    common = {"source": f"exported {config.gradcache_architecture} model {folder}", "module": model,
+              "device": device, "image_size": config.image_size}
+    if config.gradcache_architecture == "clip":
+        return LoadedModel("clip", tokenizer=config.tokenizer(), encode_query=model.encode_text,
+                           encode_passage=model.encode_text, encode_image=model.encode_image, **common)
+    return LoadedModel("simclr", encode_image=model.embed, **common)

@@ -182,7 +182,7 @@ class Text(Mode):
     # --- model and loss ---------------------------------------------------------------------------------
     def build_model(self, config: RunConfig) -> nn.Module:
         folder = model_folder(config.model)
-        _quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
+        quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
         towers = [HuggingFaceEncoder(folder, pooling=config.pooling) for _ in range(1 + config.separate_towers)]
         return BiEncoder(*towers)
 

@@ -60,6 +60,10 @@ def test_images_of_a_simclr_run_in_path_order(tmp_path, tiny_args):
         want = [torch.nn.functional.normalize(model.embed(to_model_input(decode_image(folder / name, 16))[None]),
                                               dim=1)[0].numpy() for name in sorted(names)]
     np.testing.assert_allclose(np.load(tmp_path / "e.npy"), np.stack(want), atol=2e-6)
+    # the run's export (RUN/model, gradcache.models.from_pretrained) embeds them the same
+    assert main(["encode", str(tmp_path / "run" / "model"), "--data", str(folder), "--output",
+                 str(tmp_path / "exported.npy")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "exported.npy"), np.stack(want), atol=2e-6)
 
 
 @pytest.mark.parametrize("case", ["empty file", "table without key", "missing key", "images for a text model",

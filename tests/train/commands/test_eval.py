@@ -35,8 +35,10 @@ def _check(got, want, rows, passages):
     assert got["queries"] == len(rows) and got["corpus_size"] == len(passages)
 
 
-def test_a_run_folder_on_another_file(capsys, tmp_path, text_run, tiny_bert, pairs_file):
-    got = _eval(capsys, str(text_run), "--data", str(pairs_file), "--negative-keys", "hard",
+@pytest.mark.parametrize("folder", ["run", "exported"])
+def test_a_run_folder_on_another_file(capsys, tmp_path, text_run, tiny_bert, pairs_file, folder):
+    model = text_run if folder == "run" else text_run / "model"  # RUN/model: the sentence-transformers export
+    got = _eval(capsys, str(model), "--data", str(pairs_file), "--negative-keys", "hard",
                 "--output", str(tmp_path / "metrics.json"))
     rows, passages = pair_rows(), distinct_passages(pair_rows())
     assert len(passages) == 12  # every hard negative is another row's positive: one candidate each

@@ -45,8 +45,8 @@ from gradcache.train.export.kinds import (
 
 RUN_FOLDER_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name,
                     ShardedCheckpoint.previous_name, "train_log.csv", "metrics.json")
-MODEL_HELP = ("a run folder of gradcache train (or one of its checkpoints), a sentence-transformers or Hugging Face "
-              "model folder, or all-MiniLM-L6-v2 (packaged)")
+MODEL_HELP = ("a run folder of gradcache train (or one of its checkpoints, or its model/ export), a "
+              "sentence-transformers or Hugging Face model folder, or all-MiniLM-L6-v2 (packaged)")
 
 
 @dataclass

@@ -43,7 +43,8 @@ def read_pairs(data: str, query_key: str, positive_key: str, negative_keys: list
 
 
 def pairs_corpus(pairs: TextPairs, corpus: str | None) -> tuple[Corpus, np.ndarray]:
-    """The corpus to rank (the `--corpus` file, else the pairs' distinct passages) and (N,) each row's positive in it."""
+    """The corpus to rank (the `--corpus` file, else the pairs' distinct passages), and (N,) the corpus index of
+    each row's positive."""
     if corpus is not None:
         ranked = read_corpus(corpus)
         return ranked, ranked.indices_of(pairs.positives)

@@ -117,7 +117,8 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
         raise UsageError(f"--pooling {pooling} applies to a model folder; the run {path} pools as it was trained "
                          "(drop --pooling)")
     config, model, meta = load_run(path, str(device))
-    common = {"source": f"run {path} (step {meta.step})", "module": model, "device": device, "config": config, "meta": meta}
+    common = {"source": f"run {path} (step {meta.step})", "module": model, "device": device, "config": config,
+              "meta": meta}
     if config.mode == "text":
         from gradcache.models import HuggingFaceTokenizer
         from gradcache.train.modes.text import model_folder

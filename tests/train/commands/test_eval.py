@@ -64,7 +64,8 @@ def test_positives_given_as_corpus_ids(capsys, tmp_path, tiny_bert):
         writer.writerow(["id", "text"])
         writer.writerows([[f"p{i}", text] for i, text in enumerate(passages)])
     with open(tmp_path / "by_id.jsonl", "w") as handle:
-        handle.writelines(json.dumps({"q": row["query"], "doc": f"p{passages.index(row['positive'])}"}) + "\n" for row in rows)
+        handle.writelines(json.dumps({"q": row["query"], "doc": f"p{passages.index(row['positive'])}"}) + "\n"
+                          for row in rows)
     got = _eval(capsys, str(tiny_bert), "--data", str(tmp_path / "by_id.jsonl"), "--query-key", "q",
                 "--positive-key", "doc", "--corpus", str(tmp_path / "corpus.csv"))
     _check(got, _expected(Reference(tiny_bert), rows, passages), rows, passages)

@@ -96,6 +96,9 @@ def evaluate(model: LoadedModel, data: str | None, output: str | None = None, co
     if data is None and model.config is None:
         raise UsageError(f"MODEL ({model.source}) is a model folder, not a run: give --data, a file of (query, "
                          "positive) rows to score it on")
+    if model.kind != "text" and model.config is None:
+        raise UsageError(f"MODEL ({model.source}) is an exported {model.kind} model: its metrics read the run's "
+                         "options (data keys, kNN, prompts); give the run folder it was exported from")
     if model.kind == "text" and data is not None:
         metrics = text_metrics(model, read_pairs(data, query_key, positive_key, negative_keys or ()), corpus,
                                batch_size)

@@ -64,6 +64,7 @@ def test_images_of_a_simclr_run_in_path_order(tmp_path, tiny_args):
     assert main(["encode", str(tmp_path / "run" / "model"), "--data", str(folder), "--output",
                  str(tmp_path / "exported.npy")]) == 0
     np.testing.assert_allclose(np.load(tmp_path / "exported.npy"), np.stack(want), atol=2e-6)
+    assert main(["eval", str(tmp_path / "run" / "model"), "--data", str(folder)]) == errors.USAGE  # needs the run
 
 
 @pytest.mark.parametrize("case", ["empty file", "table without key", "missing key", "images for a text model",

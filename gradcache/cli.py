@@ -71,6 +71,7 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from gradcache.train.modes import MODES
     from gradcache.train.parallel.placement import collective_failures, init_distributed_if_launched
     from gradcache.train.preflight import prepare_run
+    from gradcache.train.run_folder.reporters import reporters_of
 
     init_distributed_if_launched(args.device, args.collective_timeout)
     config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
@@ -79,8 +80,9 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
         summary = train(config, saved, data)
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
+        reported = "".join(f", {name}/" for name in reporters_of(config.report_to))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
-              f"{'last.dcp' if config.fsdp else 'last.pt'}", file=sys.stderr)
+              f"{'last.dcp' if config.fsdp else 'last.pt'}{reported}", file=sys.stderr)
     return 0
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 7
+CONFIG_VERSION = 8
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -105,6 +105,7 @@ class RunConfig:
     knn_k: int = option(200, modes=IMAGES, at_least=1)
     knn_temperature: float = option(0.1, modes=IMAGES)
     quiet: bool = False
+    report_to: list[str] | None = option(None, added=8)  # also log to these (run_folder/reporters.py); None: CSV only
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, with the version `from_dict` reads them by."""

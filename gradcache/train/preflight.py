@@ -29,6 +29,7 @@ from gradcache.train.data.images.files import check_bad_share
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.modes import MODES
+from gradcache.train.run_folder.reporters import check_report_to
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
     decided_by_rank_zero,
@@ -151,6 +152,7 @@ def check_options(config: RunConfig) -> None:
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
     _check_sharding(config)
+    check_report_to(config.report_to)
 
 
 def _check_sharding(config: RunConfig) -> None:

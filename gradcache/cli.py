@@ -24,9 +24,14 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
     from gradcache.train.arguments import HelpFormatter, add_train_options
     from gradcache.train.modes import MODES
 
-    train = commands.add_parser("train", help="train an encoder (default: SimCLR on built-in shapes)",
-                                description="Train with GradCache, plain accumulation or one full batch.")
-    modes = train.add_subparsers(dest="mode", metavar="{" + ",".join(MODES) + "}")
+    train = commands.add_parser("train", help="train an encoder (default: SimCLR on built-in shapes); "
+                                "gradcache train MODE --help: every option of a mode",
+                                usage="gradcache train [MODE] [OPTIONS]",
+                                description="Train with GradCache, plain accumulation or one full batch.",
+                                epilog="Every option of a mode, with its default: gradcache train MODE --help (e.g. "
+                                "gradcache train text --help). Without a mode (gradcache train, or options alone): "
+                                "simclr.")
+    modes = train.add_subparsers(dest="mode", metavar="MODE", title="modes")
     for mode in MODES.values():
         parser = modes.add_parser(mode.name, help=mode.help, description=mode.help, allow_abbrev=False,
                                   formatter_class=HelpFormatter)

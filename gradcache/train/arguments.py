@@ -115,8 +115,9 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                         ",".join(REPORT_TO) + "}", help="also log every row of train_log.csv and eval_log.csv, at the "
                         "same steps, as the scalars train/<column> and eval/<metric>: tensorboard writes "
                         "<output-dir>/tensorboard/ (view: tensorboard --logdir <output-dir>/tensorboard; needs "
-                        "pip install tensorboard); rank 0 alone; a resume continues it (default: none, the CSV "
-                        "logs only)")
+                        "pip install tensorboard); wandb an offline W&B run in <output-dir>/wandb/ (upload: wandb "
+                        "sync; WANDB_MODE=online logs it live; needs pip install wandb); rank 0 alone; a resume "
+                        "continues them (default: none, the CSV logs only)")
     mode.add_options(OptionGroups(data, model, run, output), default)
 
 

@@ -57,7 +57,8 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
     run = Run(config, data, placement, saved)  # step 0 evaluated, or the checkpoint loaded; nothing written
     progress = run.progress
     log = closing.enter_context(RunLog(config.output_dir, resume_step=progress.start_step if saved is not None
-                                       else None, enabled=rank == 0, report_to=config.report_to))
+                                       else None, enabled=rank == 0, report_to=config.report_to,
+                                       run_options=config.to_dict()))
     if saved is None:
         log.log_eval(0, progress.initial)
     sampler = StepSampler(len(data.train), config.batch_size, config.seed, progress.start_step, run.steps, rank,

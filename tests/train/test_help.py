@@ -22,7 +22,7 @@ def test_train_help_lists_the_modes_and_points_to_their_options(capsys):
 def test_mode_help_shows_the_report_to_option_and_what_it_writes(capsys, mode):
     assert main(["train", mode, "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "--report-to {none,tensorboard}" in text and "train/<column> and eval/<metric>" in text
+    assert "--report-to {none,tensorboard,wandb}" in text and "train/<column> and eval/<metric>" in text
 
 
 def test_the_readmes_say_what_train_help_shows():

@@ -1,7 +1,7 @@
 """What a run leaves in its output folder: `train_log.csv` per step (`skipped` is 1 where an fp16 run's gradient
 scaler found an overflow and skipped the optimizer step), `eval_log.csv` per evaluation,
 `metrics.json` (the run summary) and `curves.png` (loss and evaluation curves); with `--report-to`, the same
-rows to each reporter (reporters.py: TensorBoard), so there is one place that logs a row.
+rows to each reporter (reporters.py: TensorBoard, W&B), so there is one place that logs a row.
 
 On resume the logs are cut back to the checkpoint's step and continued, so a resumed run's logs read as those
 of one uninterrupted run.
@@ -49,7 +49,7 @@ class RunLog:
     out: a reporter's last rows reach its files then."""
 
     def __init__(self, output_dir: str | os.PathLike, resume_step: int | None = None, enabled: bool = True,
-                 report_to: Sequence[str] | None = None) -> None:
+                 report_to: Sequence[str] | None = None, run_options: dict[str, Any] | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.enabled = enabled
         self.train_path = self.output_dir / "train_log.csv"
@@ -68,7 +68,7 @@ class RunLog:
         if self.eval_path.exists():
             with open(self.eval_path, newline="") as handle:
                 self._eval_columns = next(csv.reader(handle), None)
-        self._reporters = open_reporters(report_to, self.output_dir, resume_step)
+        self._reporters = open_reporters(report_to, self.output_dir, resume_step, run_options)
 
     def __enter__(self) -> RunLog:
         return self

@@ -29,12 +29,12 @@ from gradcache.train.data.images.files import check_bad_share
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.modes import MODES
-from gradcache.train.run_folder.reporters import check_report_to
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
     decided_by_rank_zero,
     remove_stale_temporaries,
 )
+from gradcache.train.run_folder.reporters import check_report_to
 
 RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
              "train_log.csv")

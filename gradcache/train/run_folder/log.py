@@ -12,8 +12,8 @@ import csv
 import json
 import math
 import os
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install 'gradcache[tensorboard]'")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gradcache.cli import main  # noqa: E402
-from gradcache.train import errors  # noqa: E402
-from gradcache.train.run_folder.log import TRAIN_COLUMNS, RunLog  # noqa: E402
+from gradcache.cli import main
+from gradcache.train import errors
+from gradcache.train.run_folder.log import TRAIN_COLUMNS, RunLog
 
 
 def _csv(path):

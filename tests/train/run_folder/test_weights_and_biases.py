@@ -9,9 +9,9 @@ import struct
 import pytest
 
 pytest.importorskip("wandb", reason="the wandb extra: pip install 'gradcache[wandb]'")
-from wandb.proto import wandb_internal_pb2  # noqa: E402
+from wandb.proto import wandb_internal_pb2
 
-from gradcache.cli import main  # noqa: E402
+from gradcache.cli import main
 
 BLOCK, HEADER = 32768, 7  # the log's block size; its file header and each record's header are 7 bytes
 FULL, LAST = 1, 4  # record types: a whole record, the last fragment of one

@@ -4,12 +4,14 @@ resume and a pre-emption leave it equal to the CSV logs (bad values: test_report
 import csv
 import os
 import signal
+import threading
 
 import numpy as np
 import pytest
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install 'gradcache[tensorboard]'")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
 
 from gradcache.cli import main
 from gradcache.train import errors
@@ -39,7 +41,13 @@ def _scalars(folder) -> dict[str, list[tuple[int, np.float32]]]:
             for tag in events.Tags()["scalars"]}
 
 
+def _open_writers() -> list[threading.Thread]:
+    """The event writers' threads still running in this process (a SummaryWriter's close ends its thread)."""
+    return [thread for thread in threading.enumerate() if isinstance(thread, _AsyncWriterThread) and thread.is_alive()]
+
+
 def _assert_scalars_equal_the_csv_logs(folder) -> None:
+    assert not _open_writers()  # the writer was closed, however the job ended
     expected, written = _expected(folder), _scalars(folder)
     assert written.keys() == expected.keys()
     for tag, points in expected.items():

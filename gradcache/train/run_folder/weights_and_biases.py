@@ -62,4 +62,9 @@ class WandbWriter:
         """Nothing to do: W&B's service process writes each logged row as it comes."""
 
     def close(self) -> None:
+        import wandb
+
         self._run.finish()
+        # offline, finish() may return before W&B's service process has written the run's file; teardown waits
+        # for it, so the run is whole on disk when the program (or its caller) goes on
+        wandb.teardown()

@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import struct
+import time
 
 import pytest
 
@@ -74,6 +75,7 @@ def test_an_offline_run_holds_the_csv_logs_and_a_resume_continues_its_id(tmp_pat
     folder = tmp_path / "run"
     killed_after_step(3, tiny_args("simclr", folder, "--steps", "5", "--checkpoint-every", "2", "--eval-every", "2",
                                    "--report-to", "wandb"))  # steps 1-3 logged, the checkpoint at step 2
+    time.sleep(1)  # W&B names an offline run's folder by the second it started: one folder per job
     assert main(tiny_args("simclr", folder, "--steps", "5", "--resume", str(folder))) == 0  # --report-to kept
     run_id = (folder / "wandb" / "run_id").read_text().strip()
     killed, resumed = sorted((folder / "wandb").glob("offline-run-*"))  # offline: no account, no network

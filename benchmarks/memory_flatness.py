@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.arguments import HelpFormatter, add_shared_options, output_folder
+from benchmarks.flags import HelpFormatter, add_shared_options, output_folder
 from gradcache.cli import main as gradcache
 from gradcache.train.run_folder.log import RunLog
 

@@ -26,9 +26,14 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
     from gradcache.train.arguments import HelpFormatter, add_train_options
     from gradcache.train.modes import MODES
 
-    train = commands.add_parser("train", help="train an encoder (default: SimCLR on built-in shapes)",
-                                description="Train with GradCache, plain accumulation or one full batch.")
-    modes = train.add_subparsers(dest="mode", metavar="{" + ",".join(MODES) + "}")
+    train = commands.add_parser("train", help="train an encoder (default: SimCLR on built-in shapes); "
+                                "gradcache train MODE --help: every option of a mode",
+                                usage="gradcache train [MODE] [OPTIONS]",
+                                description="Train with GradCache, plain accumulation or one full batch.",
+                                epilog="Every option of a mode, with its default: gradcache train MODE --help (e.g. "
+                                "gradcache train text --help). Without a mode (gradcache train, or options alone): "
+                                "simclr.")
+    modes = train.add_subparsers(dest="mode", metavar="MODE", title="modes")
     for mode in MODES.values():
         parser = modes.add_parser(mode.name, help=mode.help, description=mode.help, allow_abbrev=False,
                                   formatter_class=HelpFormatter)
@@ -108,6 +113,7 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
         launched_process_group,
     )
     from gradcache.train.preflight import prepare_run
+    from gradcache.train.run_folder.reporters import reporters_of
 
     # torchrun's process group for the command, ended with it; a failed collective (a rank died or froze) typed,
     # from the checks' first broadcast on
@@ -117,8 +123,9 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
             summary = train(config, saved, data)
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
+        reported = "".join(f", {name}/" for name in reporters_of(config.report_to))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
-              f"{'last.dcp' if config.fsdp else 'last.pt'}, model/", file=sys.stderr)
+              f"{'last.dcp' if config.fsdp else 'last.pt'}, model/{reported}", file=sys.stderr)
     return 0
 
 

@@ -13,6 +13,7 @@ from gradcache.train.matryoshka import parse_dims
 from gradcache.train.modes import Mode
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.optim.optimizers import LR_SCALINGS, OPTIMIZERS
+from gradcache.train.run_folder.reporters import REPORT_TO
 from gradcache.train.strategies import PRECISIONS, STRATEGIES
 
 _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)}
@@ -116,6 +117,13 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
     output.add_argument("--eval-every", type=int, default=default("eval_every"),
                         help="evaluate every N steps (0: at start and end only)")
     output.add_argument("--quiet", action="store_true", help="no progress bar")
+    output.add_argument("--report-to", nargs="+", default=None, choices=list(REPORT_TO), metavar="{" +
+                        ",".join(REPORT_TO) + "}", help="also log every row of train_log.csv and eval_log.csv, at the "
+                        "same steps, as the scalars train/<column> and eval/<metric>: tensorboard writes "
+                        "<output-dir>/tensorboard/ (view: tensorboard --logdir <output-dir>/tensorboard; needs "
+                        "pip install tensorboard); wandb an offline W&B run in <output-dir>/wandb/ (upload: wandb "
+                        "sync; WANDB_MODE=online logs it live; needs pip install wandb); rank 0 alone; a resume "
+                        "continues them (default: none, the CSV logs only)")
     mode.add_options(OptionGroups(data, model, run, output), default)
 
 

@@ -109,6 +109,7 @@ class RunConfig:
     knn_k: int = option(200, modes=IMAGES, at_least=1)
     knn_temperature: float = option(0.1, modes=IMAGES)
     quiet: bool = False
+    report_to: list[str] | None = option(None, added=8)  # also log to these (run_folder/reporters.py); None: CSV only
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, with the version `from_dict` reads them by."""

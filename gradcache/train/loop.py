@@ -15,6 +15,7 @@ sharded parameters is in the placement (gradcache/train/parallel/placement.py). 
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -52,18 +53,20 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | 
     A second signal ends the process at once with status INTERRUPTED, the previous checkpoint intact.
     """
     placement = placement_for(config)
-    with placement.process_group(), StopSignals() as signals:
+    # `closing` closes the log (its --report-to writers) on every way out: the end, an error, a pre-emption
+    with placement.process_group(), StopSignals() as signals, ExitStack() as closing:
         return _train(config, saved, data if data is not None else MODES[config.mode].load_data(config), placement,
-                      signals)
+                      signals, closing)
 
 
 def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placement: Placement,
-           signals: StopSignals) -> dict[str, Any]:
+           signals: StopSignals, closing: ExitStack) -> dict[str, Any]:
     rank, world_size = distributed.rank(), distributed.world_size()
     run = Run(config, data, placement, saved)  # step 0 evaluated, or the checkpoint loaded; nothing written
     progress = run.progress
-    log = RunLog(config.output_dir, resume_step=progress.start_step if saved is not None else None,
-                 enabled=rank == 0)
+    log = closing.enter_context(RunLog(config.output_dir, resume_step=progress.start_step if saved is not None
+                                       else None, enabled=rank == 0, report_to=config.report_to,
+                                       run_options=config.to_dict()))
     if saved is None:
         log.log_eval(0, progress.initial)
     sampler = StepSampler(len(data.train), config.batch_size, config.seed, progress.start_step, run.steps, rank,
@@ -92,6 +95,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
         done = step + 1
         if done % config.checkpoint_every == 0 or done == run.steps or result.stop:
             run.save(done, sampler.position(done))
+            log.flush()  # the reporters' rows up to the checkpoint are on disk, as the CSV's are
         if result.stop and done != run.steps:
             bar.close()
             raise _preempted(config, signals.received or "a stop signal on another rank", done, run, rank)

@@ -35,6 +35,7 @@ from gradcache.train.run_folder.lock import (
     decided_by_rank_zero,
     remove_stale_temporaries,
 )
+from gradcache.train.run_folder.reporters import check_report_to
 
 RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
              "train_log.csv")
@@ -154,6 +155,7 @@ def check_options(config: RunConfig) -> None:
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
     _check_sharding(config)
+    check_report_to(config.report_to)
 
 
 def _check_sharding(config: RunConfig) -> None:

@@ -80,14 +80,16 @@ ADDED_IN = {
     5: dict(collective_timeout=1800.0),
     6: dict(max_bad_share=1.0),
     7: dict(memory_budget=None, chunk_tokens=None),
+    8: dict(report_to=None, matryoshka_dims=None, guide=None, guide_margin=0.0,
+            guide_margin_strategy="absolute"),
 }
 
 
-@pytest.mark.parametrize("version", [2, 3, 4, 5, 6])
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7])
 def test_each_older_version_gets_the_values_its_run_trained_under(version):
     lacking = {name: value for added, names in ADDED_IN.items() if added > version for name, value in names.items()}
     changed = RunConfig(mode="text", max_length=64, queue_size=5, collective_timeout=9.0, max_bad_share=0.5,
-                        memory_budget=100, pooling="cls")
+                        memory_budget=100, pooling="cls", report_to=["tensorboard"])
     stored = {k: v for k, v in changed.to_dict().items() if k not in lacking}
     read = RunConfig.from_dict({**stored, "config_version": version})
     for name, value in lacking.items():

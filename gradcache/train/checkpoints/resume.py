@@ -6,7 +6,7 @@ the run afresh there when it holds none: the same command then starts a run and 
 (`torchrun --max-restarts`). Rank 0 chooses and tells the other ranks (`choose_checkpoint`).
 
 The resumed run is the run that was interrupted: its options come from the checkpoint. The run-local options
-(`RUN_LOCAL`) may be given anew; `--steps` or `--epochs` may lengthen the run (never shorten it: checked
+(`RUN_LOCAL`) may be given anew (`--report-to`, not given, stays as the run had it); `--steps` or `--epochs` may lengthen the run (never shorten it: checked
 against the data in `check_length`); any other option given on the command line must equal the checkpoint's,
 or the resume is refused, naming the option.
 """
@@ -29,7 +29,10 @@ from gradcache.train.run_folder.lock import decided_by_rank_zero
 
 # --cpu-offload only moves where the shards live, so a resumed run may turn it on or off.
 RUN_LOCAL = ("device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every", "eval_every",
-             "cpu_offload", "collective_timeout")
+             "cpu_offload", "collective_timeout", "report_to")
+# --report-to continues as the run logged unless given anew (`--report-to none` stops it): a resume that forgot
+# it would leave a gap in the run's TensorBoard folder
+KEPT_UNLESS_GIVEN = ("report_to",)
 LENGTH = ("steps", "epochs")
 AUTO = "auto"  # --resume auto
 
@@ -75,7 +78,8 @@ def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> 
             raise CheckpointError(f"--resume {given.resume} holds {kind}: it was trained with "
                                   f"--{key.replace('_', '-')} {getattr(stored, key)!r}, this command gives "
                                   f"{getattr(given, key)!r}; drop the option to resume, or start a new run")
-    merged = dataclasses.replace(stored, **{key: getattr(given, key) for key in RUN_LOCAL})
+    merged = dataclasses.replace(stored, **{key: getattr(given, key) for key in RUN_LOCAL
+                                            if key in explicit or key not in KEPT_UNLESS_GIVEN})
     if explicit & set(LENGTH):
         merged = dataclasses.replace(merged, steps=given.steps, epochs=given.epochs)
     if merged.output_dir is None:

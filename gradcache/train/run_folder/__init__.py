@@ -1,4 +1,6 @@
 """What a run leaves in its output folder besides checkpoints: the lock that gives the folder to one job
-(`lock.py`), the logs, metrics and curves (`log.py`), and the permissions of the files it writes
-(`permissions.py`).
-May import: the standard library, matplotlib, `gradcache.train.errors`."""
+(`lock.py`), the logs, metrics and curves (`log.py`), the permissions of the files it writes (`permissions.py`)
+and, with `--report-to`, the same rows for TensorBoard or Weights & Biases (`reporters.py`, `tensorboard.py`,
+`weights_and_biases.py`).
+May import: the standard library, matplotlib, `gradcache.train.errors`; tensorboard (through
+`torch.utils.tensorboard`) and wandb only when a run asks for them."""

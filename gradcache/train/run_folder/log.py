@@ -1,6 +1,7 @@
 """What a run leaves in its output folder: `train_log.csv` per step (`skipped` is 1 where an fp16 run's gradient
 scaler found an overflow and skipped the optimizer step), `eval_log.csv` per evaluation,
-`metrics.json` (the run summary) and `curves.png` (loss and evaluation curves).
+`metrics.json` (the run summary) and `curves.png` (loss and evaluation curves); with `--report-to`, the same
+rows to each reporter (reporters.py: TensorBoard, W&B), so there is one place that logs a row.
 
 On resume the logs are cut back to the checkpoint's step and continued, so a resumed run's logs read as those
 of one uninterrupted run.
@@ -11,8 +12,12 @@ import csv
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
+
+from gradcache.train.run_folder.reporters import Reporter, open_reporters
 
 TRAIN_COLUMNS = ["step", "epoch", "loss", "lr", "samples_per_s", "negatives_per_anchor", "temperature",
                  "elapsed_s", "skipped"]
@@ -39,13 +44,17 @@ def read_csv(path: str | os.PathLike) -> list[dict[str, float]]:
 
 
 class RunLog:
-    """Appends rows to the run's CSV logs and writes its summary; inert when `enabled` is False (rank > 0)."""
+    """Appends rows to the run's CSV logs and hands them to the `report_to` reporters (`--report-to`), writes its
+    summary; inert when `enabled` is False (rank > 0). Close it (or use it as a context manager) on every way
+    out: a reporter's last rows reach its files then."""
 
-    def __init__(self, output_dir: str | os.PathLike, resume_step: int | None = None, enabled: bool = True) -> None:
+    def __init__(self, output_dir: str | os.PathLike, resume_step: int | None = None, enabled: bool = True,
+                 report_to: Sequence[str] | None = None, run_options: dict[str, Any] | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.enabled = enabled
         self.train_path = self.output_dir / "train_log.csv"
         self.eval_path = self.output_dir / "eval_log.csv"
+        self._reporters: list[Reporter] = []
         if not enabled:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -59,6 +68,25 @@ class RunLog:
         if self.eval_path.exists():
             with open(self.eval_path, newline="") as handle:
                 self._eval_columns = next(csv.reader(handle), None)
+        self._reporters = open_reporters(report_to, self.output_dir, resume_step, run_options)
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    def flush(self) -> None:
+        """Write what the reporters hold to their files (at each checkpoint: what a resume keeps is on disk)."""
+        for reporter in self._reporters:
+            reporter.flush()
+
+    def close(self) -> None:
+        """Flush and close the reporters; the CSV logs need nothing (each row is written when logged)."""
+        reporters, self._reporters = self._reporters, []
+        for reporter in reporters:
+            reporter.close()
 
     def log_step(self, row: dict[str, Any]) -> None:
         """One training step; columns TRAIN_COLUMNS (missing ones left empty)."""
@@ -70,6 +98,7 @@ class RunLog:
             if new:
                 writer.writeheader()
             writer.writerow(row)
+        self._report("train", {column: row.get(column) for column in TRAIN_COLUMNS[1:]}, int(row["step"]))
 
     def skipped_steps(self) -> int:
         """How many logged steps the fp16 gradient scaler skipped (resumed runs included)."""
@@ -89,6 +118,14 @@ class RunLog:
             csv.DictWriter(handle, fieldnames=self._eval_columns, extrasaction="ignore").writerow(
                 {"step": step, **metrics}
             )
+        self._report("eval", {column: metrics.get(column) for column in self._eval_columns[1:]}, step)
+
+    def _report(self, prefix: str, row: dict[str, Any], step: int) -> None:
+        """The row's cells as numbers to every reporter (cells the CSV leaves empty: none)."""
+        if self._reporters:
+            values = {name: float(value) for name, value in row.items() if value is not None and value != ""}
+            for reporter in self._reporters:
+                reporter.add_scalars(prefix, values, step)
 
     def write_metrics(self, metrics: dict[str, Any], name: str = "metrics.json") -> Path | None:
         """The run summary as JSON (written to a temporary file, then renamed)."""

@@ -1,0 +1,33 @@
+"""`gradcache train --help` lists the modes and says where every option is; `gradcache train MODE --help` shows
+every option of the mode, as both READMEs say."""
+from pathlib import Path
+
+import pytest
+
+from gradcache.cli import main
+from gradcache.train.modes import MODES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_train_help_lists_the_modes_and_points_to_their_options(capsys):
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for mode in MODES.values():
+        assert f"{mode.name} {' '.join(mode.help.split()[:3])}" in text
+    assert "Every option of a mode, with its default: gradcache train MODE --help" in text
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_mode_help_shows_the_report_to_option_and_what_it_writes(capsys, mode):
+    assert main(["train", mode, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--report-to {none,tensorboard,wandb}" in text and "train/<column> and eval/<metric>" in text
+
+
+def test_the_readmes_say_what_train_help_shows():
+    for readme in (ROOT / "README.md", ROOT / "gradcache" / "train" / "README.md"):
+        text = readme.read_text()
+        assert "gradcache train MODE --help" in text, readme
+        for line in text.splitlines():  # `gradcache train --help` shows the modes, not every option
+            assert "gradcache train --help" not in line or "every option" not in line, (readme, line)

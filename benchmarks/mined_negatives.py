@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.arguments import HelpFormatter, add_output_options, output_folder
+from benchmarks.flags import HelpFormatter, add_output_options, output_folder
 from benchmarks.report import machine_context, write_csv
 from gradcache.cli import main as gradcache_main
 from gradcache.train.data.text.pairs import split_pairs

@@ -1,4 +1,6 @@
-"""The `gradcache` command: `gradcache train <mode> ...`, `gradcache eval CHECKPOINT` and `gradcache export RUN`.
+"""The `gradcache` command: `gradcache train <mode> ...`, `gradcache eval MODEL`, `gradcache export RUN`,
+`gradcache encode MODEL` and `gradcache mine MODEL` (the work of the last three lives in
+gradcache/train/commands/ and gradcache/train/export/).
 
 `main(argv=None) -> int` is the console script's entry point and what tests call. It returns the exit status
 that the raised error's type carries (gradcache/train/errors.py, where every status is explained), with one
@@ -40,14 +42,32 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
 
 
 def _register_eval(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("eval", help="evaluate a saved checkpoint on its run's held-out split",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint file (last.pt), a sharded checkpoint folder (last.dcp of an "
-                        "--fsdp run), or a run folder holding either (its newest good checkpoint: a damaged last.pt "
-                        "falls back to previous.pt, with a warning)")
-    parser.add_argument("--device", default="cpu", help="where to run the encoders")
-    parser.add_argument("--output-json", default=None, help="also write the metrics to this JSON file")
+    from gradcache.train.commands.options import add_eval_options
+
+    parser = commands.add_parser("eval", help="score a model (a run, a model folder) on a run's held-out split or "
+                                 "on any --data file", description="Score MODEL: a run on its own held-out split, "
+                                 "or any model on --data. Prints the metrics as one JSON object (percent).")
+    add_eval_options(parser)
     parser.set_defaults(command=_run_eval)
+
+
+def _register_encode(commands: argparse._SubParsersAction) -> None:
+    from gradcache.train.commands.options import add_encode_options
+
+    parser = commands.add_parser("encode", help="embed texts or images to a .npy array or a .faiss index",
+                                 description="Embed every row of --data with MODEL, in input order, L2-normalised.")
+    add_encode_options(parser)
+    parser.set_defaults(command=_run_encode)
+
+
+def _register_mine(commands: argparse._SubParsersAction) -> None:
+    from gradcache.train.commands.options import add_mine_options
+
+    parser = commands.add_parser("mine", help="mine hard negatives for (query, positive) rows, for train "
+                                 "--negative-keys", description="For each row, the --negatives highest-scoring "
+                                 "passages of the corpus that are not its positive, behind the false-negative guards.")
+    add_mine_options(parser)
+    parser.set_defaults(command=_run_mine)
 
 
 def _register_export(commands: argparse._SubParsersAction) -> None:
@@ -64,14 +84,14 @@ def _register_export(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(command=_run_export)
 
 
-SUBCOMMANDS: list[Register] = [_register_train, _register_eval, _register_export]
+SUBCOMMANDS: list[Register] = [_register_train, _register_eval, _register_export, _register_encode, _register_mine]
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The full `gradcache` parser; add a subcommand by appending its register function to SUBCOMMANDS."""
     parser = argparse.ArgumentParser(prog="gradcache", description="Large-batch contrastive learning under "
                                      "limited memory (GradCache).")
-    commands = parser.add_subparsers(dest="subcommand", metavar="{train,eval,export}")
+    commands = parser.add_subparsers(dest="subcommand", metavar="{train,eval,export,encode,mine}")
     for register in SUBCOMMANDS:
         register(commands)
     return parser
@@ -88,7 +108,10 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from gradcache.train.arguments import config_from_args, explicit_options
     from gradcache.train.loop import train
     from gradcache.train.modes import MODES
-    from gradcache.train.parallel.placement import collective_failures, launched_process_group
+    from gradcache.train.parallel.placement import (
+        collective_failures,
+        launched_process_group,
+    )
     from gradcache.train.preflight import prepare_run
     from gradcache.train.run_folder.reporters import reporters_of
 
@@ -107,38 +130,57 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
-    import dataclasses
+    from gradcache.train.commands.evaluate import evaluate
+    from gradcache.train.commands.model import load_model
 
-    import torch
-    from torch import nn
-
-    from gradcache.train.checkpoints.kinds import open_checkpoint
-    from gradcache.train.checkpoints.meta import CheckpointMeta
-    from gradcache.train.modes import MODES
-    from gradcache.train.run import build_loss, build_model
-
-    saved = open_checkpoint(args.checkpoint)
-    meta = CheckpointMeta.from_dict(saved.meta(), saved)
-    config = dataclasses.replace(meta.config, device=args.device)
-    mode = MODES[config.mode]
-    model = build_model(mode, config)
-    saved.load(nn.ModuleDict({"model": model, "loss": build_loss(mode, config)}))  # shards into one model
-    device = torch.device(args.device)
-    data = mode.load_data(config)
-    metrics = {**mode.evaluate(config, model.to(device), data, device), **meta.baselines, "steps": meta.step}
+    model = load_model(args.model, args.device, args.max_length, args.pooling)
+    metrics = evaluate(model, args.data, args.output, args.corpus, args.query_key, args.positive_key,
+                       args.negative_keys, args.test_size, args.batch_size)
     print(json.dumps(metrics, indent=2, sort_keys=True))
-    if args.output_json:
-        with open(args.output_json, "w") as handle:
-            json.dump(metrics, handle, indent=2, sort_keys=True)
     return 0
 
 
+def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.encode import encode
+    from gradcache.train.commands.model import load_model
+
+    model = load_model(args.model, args.device, args.max_length, args.pooling)
+    embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size)
+    print(f"wrote {args.output}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions "
+          f"({model.source})", file=sys.stderr)
+    return 0
+
+
+def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.mine import (
+        NEGATIVES_FIELD,
+        Guards,
+        mine,
+        negative_columns,
+    )
+    from gradcache.train.commands.model import load_model
+
+    guards = Guards(args.margin, args.relative_margin, *(args.range or (1, None)))
+    guards.check()
+    model = load_model(args.model, args.device, args.max_length, args.pooling)
+    rows, short = mine(model, args.data, args.output, args.negatives, guards, args.corpus, args.query_key,
+                       args.positive_key, args.negative_keys, args.batch_size)
+    keys = NEGATIVES_FIELD if args.output.lower().endswith(".jsonl") else " ".join(negative_columns(args.negatives))
+    print(f"wrote {args.output}: {rows} rows, {short} with fewer than {args.negatives} negatives; train on it with "
+          f"--data {args.output} --query-key {args.query_key} --positive-key {args.positive_key} --negative-keys "
+          f"{keys}", file=sys.stderr)
+    return 0
 
 
 def _run_export(args: argparse.Namespace, argv: list[str]) -> int:
     from pathlib import Path
 
-    from gradcache.train.export.write import MODEL_FOLDER, check_output, choose_checkpoint, export_checkpoint
+    from gradcache.train.export.write import (
+        MODEL_FOLDER,
+        check_output,
+        choose_checkpoint,
+        export_checkpoint,
+    )
 
     output = args.output if args.output is not None else Path(args.run) / MODEL_FOLDER
     check_output(output)  # before reading anything

@@ -104,7 +104,7 @@ class CLIP(ImageMode):
         return data
 
     def batches(self, config: RunConfig, data: DataSplits, sampler: StepSampler) -> DataLoader:
-        return training_batches(data.train, sampler, None, _tokenizer(config), config.workers)
+        return training_batches(data.train, sampler, None, caption_tokenizer(config), config.workers)
 
     def build_model(self, config: RunConfig) -> nn.Module:
         architecture = open_clip_architecture(config.model)
@@ -153,7 +153,7 @@ class CLIP(ImageMode):
                 device: torch.device) -> dict[str, float]:
         """Recall@1/5/10 both ways with their chance levels, and zero-shot top-1 where the data has classes; with
         `--matryoshka-dims`, both again at each narrower width (`<metric>@<d>`; the chance levels do not change)."""
-        tokenizer = _tokenizer(config)
+        tokenizer = caption_tokenizer(config)
         images = embed_images(model.encode_image, data.test.images, device)
         texts = embed_texts(model.encode_text, tokenizer, data.test.captions, device)
         prompts = None
@@ -203,6 +203,7 @@ def _scores(images: np.ndarray, texts: np.ndarray, prompts: list[np.ndarray] | N
     return scores
 
 
-def _tokenizer(config: RunConfig) -> ByteTokenizer | OpenClipTokenizer:
+def caption_tokenizer(config: RunConfig) -> ByteTokenizer | OpenClipTokenizer:
+    """The run's caption tokenizer: the built-in byte tokenizer, or the open_clip architecture's own."""
     architecture = open_clip_architecture(config.model)
     return ByteTokenizer(config.context_length) if architecture is None else OpenClipTokenizer(architecture)

@@ -38,7 +38,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """No per-load progress bars of transformers on the program's stderr (the run has its own)."""
     try:
         import transformers
@@ -182,7 +182,7 @@ class Text(Mode):
     # --- model and loss ---------------------------------------------------------------------------------
     def build_model(self, config: RunConfig) -> nn.Module:
         folder = model_folder(config.model)
-        _quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
+        quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
         towers = [HuggingFaceEncoder(folder, pooling=config.pooling) for _ in range(1 + config.separate_towers)]
         return BiEncoder(*towers)
 
@@ -295,7 +295,7 @@ def _tokenizer(config: RunConfig, model: str | None = None) -> HuggingFaceTokeni
 def _check_folder(option: str, name: str, pooling: str | None, max_length: int) -> None:
     """`option`'s model folder and its tokenizer load offline and belong together (UsageError naming `option`)."""
     folder = model_folder(name)
-    _quiet_transformers()
+    quiet_transformers()
     if not folder.is_dir():
         raise UsageError(f"{option} {name}: no such folder; give a local Hugging Face model folder "
                          f"(written by save_pretrained) or {PACKAGED_MODEL}")

@@ -89,11 +89,12 @@ def _negatives(record: dict, keys: list[str]) -> list[str]:
     return passages
 
 
-def _records(path: Path) -> tuple[list[tuple[str, dict]], set[str]]:
-    """(where, record) for every row, and every column or field name seen."""
+def read_records(path: Path, option: str = "--data") -> tuple[list[tuple[str, dict]], set[str]]:
+    """(where, record) for every row of a TSV, CSV or JSONL table, and every column or field name seen; `option`
+    names the file's option in errors."""
     suffix = path.suffix.lower()
     if suffix not in SEPARATORS and suffix not in JSON_LINES:
-        raise DataError(f"--data {str(path)!r}: unknown extension {suffix!r}; give a .tsv, .csv or .jsonl file")
+        raise DataError(f"{option} {str(path)!r}: unknown extension {suffix!r}; give a .tsv, .csv or .jsonl file")
     try:
         with open(path, newline="", encoding="utf-8") as handle:
             if suffix in SEPARATORS:
@@ -127,7 +128,7 @@ def read_text_pairs(path: str | os.PathLike, query_key: str = "query", positive_
     path = Path(path)
     if not path.is_file():
         raise DataError(f"--data {str(path)!r} is not a file; give a .tsv, .csv or .jsonl file of text pairs")
-    rows, names = _records(path)
+    rows, names = read_records(path)
     for option, key in [("--query-key", query_key), ("--positive-key", positive_key),
                         *[("--negative-keys", key) for key in negative_keys]]:
         if key not in names:

@@ -1,0 +1,100 @@
+"""`gradcache encode MODEL --data FILE --output FILE.npy|FILE.faiss`: embeddings of texts or images, in input order.
+
+Row i of the output is row i of the input (a text's line or table row, an image's sorted path or table row).
+The embeddings are L2-normalised float32, as the program scores them: every mode trains and ranks by cosine
+similarity, and all-MiniLM-L6-v2 normalises itself (for a folder without a `Normalize` module, the direction of
+its pooled output, which is all that cosine ranking reads). `.npy`: an (N, D) array (`numpy.load`).
+`.faiss`: an exact inner-product index (`IndexIDMap2` over `IndexFlatIP`) whose ids are the row numbers
+(`faiss.read_index`; `index.search(queries, k)` returns rows of the input).
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from gradcache.train.commands.files import check_output, write_atomically
+from gradcache.train.commands.inputs import decode_images, read_image_paths, read_texts
+from gradcache.train.commands.model import LoadedModel
+from gradcache.train.errors import UsageError
+from gradcache.train.eval.embed import embed_images, embed_texts
+
+OUTPUT_SUFFIXES = (".npy", ".faiss")
+TOWERS = ("query", "passage")
+
+
+def counted(encode: Callable[..., torch.Tensor], bar: tqdm) -> Callable[..., torch.Tensor]:
+    """`encode`, advancing `bar` by the rows of every batch it embeds."""
+    def encode_and_count(*args, **kwargs) -> torch.Tensor:
+        embeddings = encode(*args, **kwargs)
+        bar.update(len(embeddings))
+        return embeddings
+
+    return encode_and_count
+
+
+def embed_text_rows(model: LoadedModel, texts: list[str], tower: str, batch_size: int,
+                    description: str) -> np.ndarray:
+    """(N, D) L2-normalised float32 embeddings of `texts` by the `tower` ("query" or "passage") side, in order,
+    with a progress bar on stderr."""
+    encode = model.encode_query if tower == "query" else model.encode_passage
+    with tqdm(total=len(texts), desc=description, unit="text", file=sys.stderr, disable=None) as bar:
+        return embed_texts(counted(encode, bar), model.tokenizer, texts, model.device, batch_size)
+
+
+def embed_image_rows(model: LoadedModel, images: torch.Tensor, batch_size: int) -> np.ndarray:
+    """(N, D) L2-normalised float32 embeddings of uint8 (N, 3, S, S) images, in order, with a progress bar."""
+    with tqdm(total=len(images), desc="encode images", unit="image", file=sys.stderr, disable=None) as bar:
+        return embed_images(counted(model.encode_image, bar), images, model.device, batch_size)
+
+
+def encode(model: LoadedModel, data: str, output: str, key: str | None = None, image_key: str | None = None,
+           tower: str = "passage", batch_size: int = 256) -> np.ndarray:
+    """Embed every row of `data` with `model` and write them to `output` (module docstring); return them.
+
+    Args:
+        data: a .txt file or a table (with `key`) of texts; a folder or a table (with `image_key`) of images.
+        tower: "query" or "passage": the side that embeds texts (the same for one shared tower and for CLIP).
+
+    Raises:
+        UsageError: a bad option, texts for a model without a text side or images for one without an image side.
+        DataError: unusable data (gradcache/train/commands/inputs.py).
+    """
+    path = check_output(output, OUTPUT_SUFFIXES)
+    if tower not in TOWERS:
+        raise UsageError(f"--tower {tower!r}: choose one of {', '.join(TOWERS)}")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    if key is not None and image_key is not None:
+        raise UsageError("--key (texts) and --image-key (images) name what to embed: give one of them")
+    images = image_key is not None or Path(data).is_dir()
+    if images and not model.embeds_images:
+        raise UsageError(f"--data {data} holds images, but MODEL ({model.source}) embeds {model.kind} texts only; "
+                         "give texts (a .txt file, or a table with --key)")
+    if not images and not model.embeds_text:
+        raise UsageError(f"--data {data}: MODEL ({model.source}) embeds images only; give a folder of images or a "
+                         "table with --image-key")
+    with torch.inference_mode():
+        if images:
+            embeddings = embed_image_rows(model, decode_images(read_image_paths(data, image_key),
+                                                               model.image_size), batch_size)
+        else:
+            embeddings = embed_text_rows(model, read_texts(data, key), tower, batch_size, f"encode {tower}s")
+    write_atomically(path, lambda temporary: _write(embeddings, temporary, path.suffix.lower()))
+    return embeddings
+
+
+def _write(embeddings: np.ndarray, temporary: Path, suffix: str) -> None:
+    if suffix == ".npy":
+        with open(temporary, "wb") as handle:
+            np.save(handle, embeddings)
+        return
+    import faiss
+
+    index = faiss.IndexIDMap2(faiss.IndexFlatIP(embeddings.shape[1]))
+    index.add_with_ids(np.ascontiguousarray(embeddings, dtype=np.float32), np.arange(len(embeddings), dtype=np.int64))
+    faiss.write_index(index, str(temporary))

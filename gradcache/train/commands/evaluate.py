@@ -1,0 +1,112 @@
+"""`gradcache eval MODEL [--data FILE] [--output metrics.json]`: a model's metrics on any held-out file.
+
+- A text model on a pairs file (`.tsv`, `.csv`, `.jsonl`, read as `gradcache train text --data` reads it, every
+  usable row a query): each query ranks a corpus by cosine similarity (gradcache/train/eval/retrieval.py), the
+  corpus being every distinct passage of the file (positives and hard negatives) or the `--corpus` id/text rows,
+  the relevant passage being the row's positive (found in the corpus by its text, else by its id). Metrics:
+  `recall@1`, `recall@10`, `mrr@10`, `ndcg@10` in percent, with `queries` and `corpus_size`.
+- A CLIP or SimCLR run on an image file or folder (read as `gradcache train --data` reads it, with the run's
+  options): the run's own metrics on the held-out split of `--test-size` items of it (image-to-text and
+  text-to-image recall@k, zero-shot top-1 where the data has classes; kNN top-1 of the held-out images against
+  the rest).
+- A run without `--data`: its own held-out split, as `gradcache eval RUN` always scored it, with its baselines
+  and `steps`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import torch
+
+from gradcache.train.commands.encode import embed_text_rows
+from gradcache.train.commands.files import check_output, write_atomically
+from gradcache.train.commands.inputs import Corpus, read_corpus
+from gradcache.train.commands.model import LoadedModel
+from gradcache.train.data.text.pairs import TextPairs, read_text_pairs
+from gradcache.train.errors import DataError, UsageError
+from gradcache.train.eval.retrieval import retrieval_corpus, retrieval_metrics
+
+OUTPUT_SUFFIXES = (".json",)
+
+
+def read_pairs(data: str, query_key: str, positive_key: str, negative_keys: list[str] | tuple[str, ...] = ()
+               ) -> TextPairs:
+    """Every usable row of a pairs file, as `gradcache train text --data` reads it (UsageError/DataError)."""
+    try:
+        return read_text_pairs(data, query_key, positive_key, negative_keys)
+    except ValueError as error:
+        if isinstance(error, DataError):
+            raise
+        raise UsageError(str(error)) from error
+
+
+def pairs_corpus(pairs: TextPairs, corpus: str | None) -> tuple[Corpus, np.ndarray]:
+    """The corpus to rank (the `--corpus` file, else the pairs' distinct passages), and (N,) the corpus index of
+    each row's positive."""
+    if corpus is not None:
+        ranked = read_corpus(corpus)
+        return ranked, ranked.indices_of(pairs.positives)
+    texts, relevant = retrieval_corpus(pairs)
+    return Corpus(ids=[str(index) for index in range(len(texts))], texts=texts), relevant
+
+
+def text_metrics(model: LoadedModel, pairs: TextPairs, corpus: str | None = None,
+                 batch_size: int = 256) -> dict[str, float]:
+    """recall@1, recall@10, mrr@10, ndcg@10 (%) of `pairs`' queries over the corpus, with the counts."""
+    ranked, relevant = pairs_corpus(pairs, corpus)
+    with torch.inference_mode():
+        queries = embed_text_rows(model, pairs.queries, "query", batch_size, "encode queries")
+        passages = embed_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
+    metrics = retrieval_metrics(queries, passages, relevant)
+    return {**metrics, "queries": len(pairs), "corpus_size": len(ranked), "skipped_rows": len(pairs.skipped)}
+
+
+def run_metrics(model: LoadedModel, data: str | None, test_size: int | None = None) -> dict[str, float]:
+    """A run's own evaluation: on its held-out split (`data` None: with its baselines and steps), or on the
+    held-out split of `data` read with the run's options."""
+    from gradcache.train.modes import MODES
+
+    config = model.config
+    mode = MODES[config.mode]
+    if data is None:
+        metrics = mode.evaluate(config, model.module, mode.load_data(config), model.device)
+        return {**metrics, **model.meta.baselines, "steps": model.meta.step}
+    if test_size is not None and test_size < 1:
+        raise UsageError(f"--test-size must be at least 1, got {test_size}")
+    config = dataclasses.replace(config, data=str(data), test_size=test_size or config.test_size)
+    return mode.evaluate(config, model.module, mode.load_data(config), model.device)
+
+
+def evaluate(model: LoadedModel, data: str | None, output: str | None = None, corpus: str | None = None,
+             query_key: str = "query", positive_key: str = "positive", negative_keys: list[str] | None = None,
+             test_size: int | None = None, batch_size: int = 256) -> dict[str, float]:
+    """The metrics of `model` on `data` (module docstring), written to `output` as one flat JSON object.
+
+    Raises:
+        UsageError: no `data` for a model folder; `corpus` for an image model; a bad output path.
+        DataError: unusable data (the readers' messages).
+    """
+    path = None if output is None else check_output(output, OUTPUT_SUFFIXES)
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    if model.kind != "text" and corpus is not None:
+        raise UsageError(f"--corpus ranks passages for a text model; MODEL ({model.source}) is a {model.kind} model")
+    if data is None and model.config is None:
+        raise UsageError(f"MODEL ({model.source}) is a model folder, not a run: give --data, a file of (query, "
+                         "positive) rows to score it on")
+    if model.kind != "text" and model.config is None:
+        raise UsageError(f"MODEL ({model.source}) is an exported {model.kind} model: its metrics read the run's "
+                         "options (data keys, kNN, prompts); give the run folder it was exported from")
+    if model.kind == "text" and data is not None:
+        metrics = text_metrics(model, read_pairs(data, query_key, positive_key, negative_keys or ()), corpus,
+                               batch_size)
+    else:
+        if corpus is not None:
+            raise UsageError("--corpus needs --data, the file whose rows query it")
+        metrics = run_metrics(model, data, test_size)
+    if path is not None:
+        write_atomically(path, lambda temporary: temporary.write_text(json.dumps(metrics, indent=2, sort_keys=True)
+                                                                      + "\n"))
+    return metrics

@@ -1,0 +1,165 @@
+"""What `gradcache encode`, `eval` and `mine` read, with the training program's readers (one copy of each format).
+
+- texts to embed: a `.txt` file, one text per line (every line a row, in order), or one column (`--key`) of a
+  `.tsv`, `.csv` or `.jsonl` table (gradcache/train/data/text/pairs.py's reader);
+- images to embed: a folder (every image file under it, sorted by path) or one column (`--image-key`) of a table
+  of image paths (relative paths are relative to the table's folder), decoded as training decodes them
+  (gradcache/train/data/images/files.py: shorter side resized, centre crop);
+- a corpus (`--corpus`): a `.tsv`, `.csv` or `.jsonl` table of `id` and `text` rows, ids distinct.
+Rows keep their order and are never skipped (row i of the output is row i of the input): an empty file, a
+missing column, an empty corpus text or an image that does not decode raises DataError (exit status 2).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from gradcache.train.data.images.files import IMAGE_EXTENSIONS, decode_image
+from gradcache.train.data.text.pairs import read_records
+from gradcache.train.errors import DataError
+
+TEXT_LINES = ".txt"
+CORPUS_ID, CORPUS_TEXT = "id", "text"  # the corpus table's column (field) names
+
+
+def _existing(path: str | os.PathLike, option: str) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{option} {str(path)!r} does not exist")
+    return path
+
+
+def _column(path: Path, key: str, option: str, key_option: str) -> list[str]:
+    rows, names = read_records(path, option)
+    if key not in names:
+        raise DataError(f"{path} has no column {key!r} (columns: {sorted(names)}); name it with {key_option}")
+    values = ["" if record.get(key) is None else str(record.get(key)).strip() for _, record in rows]
+    return values
+
+
+def read_texts(path: str | os.PathLike, key: str | None) -> list[str]:
+    """Every text of `path` in order: its lines (`.txt`) or its column `key` (a table).
+
+    Raises:
+        DataError: no such file, a table without column `key` (or no `key` for a table), or no text at all.
+    """
+    path = _existing(path, "--data")
+    if path.suffix.lower() == TEXT_LINES:
+        try:
+            texts = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise DataError(f"cannot read --data {path}: {error}") from error
+    else:
+        if key is None:
+            raise DataError(f"--data {path} is a table: name the column of texts to embed with --key (or give a "
+                            ".txt file, one text per line)")
+        texts = _column(path, key, "--data", "--key")
+    if not any(text.strip() for text in texts):
+        raise DataError(f"--data {path} holds no text to embed ({len(texts)} rows, all empty)")
+    return texts
+
+
+def read_image_paths(path: str | os.PathLike, image_key: str | None) -> list[Path]:
+    """The images to embed, in order: every image file under folder `path` (sorted), or column `image_key` of a
+    table of paths (relative to the table's folder).
+
+    Raises:
+        DataError: no such path, no image in the folder, a table without the column, or a row without a path.
+    """
+    path = _existing(path, "--data")
+    if path.is_dir():
+        paths = sorted(file for file in path.rglob("*") if file.suffix.lower() in IMAGE_EXTENSIONS)
+        if not paths:
+            raise DataError(f"--data {path} holds no image ({', '.join(IMAGE_EXTENSIONS)})")
+        return paths
+    values = _column(path, image_key, "--data", "--image-key")
+    empty = [number for number, value in enumerate(values, start=1) if not value]
+    if empty:
+        raise DataError(f"--data {path}: row {empty[0]} has no image path in column {image_key!r} "
+                        f"({len(empty)} such rows); every row is embedded, so fill them in or remove them")
+    if not values:
+        raise DataError(f"--data {path} has no rows")
+    return [Path(value) if Path(value).is_absolute() else path.parent / value for value in values]
+
+
+def decode_images(paths: Sequence[Path], image_size: int) -> torch.Tensor:
+    """(N, 3, S, S) uint8 images, decoded as training decodes them.
+
+    Raises:
+        DataError: an image that does not decode (named): rows are never skipped, so the output stays aligned.
+    """
+    images = []
+    for path in paths:
+        try:
+            images.append(decode_image(path, image_size))
+        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as error:
+            raise DataError(f"image {path} does not decode ({error}); every row is embedded in order, so repair "
+                            "or remove it") from error
+    return torch.stack(images)
+
+
+@dataclass
+class Corpus:
+    """C passages to rank: `texts[i]` has the id `ids[i]`."""
+
+    ids: list[str]
+    texts: list[str]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def indices_of(self, passages: Sequence[str], option: str = "--positive-key") -> np.ndarray:
+        """(N,) the corpus index of each passage, found by its text, else by its id.
+
+        Raises:
+            DataError: a passage that is neither a corpus text nor a corpus id (the first one is named).
+        """
+        by_text = {text: index for index, text in reversed(list(enumerate(self.texts)))}
+        by_id = {identifier: index for index, identifier in enumerate(self.ids)}
+        found = [by_text.get(passage, by_id.get(passage, -1)) for passage in passages]
+        missing = [number for number, index in enumerate(found) if index < 0]
+        if missing:
+            raise DataError(f"{len(missing)} rows' positives ({option}) are neither a text nor an id of the corpus, "
+                            f"e.g. row {missing[0] + 1}: {passages[missing[0]][:80]!r}; every row's positive must "
+                            "be in the corpus")
+        return np.array(found, dtype=np.int64)
+
+
+def corpus_of(passages: Sequence[str]) -> Corpus:
+    """The distinct `passages` in order of first appearance, each its own id (the corpus of a pairs file)."""
+    distinct = list(dict.fromkeys(passages))
+    return Corpus(ids=[str(index) for index in range(len(distinct))], texts=distinct)
+
+
+def read_corpus(path: str | os.PathLike) -> Corpus:
+    """The `id`/`text` rows of a `.tsv`, `.csv` or `.jsonl` table.
+
+    Raises:
+        DataError: no such file, a missing column, an empty text or id, a repeated id, or no row.
+    """
+    path = _existing(path, "--corpus")
+    rows, names = read_records(path, "--corpus")
+    for key in (CORPUS_ID, CORPUS_TEXT):
+        if key not in names:
+            raise DataError(f"--corpus {path} has no column {key!r} (columns: {sorted(names)}); a corpus holds "
+                            f"'{CORPUS_ID}' and '{CORPUS_TEXT}' columns")
+    ids, texts = [], []
+    for where, record in rows:
+        identifier, text = (str(record.get(key) or "").strip() for key in (CORPUS_ID, CORPUS_TEXT))
+        if not identifier or not text:
+            raise DataError(f"--corpus {path} {where}: empty {'id' if not identifier else 'text'}")
+        ids.append(identifier)
+        texts.append(text)
+    if not texts:
+        raise DataError(f"--corpus {path} has no rows")
+    repeated = len(ids) - len(set(ids))
+    if repeated:
+        first = next(identifier for identifier in ids if ids.count(identifier) > 1)
+        raise DataError(f"--corpus {path}: {repeated} repeated ids (e.g. {first!r}); ids must be distinct")
+    return Corpus(ids=ids, texts=texts)

@@ -1,0 +1,155 @@
+"""`gradcache mine MODEL --data FILE --output FILE --negatives K`: hard negatives for each row, from a model.
+
+For row i with query q_i and positive p_i, every corpus passage c other than the positive gets the score
+s(q_i, c) = cos(E_query(q_i), E_passage(c)), and the kept negatives are
+
+    ranked  = the corpus passages other than p_i (and other than any passage of the same text), by s descending
+    window  = ranked[start - 1 : end]                                    (--range START END, 1-based ranks)
+    kept    = [c in window if s(c) <= s(p_i) - margin                    (--margin, absolute)
+                            and s(c) <= s(p_i) * (1 - relative_margin)]  (--relative-margin, optional)
+    negatives_i = kept[:K]                                               (--negatives K)
+
+the false-negative guards of sentence-transformers' `mine_hard_negatives` (`absolute_margin`,
+`relative_margin`, `range_min`/`range_max`): a candidate scoring above the positive, or within the margin of it,
+is more likely an unlabelled positive than a negative. A row may keep fewer than K (a small corpus, a strict
+margin): it is written with what it has, and the count of such rows is reported; `gradcache train text` skips
+and counts rows with fewer than h negatives.
+
+The corpus is every distinct passage of the file (positives, and the hard negatives of `--negative-keys`), or
+`--corpus` id/text rows. The output, by extension: `.jsonl` rows `{QUERY_KEY: ..., POSITIVE_KEY: ...,
+"negatives": [...]}` (train with `--negative-keys negatives`), or `.tsv`/`.csv` columns QUERY_KEY,
+POSITIVE_KEY, negative_1 .. negative_K (train with `--negative-keys negative_1 ... negative_K`).
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gradcache.train.commands.encode import embed_text_rows
+from gradcache.train.commands.evaluate import pairs_corpus, read_pairs
+from gradcache.train.commands.files import check_output, write_atomically
+from gradcache.train.commands.model import LoadedModel
+from gradcache.train.data.text.pairs import SEPARATORS
+from gradcache.train.errors import UsageError
+
+OUTPUT_SUFFIXES = (".jsonl", ".tsv", ".csv")
+NEGATIVES_FIELD = "negatives"  # the JSONL field of the mined negatives
+QUERY_BLOCK = 1024  # queries scored at once: a (1024, C) float32 block of scores
+
+
+@dataclass(frozen=True)
+class Guards:
+    """The false-negative guards (module docstring).
+
+    Args:
+        margin: keep s(c) <= s(p) - margin (absolute; 0: nothing above the positive).
+        relative_margin: keep s(c) <= s(p) (1 - relative_margin) as well; None: no relative guard.
+        start, end: the 1-based ranks (inclusive) to draw from; end None: to the last passage.
+    """
+
+    margin: float = 0.0
+    relative_margin: float | None = None
+    start: int = 1
+    end: int | None = None
+
+    def check(self) -> None:
+        """Raise UsageError for a value that cannot work."""
+        if not np.isfinite(self.margin):
+            raise UsageError(f"--margin must be a finite number, got {self.margin}")
+        if self.relative_margin is not None and not 0 <= self.relative_margin < 1:
+            raise UsageError(f"--relative-margin must be in [0, 1) (a share of the positive's score), got "
+                             f"{self.relative_margin}")
+        if self.start < 1 or (self.end is not None and self.end < self.start):
+            raise UsageError(f"--range {self.start} {self.end}: give two ranks 1 <= START <= END")
+
+
+def mine_negatives(queries: np.ndarray, corpus: np.ndarray, positives: np.ndarray, count: int, guards: Guards,
+                   same_as_positive: list[np.ndarray] | None = None) -> list[list[int]]:
+    """For each query, the corpus indices of at most `count` negatives (module docstring), best first.
+
+    Args:
+        queries: (N, D) L2-normalised query embeddings.
+        corpus: (C, D) L2-normalised passage embeddings.
+        positives: (N,) each query's positive's corpus index.
+        count: K, negatives per query.
+        guards: the margin and range.
+        same_as_positive: per query, further corpus indices never to return (passages of the positive's text).
+    """
+    mined: list[list[int]] = []
+    for first in range(0, len(queries), QUERY_BLOCK):
+        scores = queries[first:first + QUERY_BLOCK] @ corpus.T  # (b, C)
+        for row, row_scores in enumerate(scores):
+            index = first + row
+            positive_score = row_scores[positives[index]]
+            ranked = np.argsort(-row_scores, kind="stable")  # (C,) best first; ties by corpus order
+            excluded = {int(positives[index])}
+            if same_as_positive is not None:
+                excluded.update(same_as_positive[index].tolist())
+            ranked = [int(c) for c in ranked if int(c) not in excluded]
+            window = ranked[guards.start - 1:guards.end]
+            kept = [c for c in window if row_scores[c] <= positive_score - guards.margin
+                    and (guards.relative_margin is None
+                         or row_scores[c] <= positive_score * (1 - guards.relative_margin))]
+            mined.append(kept[:count])
+    return mined
+
+
+def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Guards = Guards(),
+         corpus: str | None = None, query_key: str = "query", positive_key: str = "positive",
+         negative_keys: list[str] | None = None, batch_size: int = 256) -> tuple[int, int]:
+    """Mine `negatives` hard negatives per row of `data` with `model` and write them to `output`.
+
+    Returns:
+        (rows written, rows that kept fewer than `negatives`).
+
+    Raises:
+        UsageError: an image model, a bad count, guard or output path.
+        DataError: unusable data or corpus.
+    """
+    path = check_output(output, OUTPUT_SUFFIXES)
+    if model.kind != "text":
+        raise UsageError(f"gradcache mine ranks passages for queries; MODEL ({model.source}) is a {model.kind} "
+                         "model, give a text model")
+    if isinstance(negatives, bool) or negatives < 1:
+        raise UsageError(f"--negatives must be at least 1, got {negatives}")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    guards.check()
+    pairs = read_pairs(data, query_key, positive_key, negative_keys or ())
+    ranked, positives = pairs_corpus(pairs, corpus)
+    by_text: dict[str, list[int]] = {}
+    for index, text in enumerate(ranked.texts):
+        by_text.setdefault(text, []).append(index)
+    same_text = [np.array(by_text.get(ranked.texts[p], []), dtype=np.int64) for p in positives]
+    with torch.inference_mode():
+        query_embeddings = embed_text_rows(model, pairs.queries, "query", batch_size, "encode queries")
+        corpus_embeddings = embed_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
+    mined = mine_negatives(query_embeddings, corpus_embeddings, positives, negatives, guards, same_text)
+    rows = [(query, positive, [ranked.texts[c] for c in found])
+            for query, positive, found in zip(pairs.queries, pairs.positives, mined)]
+    write_atomically(path, lambda temporary: _write(rows, temporary, path.suffix.lower(), query_key, positive_key,
+                                                   negatives))
+    return len(rows), sum(len(found) < negatives for found in mined)
+
+
+def _write(rows: list[tuple[str, str, list[str]]], temporary: Path, suffix: str, query_key: str,
+           positive_key: str, negatives: int) -> None:
+    with open(temporary, "w", newline="", encoding="utf-8") as handle:
+        if suffix == ".jsonl":
+            handle.writelines(json.dumps({query_key: query, positive_key: positive, NEGATIVES_FIELD: found},
+                                        ensure_ascii=False) + "\n" for query, positive, found in rows)
+            return
+        writer = csv.writer(handle, delimiter=SEPARATORS[suffix])
+        writer.writerow([query_key, positive_key, *negative_columns(negatives)])
+        for query, positive, found in rows:
+            writer.writerow([query, positive, *found, *[""] * (negatives - len(found))])
+
+
+def negative_columns(count: int) -> list[str]:
+    """The table columns of the mined negatives: negative_1 .. negative_K."""
+    return [f"negative_{number}" for number in range(1, count + 1)]

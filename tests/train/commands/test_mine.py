@@ -1,0 +1,99 @@
+"""`gradcache mine`: never a row's positive, the margins and the range respected (against a brute-force loop),
+an output that `gradcache train text --negative-keys` reads."""
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from gradcache.cli import main
+from gradcache.train import errors
+from gradcache.train.commands.mine import Guards, mine_negatives
+from gradcache.train.data.text.pairs import read_text_pairs
+from tests.train.commands.conftest import Reference, distinct_passages, pair_rows
+
+
+def brute_force(queries, corpus, positives, count, margin, relative, start, end, same):
+    """The negatives of each query by the module's formula, written as a plain loop."""
+    result = []
+    for i, query in enumerate(queries):
+        scores = [float(query @ passage) for passage in corpus]
+        candidates = [c for c in range(len(corpus)) if c != positives[i] and c not in same[i]]
+        candidates.sort(key=lambda c: (-scores[c], c))
+        window = candidates[start - 1:end]
+        kept = [c for c in window if scores[c] <= scores[positives[i]] - margin
+                and (relative is None or scores[c] <= scores[positives[i]] * (1 - relative))]
+        result.append(kept[:count])
+    return result
+
+
+@pytest.mark.parametrize("margin, relative, start, end", [(0.0, None, 1, None), (0.1, None, 1, None),
+                                                          (-1.0, None, 3, 9), (0.0, 0.2, 2, None),
+                                                          (0.05, 0.1, 1, 5)])
+def test_mine_negatives_equals_a_brute_force_loop(margin, relative, start, end):
+    generator = np.random.default_rng(0)
+    corpus = generator.normal(size=(30, 8))
+    corpus /= np.linalg.norm(corpus, axis=1, keepdims=True)
+    positives = generator.integers(0, 30, 20)
+    queries = corpus[positives] + 0.7 * generator.normal(size=(20, 8))  # near their positive, not on it
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    same = [np.array([(p + 1) % 30]) for p in positives]  # a duplicate of each positive's text
+    got = mine_negatives(queries.astype(np.float32), corpus.astype(np.float32), positives, 4,
+                         Guards(margin, relative, start, end), same)
+    want = brute_force(queries, corpus, positives, 4, margin, relative, start, end,
+                       [set(s.tolist()) for s in same])
+    assert got == want
+    assert any(len(row) == 4 for row in got)
+    for i, row in enumerate(got):
+        assert positives[i] not in row and (positives[i] + 1) % 30 not in row
+
+
+@pytest.mark.parametrize("output", ["mined.jsonl", "mined.tsv"])
+def test_mined_file_respects_the_margin_and_trains(tmp_path, tiny_bert, pairs_file, output):
+    margin = 0.02
+    assert main(["mine", str(tiny_bert), "--data", str(pairs_file), "--negative-keys", "hard", "--negatives", "3",
+                 "--margin", str(margin), "--output", str(tmp_path / output)]) == 0
+    keys = ["negatives"] if output.endswith(".jsonl") else ["negative_1", "negative_2", "negative_3"]
+    rows = pair_rows()
+    if output.endswith(".jsonl"):
+        mined = [json.loads(line) for line in (tmp_path / output).read_text().splitlines()]
+        negatives = [row["negatives"] for row in mined]
+    else:
+        with open(tmp_path / output, newline="") as handle:
+            mined = list(csv.DictReader(handle, delimiter="\t"))
+        negatives = [[row[key] for key in keys if row[key]] for row in mined]
+    assert [row["query"] for row in mined] == [row["query"] for row in rows]
+    passages = distinct_passages(rows)
+    reference = Reference(tiny_bert)
+    corpus = reference(passages)
+    queries = reference([row["query"] for row in rows])
+    want = brute_force(queries, corpus, [passages.index(row["positive"]) for row in rows], 3, margin, None, 1, None,
+                       [set()] * len(rows))
+    assert negatives == [[passages[c] for c in row] for row in want]
+    for row, found in zip(rows, negatives):
+        assert row["positive"] not in found
+    unguarded = brute_force(queries, corpus, [passages.index(row["positive"]) for row in rows], 3, -np.inf, None, 1,
+                            None, [set()] * len(rows))
+    assert 0 < sum(map(len, negatives)) < sum(map(len, unguarded))  # the margin dropped some, not all
+    pairs = read_text_pairs(tmp_path / output, negative_keys=keys, negatives_per_query=1)
+    assert len(pairs) == sum(len(found) >= 1 for found in negatives)
+
+
+@pytest.mark.parametrize("case", ["corpus missing", "zero negatives", "relative margin 1", "bad range",
+                                  "bad output"])
+def test_bad_input_exits_2_naming_it_and_writes_nothing(capsys, tmp_path, tiny_bert, pairs_file, case):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv, named = {
+        "corpus missing": (["--corpus", str(tmp_path / "nope.tsv")], "does not exist"),
+        "zero negatives": (["--negatives", "0"], "--negatives must be at least 1"),
+        "relative margin 1": (["--relative-margin", "1"], "--relative-margin must be in [0, 1)"),
+        "bad range": (["--range", "5", "2"], "--range 5 2"),
+        "bad output": (["--output", str(out / "m.txt")], "unknown extension"),
+    }[case]
+    defaults = [*([] if "--negatives" in argv else ["--negatives", "2"]),
+                *([] if "--output" in argv else ["--output", str(out / "m.jsonl")])]
+    capsys.readouterr()
+    assert main(["mine", str(tiny_bert), "--data", str(pairs_file), *argv, *defaults]) == errors.USAGE
+    assert named in capsys.readouterr().err
+    assert list(out.iterdir()) == []

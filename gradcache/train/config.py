@@ -1,18 +1,19 @@
 """The run configuration: every option of `gradcache train`, typed, in one dataclass stored in each checkpoint.
 
 A field's default here is the option's default; a mode (gradcache/train/modes/) overrides a few of them
-(`Mode.defaults`). What else there is to know of a field is said once, in its `option(...)` metadata: the
-modes that read it (`modes`, none: every mode), whether it fixes the shapes of the parameters (`model`, so a
-checkpoint resumes only into the same value), its smallest valid value (`at_least`, checked before a run
-writes anything), and the configuration version that added it with the value under which older runs trained
-(`added`, `before`). `to_dict` is what a checkpoint stores and `RunConfig.from_dict` reads any version back.
-A new option: one field here (with `added=CONFIG_VERSION + 1` and a bump of CONFIG_VERSION when older
-checkpoints lack it), its flag in arguments.py or its mode's `add_options`.
+(`Mode.defaults`). What else there is to know of a field is said once, in its `option(...)` metadata: the modes
+that read it (`modes`, none: every mode), whether it fixes the shapes of the parameters (`model`, so a checkpoint
+resumes only into the same value), its smallest valid value (`at_least`, checked before a run writes anything),
+whether it names a file or folder (`path`, stored absolute), and the configuration version that added it with the
+value under which older runs trained (`added`, `before`). `to_dict` is what a checkpoint stores and
+`RunConfig.from_dict` reads any version back. A new option: one field here (with `added=CONFIG_VERSION + 1` and a
+bump of CONFIG_VERSION when older checkpoints lack it), its flag in arguments.py or its mode's `add_options`.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from gradcache.train.errors import CheckpointError
@@ -22,9 +23,9 @@ _SAME = object()  # `before` of a field whose older runs trained under its defau
 
 
 def option(default: Any, *, modes: tuple[str, ...] = (), model: bool = False, at_least: int | None = None,
-           added: int = 1, before: Any = _SAME) -> Any:
+           added: int = 1, before: Any = _SAME, path: bool = False) -> Any:
     """A RunConfig field: its default and what the module docstring lists, as metadata."""
-    return dataclasses.field(default=default, metadata=dict(modes=modes, model=model, at_least=at_least,
+    return dataclasses.field(default=default, metadata=dict(modes=modes, model=model, at_least=at_least, path=path,
                                                             added=added, before=before))
 
 
@@ -35,7 +36,7 @@ SIMCLR, CLIP, TEXT, IMAGES = ("simclr",), ("clip",), ("text",), ("simclr", "clip
 class RunConfig:
     mode: str = option("simclr", model=True)
     # data
-    data: str = "shapes"  # a built-in name ('shapes', 'digits', 'world', ...) or a path in the mode's format
+    data: str = option("shapes", path=True)  # a built-in name ('shapes', 'digits', 'world', ...) or a path in the mode's format
     image_size: int = option(32, modes=IMAGES, model=True, at_least=1)
     train_size: int = option(8192, at_least=1)  # built-in data only
     test_size: int = option(2048, at_least=1)
@@ -51,8 +52,8 @@ class RunConfig:
     max_bad_share: float = option(0.05, added=6, before=1.0)  # older runs trained on whatever share decoded
     threads: int | None = option(None, at_least=1)  # None: CPU cores minus workers, at least 1
     # model
-    model: str = option("convnet", model=True)  # an image preset, open_clip:ARCH (clip) or a model folder (text)
-    pretrained: str | None = option(None, modes=CLIP, added=3)  # with open_clip:ARCH: weights of a new run
+    model: str = option("convnet", model=True, path=True)  # an image preset, open_clip:ARCH (clip) or a model folder (text)
+    pretrained: str | None = option(None, modes=CLIP, added=3, path=True)  # with open_clip:ARCH: weights of a new run
     width: int = option(16, modes=IMAGES, model=True, at_least=1)
     norm: str = option("group", modes=IMAGES, model=True)
     projection_dim: int = option(128, modes=IMAGES, model=True, at_least=1)
@@ -70,7 +71,7 @@ class RunConfig:
     negative_keys: list[str] | None = option(None, modes=TEXT, added=3)  # columns, or one list-valued JSONL field
     negatives_per_query: int | None = option(None, modes=TEXT, added=3)  # h; None: what most rows have
     symmetric: bool = option(False, modes=TEXT, added=3)  # InfoNCE in both directions
-    guide: str | None = option(None, modes=TEXT, added=8)  # a frozen model whose similarities mask false negatives
+    guide: str | None = option(None, modes=TEXT, added=8, path=True)  # a frozen model whose similarities mask false negatives
     guide_margin: float = option(0.0, modes=TEXT, added=8)
     guide_margin_strategy: str = option("absolute", modes=TEXT, added=8)  # or "relative"
     # optimisation
@@ -136,6 +137,18 @@ class RunConfig:
     def model_signature(self) -> dict[str, Any]:
         """The fields that fix the shapes of the parameters: a checkpoint resumes only into the same ones."""
         return {key: getattr(self, key) for key in MODEL_FIELDS}
+
+
+def with_absolute_paths(config: RunConfig) -> RunConfig:
+    """`config` with every `path=True` field that names an existing file or folder made absolute, so the run's
+    stored options (its checkpoint, `gradcache eval RUN`, `--resume`) mean the same from any directory; a name
+    that is not a path (a built-in data set, a model preset) stays as it is."""
+    changes = {}
+    for f in fields(RunConfig):
+        value = getattr(config, f.name)
+        if f.metadata.get("path") and isinstance(value, str) and value and Path(value).exists():
+            changes[f.name] = str(Path(value).resolve())
+    return dataclasses.replace(config, **changes)
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(RunConfig) if f.metadata.get("model"))

@@ -24,7 +24,7 @@ from gradcache.train.checkpoints.resume import (
     choose_checkpoint,
     merge_resume,
 )
-from gradcache.train.config import LOWER_BOUNDS, RunConfig
+from gradcache.train.config import LOWER_BOUNDS, RunConfig, with_absolute_paths
 from gradcache.train.data.images.files import check_bad_share
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
@@ -55,7 +55,8 @@ def prepare_run(given: RunConfig, explicit: set[str]
 
     decided_by_rank_zero(claim)
     try:
-        config, saved, data = _prepare(dataclasses.replace(given, output_dir=str(output)), explicit)
+        config, saved, data = _prepare(with_absolute_paths(dataclasses.replace(given, output_dir=str(output))),
+                                       explicit)
     except BaseException:
         if isinstance(lock, RunFolderLock):
             lock.release(discard=True)

@@ -23,7 +23,7 @@ from gradcache.train.checkpoints.kinds import (
     locate,
 )
 from gradcache.train.checkpoints.meta import CheckpointMeta
-from gradcache.train.config import MODEL_FIELDS, RunConfig
+from gradcache.train.config import MODEL_FIELDS, RunConfig, with_absolute_paths
 from gradcache.train.errors import CheckpointError
 from gradcache.train.run_folder.lock import decided_by_rank_zero
 
@@ -71,7 +71,7 @@ def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> 
     if stored_mode != given.mode:
         raise CheckpointError(f"{given.resume} is a {stored_mode} checkpoint; resume it with "
                               f"`gradcache train {stored_mode} --resume ...`")
-    stored = CheckpointMeta.from_dict(saved.meta(), saved).config
+    stored = with_absolute_paths(CheckpointMeta.from_dict(saved.meta(), saved).config)  # older runs kept paths as given
     for key in sorted(explicit - set(RUN_LOCAL) - set(LENGTH)):
         if getattr(stored, key) != getattr(given, key):
             kind = "a different model" if key in MODEL_FIELDS else "a run with different options"

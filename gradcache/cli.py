@@ -42,7 +42,7 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
 
 
 def _register_eval(commands: argparse._SubParsersAction) -> None:
-    from gradcache.train.commands.options import add_eval_options
+    from gradcache.train.commands.command_lines import add_eval_options
 
     parser = commands.add_parser("eval", help="score a model (a run, a model folder) on a run's held-out split or "
                                  "on any --data file", description="Score MODEL: a run on its own held-out split, "
@@ -52,7 +52,7 @@ def _register_eval(commands: argparse._SubParsersAction) -> None:
 
 
 def _register_encode(commands: argparse._SubParsersAction) -> None:
-    from gradcache.train.commands.options import add_encode_options
+    from gradcache.train.commands.command_lines import add_encode_options
 
     parser = commands.add_parser("encode", help="embed texts or images to a .npy array or a .faiss index",
                                  description="Embed every row of --data with MODEL, in input order, L2-normalised.")
@@ -61,7 +61,7 @@ def _register_encode(commands: argparse._SubParsersAction) -> None:
 
 
 def _register_mine(commands: argparse._SubParsersAction) -> None:
-    from gradcache.train.commands.options import add_mine_options
+    from gradcache.train.commands.command_lines import add_mine_options
 
     parser = commands.add_parser("mine", help="mine hard negatives for (query, positive) rows, for train "
                                  "--negative-keys", description="For each row, the --negatives highest-scoring "

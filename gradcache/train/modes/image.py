@@ -9,6 +9,7 @@ from typing import Any
 from gradcache.models.pretrained import IMAGE_INPUT
 from gradcache.train.config import RunConfig
 from gradcache.train.data.images.files import BUILT_IN_DATA
+from gradcache.train.data.images.lazy import LazyImageSet
 from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.errors import DataError
 from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
@@ -26,6 +27,10 @@ class ImageMode(Mode):
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.data.add_argument("--image-size", type=int, default=default("image_size"),
                                  help="images are decoded or rendered at this side")
+        groups.data.add_argument("--eval-data", default=default("eval_data"),
+                                 help=f"a held-out set apart from the training data ({self.path_data}), decoded at "
+                                 "start and scored by every evaluation; the training data is then used whole "
+                                 "(default: --test-size images of --data held out by a seeded permutation)")
         groups.model.add_argument("--model", default=default("model"), help=self.model_help)
         groups.model.add_argument("--width", type=int, default=default("width"),
                                   help="convnet: channels of the first stage")
@@ -47,15 +52,36 @@ class ImageMode(Mode):
         check_backbone(config)
 
     def load_data(self, config: RunConfig) -> DataSplits:
-        """A built-in data set by name (`BUILT_IN_DATA`), or a path in this mode's format."""
+        """A built-in data set by name (`BUILT_IN_DATA`), or a path in this mode's format; with `--eval-data`, the
+        training data whole (a built-in set: its training split) and the --eval-data set, decoded, held out."""
+        if config.eval_data is not None:
+            return self._with_eval_data(config)
         if config.data in BUILT_IN_DATA:
             return BUILT_IN_DATA[config.data](config)
-        if not Path(config.data).exists():
-            raise DataError(f"--data {config.data!r} does not exist; give {' or '.join(map(repr, BUILT_IN_DATA))}, "
-                            f"or {self.path_data}")
-        return self.load_path(Path(config.data), config)
+        return self.load_path(self._existing(config.data, "--data"), config)
+
+    def _with_eval_data(self, config: RunConfig) -> DataSplits:
+        evaluation = self.list_path(self._existing(config.eval_data, "--eval-data", built_in=False), config)
+        test = evaluation.decoded("--eval-data")
+        if config.data in BUILT_IN_DATA:
+            train = BUILT_IN_DATA[config.data](config).train
+        else:
+            train = self.list_path(self._existing(config.data, "--data"), config)
+        train.skipped.extend(test.skipped)
+        return DataSplits(train=train, test=test, name=f"{config.data} (evaluated on {config.eval_data})")
+
+    def _existing(self, path: str, flag: str, built_in: bool = True) -> Path:
+        if not Path(path).exists():
+            names = f"{' or '.join(map(repr, BUILT_IN_DATA))}, or " if built_in else ""
+            raise DataError(f"{flag} {path!r} does not exist; give {names}{self.path_data}")
+        return Path(path)
 
     def load_path(self, path: Path, config: RunConfig) -> DataSplits:
+        """The data at `path` with --test-size of it held out."""
+        raise NotImplementedError
+
+    def list_path(self, path: Path, config: RunConfig) -> LazyImageSet:
+        """The data at `path`, whole, as files decoded when drawn."""
         raise NotImplementedError
 
     def image_preprocessing(self, config: RunConfig) -> dict[str, Any]:

@@ -177,3 +177,17 @@ def test_eval_data_that_does_not_exist_exits_2_naming_it(tmp_path, tiny_args, ca
     status = main(tiny_args("simclr", tmp_path / "out", "--eval-data", str(tmp_path / "nowhere")))
     assert status == errors.USAGE and "--eval-data" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_meeting_more_bad_files_than_the_share_allows_exits_4(tmp_path, tiny_args, monkeypatch, capsys):
+    root = _folder(tmp_path / "data", 20)
+    paths = sorted(root.glob("*/*.png"))
+    for index in held_out_order(40, 8, 0, "images")[8::3].tolist():  # 11 of the 32 training files, none held out
+        paths[index].write_bytes(b"not a png")
+    monkeypatch.setattr(lazy, "BAD_SHARE_MIN_READS", 16)
+    with pytest.warns(UserWarning, match="failed to decode"):
+        status = main(tiny_args("simclr", tmp_path / "out", "--data", str(root), "--test-size", "8",
+                                "--max-bad-share", "0.1"))
+    assert status == errors.DATA_ERROR == 4
+    error = capsys.readouterr().err
+    assert "images read so far" in error and "--max-bad-share 0.1" in error

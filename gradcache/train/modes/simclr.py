@@ -16,8 +16,9 @@ from gradcache.train.data.images.augment import simclr_augmentation
 from gradcache.train.data.images.files import list_image_folder, load_image_folder
 from gradcache.train.data.images.lazy import LazyImageSet, reference_set
 from gradcache.train.data.images.sets import DataSplits
-from gradcache.train.data.order import StepSampler, training_batches
-from gradcache.train.errors import UsageError
+from gradcache.train.data.images.shards import ShardSet
+from gradcache.train.data.order import StepSampler
+from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.dimensions import truncated
 from gradcache.train.eval.embed import embed_image_outputs
 from gradcache.train.eval.images import knn_top1, pixel_features
@@ -72,14 +73,22 @@ class SimCLR(ImageMode):
     def load_data(self, config: RunConfig) -> DataSplits:
         """The data, and the kNN reference set: at most --eval-reference-size training images, decoded once."""
         data = super().load_data(config)
-        data.reference = reference_set(data.train, config.eval_reference_size, config.data_seed)
+        if data.test.labels is None:
+            raise DataError(f"the held-out images of {data.name} have no class (an ImageFolder's sub-folder, a "
+                            "shard's KEY.cls); SimCLR's kNN evaluation needs one: add the classes, or give "
+                            "--eval-data with them")
+        if isinstance(data.train, ShardSet):
+            data.reference = data.train.head(config.eval_reference_size or len(data.train), config.data_seed + 1,
+                                             "kNN reference")
+        else:
+            data.reference = reference_set(data.train, config.eval_reference_size, config.data_seed)
         return data
 
     def batches(self, config: RunConfig, data: DataSplits, sampler: StepSampler) -> DataLoader:
         views = simclr_augmentation(config.image_size, crop_scale=(config.crop_min_scale, 1.0),
                                     jitter_strength=config.jitter_strength,
                                     channel_permutation=config.channel_permutation, rotation=config.rotation)
-        return training_batches(data.train, sampler, views, None, config.workers, config.max_bad_share)
+        return self.image_batches(config, data, sampler, views, None)
 
     def build_model(self, config: RunConfig) -> nn.Module:
         backbone = build_backbone(config)

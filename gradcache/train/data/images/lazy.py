@@ -162,7 +162,10 @@ def lazy_split(data: LazyImageSet, test_size: int, seed: int, name: str) -> Data
     """Hold out `test_size` files chosen by the permutation of `random_split` (the same images an in-memory set
     of the same files would hold out), decoded now; the rest stay files. The held-out images that fail to decode
     are left out, and counted in the training set's `skipped` (what the run reports)."""
-    order = held_out_order(len(data), test_size, seed, "images")
+    try:
+        order = held_out_order(len(data), test_size, seed, "images")
+    except ValueError as error:
+        raise DataError(f"{name}: {error}") from error
     test = data.subset(order[:test_size]).decoded("held-out")
     train = data.subset(order[test_size:])
     train.skipped = test.skipped  # the rows left out when the table was read, and the held-out files that failed

@@ -162,3 +162,14 @@ def test_shards_without_captions_in_clip_or_matching_nothing_exit_2_writing_noth
     assert main(tiny_args("clip", tmp_path / "out", "--data", pattern)) == errors.USAGE
     assert "matches no shard" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_on_shards_resumes_with_the_uninterrupted_losses(tmp_path, tiny_args, killed_after_step):
+    folder = _shards(tmp_path / "s", 5, 8)  # 8 held out (one shard), 32 training samples: 4 steps per epoch
+    args = ["--data", str(folder), "--test-size", "8", "--steps", "4", "--checkpoint-every", "2",
+            "--batch-size", "8", "--shuffle-buffer", "4"]  # resumed from step 2: in the middle of epoch 0
+    assert main(tiny_args("clip", tmp_path / "whole", *args)) == errors.OK
+    killed_after_step(3, tiny_args("clip", tmp_path / "cut", *args))
+    assert main(["train", "clip", "--resume", str(tmp_path / "cut"), "--quiet", "--workers", "0"]) == errors.OK
+    logs = [(tmp_path / run / "train_log.csv").read_text().splitlines() for run in ("whole", "cut")]
+    assert [row.split(",")[2] for row in logs[0]] == [row.split(",")[2] for row in logs[1]]

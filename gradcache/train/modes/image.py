@@ -12,6 +12,7 @@ from gradcache.models.pretrained import IMAGE_INPUT
 from gradcache.train.config import RunConfig
 from gradcache.train.data.images.files import BUILT_IN_DATA
 from gradcache.train.data.images.lazy import BadShare, LazyImageSet
+from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.images.shards import (
     ShardBatches,
     ShardSet,
@@ -21,9 +22,8 @@ from gradcache.train.data.images.shards import (
     load_shards,
     shard_loader,
 )
-from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.order import CountedBatches, StepSampler, training_batches
-from gradcache.train.errors import DataError
+from gradcache.train.errors import DataError, UsageError
 from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
 from gradcache.train.modes.base import Mode, OptionGroups
 
@@ -71,6 +71,9 @@ class ImageMode(Mode):
     def load_data(self, config: RunConfig) -> DataSplits:
         """A built-in data set by name (`BUILT_IN_DATA`), or a path in this mode's format; with `--eval-data`, the
         training data whole (a built-in set: its training split) and the --eval-data set, decoded, held out."""
+        if config.train_num_samples is not None and not is_shard_spec(config.data):
+            raise UsageError(f"--train-num-samples sets the epoch length of webdataset shards; --data {config.data} is "
+                             "not shards (its epoch is every training image): drop --train-num-samples")
         if config.eval_data is not None:
             return self._with_eval_data(config)
         if config.data in BUILT_IN_DATA:

@@ -173,3 +173,8 @@ def test_a_run_on_shards_resumes_with_the_uninterrupted_losses(tmp_path, tiny_ar
     assert main(["train", "clip", "--resume", str(tmp_path / "cut"), "--quiet", "--workers", "0"]) == errors.OK
     logs = [(tmp_path / run / "train_log.csv").read_text().splitlines() for run in ("whole", "cut")]
     assert [row.split(",")[2] for row in logs[0]] == [row.split(",")[2] for row in logs[1]]
+
+
+def test_train_num_samples_without_shards_exits_2(tmp_path, tiny_args, capsys):
+    assert main(tiny_args("simclr", tmp_path / "out", "--train-num-samples", "64")) == errors.USAGE
+    assert "--train-num-samples" in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -178,3 +178,10 @@ def test_a_run_on_shards_resumes_with_the_uninterrupted_losses(tmp_path, tiny_ar
 def test_train_num_samples_without_shards_exits_2(tmp_path, tiny_args, capsys):
     assert main(tiny_args("simclr", tmp_path / "out", "--train-num-samples", "64")) == errors.USAGE
     assert "--train-num-samples" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_eval_data_as_shards_is_held_out_whole_and_the_training_shards_are_all_trained_on(tmp_path, tiny_args):
+    train, evaluation = _shards(tmp_path / "train", 4, 8), _shards(tmp_path / "eval", 2, 5)
+    assert main(tiny_args("clip", tmp_path / "out", "--data", str(train), "--eval-data", str(evaluation))) == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert (metrics["train_size"], metrics["test_size"]) == (32, 10)

@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from gradcache.train.data.images.augment import to_model_input
-from gradcache.train.data.images.lazy import DECODE_ERRORS
+from gradcache.train.data.images.lazy import DECODE_ERRORS, decode_image
 from gradcache.train.data.images.sets import DataSplits, ImageSet
 from gradcache.train.errors import DataError
 from gradcache.train.preemption import ignore_stop_signals
@@ -178,8 +178,6 @@ def decode_sample(sample: _Sample, image_size: int, captions: bool) -> tuple[tor
     Raises:
         ValueError / OSError: no image member, an image that fails to decode, a missing caption in CLIP.
     """
-    from gradcache.train.data.images.lazy import decode_image
-
     extension = next((ext for ext in SHARD_IMAGE_EXTENSIONS if ext in sample.members), None)
     if extension is None:
         raise ValueError("no image member")

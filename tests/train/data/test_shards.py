@@ -185,3 +185,12 @@ def test_eval_data_as_shards_is_held_out_whole_and_the_training_shards_are_all_t
     assert main(tiny_args("clip", tmp_path / "out", "--data", str(train), "--eval-data", str(evaluation))) == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert (metrics["train_size"], metrics["test_size"]) == (32, 10)
+
+
+def test_the_loader_interleaves_its_worker_processes_in_step_order(tmp_path):
+    from gradcache.train.data.images.shards import shard_loader
+
+    data = ShardSet(find_shards(str(_shards(tmp_path / "s", 4, 6))), 24, 8, captions=True, shuffle_buffer=4)
+    expected = _captions(_steps(data, 0, 1, 2, 1, 6))
+    batches = ShardBatches(data, 0, 8, 1, 6, 0, 1, 2, None, list)
+    assert _captions(list(shard_loader(batches, workers=2))) == expected

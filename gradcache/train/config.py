@@ -18,7 +18,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 8
+CONFIG_VERSION = 9
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -50,6 +50,10 @@ class RunConfig:
     rotation: float = option(0.0, modes=SIMCLR, added=2)
     workers: int = option(1, at_least=0)
     max_bad_share: float = option(0.05, added=6, before=1.0)  # older runs trained on whatever share decoded
+    eval_data: str | None = option(None, modes=IMAGES, added=9, path=True)  # held-out set; None: --test-size of --data
+    eval_reference_size: int | None = option(2048, modes=SIMCLR, at_least=1, added=9, before=None)  # None: all
+    shuffle_buffer: int = option(1000, modes=IMAGES, at_least=1, added=9)  # tar shards: samples per worker buffer
+    train_num_samples: int | None = option(None, modes=IMAGES, at_least=1, added=9)  # tar shards; None: counted
     threads: int | None = option(None, at_least=1)  # None: CPU cores minus workers, at least 1
     # model
     model: str = option("convnet", model=True, path=True)  # an image preset, open_clip:ARCH (clip) or a model folder (text)

@@ -27,9 +27,11 @@ def test_missing_data_path(tmp_path, tiny_args, capsys):
 
 def test_unreadable_data(tmp_path, tiny_args, capsys):
     (tmp_path / "folder" / "class").mkdir(parents=True)
-    (tmp_path / "folder" / "class" / "a.png").write_bytes(b"\x89PNG broken")
-    with pytest.warns(UserWarning, match="a.png"):
-        _fails(tiny_args("simclr", tmp_path / "out", "--data", str(tmp_path / "folder")), capsys, "none of the 1")
+    for name in ("a", "b", "c"):
+        (tmp_path / "folder" / "class" / f"{name}.png").write_bytes(b"\x89PNG broken")
+    with pytest.warns(UserWarning, match=r"\w.png"):  # the held-out images are decoded at start
+        _fails(tiny_args("simclr", tmp_path / "out", "--data", str(tmp_path / "folder"), "--test-size", "2"), capsys,
+               "none of the 2 held-out images decoded")
     assert not (tmp_path / "out").exists()
 
 
@@ -49,7 +51,7 @@ def test_undecodable_images_are_skipped_and_counted(tmp_path, tiny_args, capsys)
     (tmp_path / "bad.png").write_bytes(b"nope")
     rows.append("bad.png,a broken picture")
     (tmp_path / "pairs.csv").write_text("filepath,title\n" + "\n".join(rows) + "\n")
-    with pytest.warns(UserWarning, match="skipped 1 of 41 images.*bad.png"):
+    with pytest.warns(UserWarning, match="skipped 1 of 8 held-out images.*bad.png"):  # held out by data seed 0
         status = main(tiny_args("clip", tmp_path / "out", "--data", str(tmp_path / "pairs.csv"), "--test-size",
                                 "8", "--batch-size", "8"))
     assert status == 0

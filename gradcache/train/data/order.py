@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gradcache.train.data.images.augment import to_model_input
+from gradcache.train.data.images.lazy import BadShare, LazyImageSet
 from gradcache.train.data.images.sets import ImageSet
 from gradcache.train.preemption import ignore_stop_signals
 
@@ -59,22 +60,34 @@ class StepSampler(Sampler[list[tuple[int, int]]]):
 
 
 class AugmentedPairs(Dataset):
-    """Item (epoch, i): two SimCLR views of image i (or, with `captions`, image i and its caption)."""
+    """Item (epoch, i): two SimCLR views of image i (or, with `captions`, image i and its caption); image i is
+    decoded here (in the worker) when the set keeps files, replaced by the next one in file order that decodes
+    when it does not (`LazyImageSet.draw`)."""
 
-    def __init__(self, images: ImageSet, seed: int, augmentation: Callable | None, captions: bool) -> None:
+    def __init__(self, images: ImageSet | LazyImageSet, seed: int, augmentation: Callable | None,
+                 captions: bool) -> None:
         self.images, self.seed, self.augmentation, self.captions = images, seed, augmentation, captions
 
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitems__(self, items: list[tuple[int, int]]) -> list:
-        """A whole batch on one thread: per-image ops are tiny, and a thread pool only adds waiting."""
+    def __getitems__(self, items: list[tuple[int, int]]) -> Drawn:
+        """A whole batch on one thread (per-image ops are tiny, and a thread pool only adds waiting), with the
+        count of files read and the names of those that failed to decode."""
+        drawn = Drawn()
         with _one_thread():
-            return [self[item] for item in items]
+            for item in items:
+                drawn.append(self._draw(item, drawn))
+        return drawn
 
     def __getitem__(self, item: tuple[int, int]):
+        return self._draw(item, Drawn())
+
+    def _draw(self, item: tuple[int, int], drawn: Drawn):
         epoch, index = item
-        image = self.images.images[index]
+        index, image, read, failed = self.images.draw(index)
+        drawn.read += read
+        drawn.failed.extend(failed)
         if self.captions:
             return to_model_input(image), self.images.captions[index]
         # Seed and restore only the CPU generator that torchvision's transforms draw from: torch.manual_seed and
@@ -98,9 +111,17 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _stack_pairs(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+class Drawn(list):
+    """The items of one batch, with `read` (image files read for them) and `failed` (those that did not decode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read, self.failed = 0, []
+
+
+def _stack_pairs(items: Drawn) -> tuple[tuple[torch.Tensor, torch.Tensor], int, list[str]]:
     first, second = zip(*items)
-    return torch.stack(first), torch.stack(second)  # (B, 3, H, W) each
+    return (torch.stack(first), torch.stack(second)), items.read, items.failed  # (B, 3, H, W) each
 
 
 class _CaptionCollate:
@@ -109,17 +130,35 @@ class _CaptionCollate:
     def __init__(self, tokenizer: Callable) -> None:
         self.tokenizer = tokenizer
 
-    def __call__(self, items):
+    def __call__(self, items: Drawn):
         images, captions = zip(*items)
-        return torch.stack(images), self.tokenizer(list(captions))
+        return (torch.stack(images), self.tokenizer(list(captions))), items.read, items.failed
 
 
-def training_batches(images: ImageSet, sampler: StepSampler, augmentation: Callable | None,
-                     tokenizer: Callable | None, workers: int) -> DataLoader:
-    """A loader of SimCLR view pairs (tokenizer None) or CLIP (images, tokens) batches, one per step."""
+class CountedBatches:
+    """The batches of a loader whose collate returns (batch, files read, names failed): yields the batches and
+    counts the rest in `bad_share` (`BadShare`: the run's skipped images, --max-bad-share as the run goes)."""
+
+    def __init__(self, loader: DataLoader, bad_share: BadShare) -> None:
+        self.loader, self.bad_share = loader, bad_share
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        for batch, read, failed in self.loader:
+            self.bad_share.add(read, failed)
+            yield batch
+
+
+def training_batches(images: ImageSet | LazyImageSet, sampler: StepSampler, augmentation: Callable | None,
+                     tokenizer: Callable | None, workers: int, max_bad_share: float = 0.0) -> CountedBatches:
+    """SimCLR view pairs (tokenizer None) or CLIP (images, tokens) batches, one per step; the images that fail to
+    decode when drawn are added to `images.skipped`, and more than `max_bad_share` of those read so far (once
+    `BAD_SHARE_MIN_READS` were read) raises `TooMuchBadData`."""
     pairs = AugmentedPairs(images, sampler.seed, augmentation, captions=tokenizer is not None)
     collate = _stack_pairs if tokenizer is None else _CaptionCollate(tokenizer)
-    return step_loader(pairs, sampler, collate, workers)
+    return CountedBatches(step_loader(pairs, sampler, collate, workers), BadShare(max_bad_share, images.skipped))
 
 
 def step_loader(dataset: Dataset, sampler: StepSampler, collate: Callable, workers: int) -> DataLoader:

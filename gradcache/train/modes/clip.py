@@ -26,9 +26,10 @@ from gradcache.models.open_clip import (
     open_clip_architecture,
 )
 from gradcache.train.config import RunConfig
-from gradcache.train.data.images.files import load_caption_table
+from gradcache.train.data.images.files import list_caption_table, load_caption_table
+from gradcache.train.data.images.lazy import LazyImageSet
 from gradcache.train.data.images.sets import DataSplits
-from gradcache.train.data.order import StepSampler, training_batches
+from gradcache.train.data.order import StepSampler
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.dimensions import at_dim, evaluation_dims, truncated
 from gradcache.train.eval.embed import embed_images, embed_texts
@@ -97,14 +98,18 @@ class CLIP(ImageMode):
                                   image_key=config.csv_image_key, caption_key=config.csv_caption_key,
                                   separator=config.csv_separator)
 
+    def list_path(self, path: Path, config: RunConfig) -> LazyImageSet:
+        return list_caption_table(path, config.image_size, image_key=config.csv_image_key,
+                                  caption_key=config.csv_caption_key, separator=config.csv_separator)
+
     def load_data(self, config: RunConfig) -> DataSplits:
         data = super().load_data(config)
-        if data.train.captions is None:
+        if data.test.captions is None:
             raise DataError(f"--data {config.data} has no captions; CLIP needs image-caption pairs")
         return data
 
     def batches(self, config: RunConfig, data: DataSplits, sampler: StepSampler) -> DataLoader:
-        return training_batches(data.train, sampler, None, caption_tokenizer(config), config.workers)
+        return self.image_batches(config, data, sampler, None, caption_tokenizer(config))
 
     def build_model(self, config: RunConfig) -> nn.Module:
         architecture = open_clip_architecture(config.model)

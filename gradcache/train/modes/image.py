@@ -2,6 +2,8 @@
 (modes/backbone.py), and the data: a built-in image set by name or a path in the mode's own format."""
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,8 +11,19 @@ from typing import Any
 from gradcache.models.pretrained import IMAGE_INPUT
 from gradcache.train.config import RunConfig
 from gradcache.train.data.images.files import BUILT_IN_DATA
+from gradcache.train.data.images.lazy import BadShare, LazyImageSet
 from gradcache.train.data.images.sets import DataSplits
-from gradcache.train.errors import DataError
+from gradcache.train.data.images.shards import (
+    ShardBatches,
+    ShardSet,
+    decode_head,
+    find_shards,
+    is_shard_spec,
+    load_shards,
+    shard_loader,
+)
+from gradcache.train.data.order import CountedBatches, StepSampler, training_batches
+from gradcache.train.errors import DataError, UsageError
 from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
 from gradcache.train.modes.base import Mode, OptionGroups
 
@@ -26,6 +39,15 @@ class ImageMode(Mode):
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.data.add_argument("--image-size", type=int, default=default("image_size"),
                                  help="images are decoded or rendered at this side")
+        groups.data.add_argument("--eval-data", default=default("eval_data"),
+                                 help=f"a held-out set apart from the training data ({self.path_data}), decoded at "
+                                 "start and scored by every evaluation; the training data is then used whole "
+                                 "(default: --test-size images of --data held out by a seeded permutation)")
+        groups.data.add_argument("--shuffle-buffer", type=int, default=default("shuffle_buffer"),
+                                 help="webdataset shards: samples each loader worker shuffles among")
+        groups.data.add_argument("--train-num-samples", type=int, default=default("train_num_samples"),
+                                 help="webdataset shards: samples per epoch (default: counted once from the shards' "
+                                 "headers and recorded in the run)")
         groups.model.add_argument("--model", default=default("model"), help=self.model_help)
         groups.model.add_argument("--width", type=int, default=default("width"),
                                   help="convnet: channels of the first stage")
@@ -47,15 +69,69 @@ class ImageMode(Mode):
         check_backbone(config)
 
     def load_data(self, config: RunConfig) -> DataSplits:
-        """A built-in data set by name (`BUILT_IN_DATA`), or a path in this mode's format."""
+        """A built-in data set by name (`BUILT_IN_DATA`), or a path in this mode's format; with `--eval-data`, the
+        training data whole (a built-in set: its training split) and the --eval-data set, decoded, held out."""
+        if config.train_num_samples is not None and not is_shard_spec(config.data):
+            raise UsageError(f"--train-num-samples sets the epoch length of webdataset shards; --data {config.data} is "
+                             "not shards (its epoch is every training image): drop --train-num-samples")
+        if config.eval_data is not None:
+            return self._with_eval_data(config)
         if config.data in BUILT_IN_DATA:
             return BUILT_IN_DATA[config.data](config)
-        if not Path(config.data).exists():
-            raise DataError(f"--data {config.data!r} does not exist; give {' or '.join(map(repr, BUILT_IN_DATA))}, "
-                            f"or {self.path_data}")
-        return self.load_path(Path(config.data), config)
+        if is_shard_spec(config.data):
+            return self._shards(config, held_out=True)
+        return self.load_path(self._existing(config.data, "--data"), config)
+
+    def _shards(self, config: RunConfig, held_out: bool) -> DataSplits:
+        return load_shards(config.data, config.image_size, config.test_size, config.data_seed,
+                           captions=self.name == "clip", shuffle_buffer=config.shuffle_buffer,
+                           train_num_samples=config.train_num_samples, held_out=held_out)
+
+    def _with_eval_data(self, config: RunConfig) -> DataSplits:
+        if is_shard_spec(config.eval_data):
+            test = decode_head(find_shards(config.eval_data, "--eval-data"), sys.maxsize, config.image_size,
+                               self.name == "clip", "--eval-data", [])
+        else:
+            evaluation = self.list_path(self._existing(config.eval_data, "--eval-data", built_in=False), config)
+            test = evaluation.decoded("--eval-data")
+        if config.data in BUILT_IN_DATA:
+            train = BUILT_IN_DATA[config.data](config).train
+        elif is_shard_spec(config.data):
+            train = self._shards(config, held_out=False).train
+        else:
+            train = self.list_path(self._existing(config.data, "--data"), config)
+        train.skipped.extend(test.skipped)
+        return DataSplits(train=train, test=test, name=f"{config.data} (evaluated on {config.eval_data})")
+
+    def _existing(self, path: str, flag: str, built_in: bool = True) -> Path:
+        if not Path(path).exists():
+            names = f"{' or '.join(map(repr, BUILT_IN_DATA))}, or " if built_in else ""
+            raise DataError(f"{flag} {path!r} does not exist; give {names}{self.path_data}")
+        return Path(path)
+
+    def resolve(self, config: RunConfig, data: DataSplits) -> RunConfig:
+        """Shards: the epoch length counted at start, recorded so that a resume does not count again."""
+        if isinstance(data.train, ShardSet) and config.train_num_samples is None:
+            return dataclasses.replace(config, train_num_samples=len(data.train))
+        return config
+
+    def image_batches(self, config: RunConfig, data: DataSplits, sampler: StepSampler, augmentation: Callable | None,
+                      tokenizer: Callable | None) -> CountedBatches:
+        """SimCLR view pairs (tokenizer None) or CLIP (images, tokens) batches, from files or shards."""
+        if not isinstance(data.train, ShardSet):
+            return training_batches(data.train, sampler, augmentation, tokenizer, config.workers,
+                                    config.max_bad_share)
+        batches = ShardBatches(data.train, sampler.seed, sampler.batch_size, sampler.start_step, sampler.total_steps,
+                               sampler.rank, sampler.world_size, config.workers, augmentation, tokenizer)
+        return CountedBatches(shard_loader(batches, config.workers), BadShare(config.max_bad_share,
+                                                                              data.train.skipped))
 
     def load_path(self, path: Path, config: RunConfig) -> DataSplits:
+        """The data at `path` with --test-size of it held out."""
+        raise NotImplementedError
+
+    def list_path(self, path: Path, config: RunConfig) -> LazyImageSet:
+        """The data at `path`, whole, as files decoded when drawn."""
         raise NotImplementedError
 
     def image_preprocessing(self, config: RunConfig) -> dict[str, Any]:

@@ -13,10 +13,12 @@ from gradcache import losses
 from gradcache.models import PretrainedConfig, ProjectionHead, SimCLRModel
 from gradcache.train.config import RunConfig
 from gradcache.train.data.images.augment import simclr_augmentation
-from gradcache.train.data.images.files import load_image_folder
+from gradcache.train.data.images.files import list_image_folder, load_image_folder
+from gradcache.train.data.images.lazy import LazyImageSet, reference_set
 from gradcache.train.data.images.sets import DataSplits
-from gradcache.train.data.order import StepSampler, training_batches
-from gradcache.train.errors import UsageError
+from gradcache.train.data.images.shards import ShardSet
+from gradcache.train.data.order import StepSampler
+from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.dimensions import truncated
 from gradcache.train.eval.embed import embed_image_outputs
 from gradcache.train.eval.images import knn_top1, pixel_features
@@ -49,6 +51,9 @@ class SimCLR(ImageMode):
                           "rotation)")
         model.add_argument("--hidden-dim", type=int, default=default("hidden_dim"),
                            help="projection head hidden width")
+        groups.output.add_argument("--eval-reference-size", type=int, default=default("eval_reference_size"),
+                                   help="kNN evaluation: the most training images the held-out ones are compared "
+                                   "with (drawn once, seeded by --data-seed; the raw-pixel baseline uses the same)")
 
     def check(self, config: RunConfig) -> None:
         if not 0 < config.crop_min_scale <= 1:
@@ -62,11 +67,28 @@ class SimCLR(ImageMode):
     def load_path(self, path: Path, config: RunConfig) -> DataSplits:
         return load_image_folder(path, config.image_size, config.test_size, config.data_seed)
 
+    def list_path(self, path: Path, config: RunConfig) -> LazyImageSet:
+        return list_image_folder(path, config.image_size)
+
+    def load_data(self, config: RunConfig) -> DataSplits:
+        """The data, and the kNN reference set: at most --eval-reference-size training images, decoded once."""
+        data = super().load_data(config)
+        if data.test.labels is None:
+            raise DataError(f"the held-out images of {data.name} have no class (an ImageFolder's sub-folder, a "
+                            "shard's KEY.cls); SimCLR's kNN evaluation needs one: add the classes, or give "
+                            "--eval-data with them")
+        if isinstance(data.train, ShardSet):
+            data.reference = data.train.head(config.eval_reference_size or len(data.train), config.data_seed + 1,
+                                             "kNN reference")
+        else:
+            data.reference = reference_set(data.train, config.eval_reference_size, config.data_seed)
+        return data
+
     def batches(self, config: RunConfig, data: DataSplits, sampler: StepSampler) -> DataLoader:
         views = simclr_augmentation(config.image_size, crop_scale=(config.crop_min_scale, 1.0),
                                     jitter_strength=config.jitter_strength,
                                     channel_permutation=config.channel_permutation, rotation=config.rotation)
-        return training_batches(data.train, sampler, views, None, config.workers)
+        return self.image_batches(config, data, sampler, views, None)
 
     def build_model(self, config: RunConfig) -> nn.Module:
         backbone = build_backbone(config)
@@ -89,7 +111,7 @@ class SimCLR(ImageMode):
         z = g(h), which the loss trains at every d (h is no prefix of anything): `knn_top1@<d>` for every d."""
         dims = config.matryoshka_dims or []
         encode = _features_and_projection(model) if dims else lambda images: (model.embed(images),)
-        train, *train_z = embed_image_outputs(encode, data.train.images, device)
+        train, *train_z = embed_image_outputs(encode, data.reference.images, device)
         test, *test_z = embed_image_outputs(encode, data.test.images, device)
         metrics = {"knn_top1": _knn(config, train, test, data)}
         for dim in dims:
@@ -104,8 +126,9 @@ class SimCLR(ImageMode):
         write_built_in_folder(model, pretrained, model.backbone, folder)
 
     def baselines(self, config: RunConfig, data: DataSplits, initial: dict[str, float]) -> dict[str, float]:
-        """kNN on raw pixels, and on the network as initialised (the model at step 0)."""
-        train, test = pixel_features(data.train.images, data.test.images)
+        """kNN on raw pixels (the same reference and held-out images), and on the network as initialised (the
+        model at step 0)."""
+        train, test = pixel_features(data.reference.images, data.test.images)
         return {"knn_top1_raw_pixels": _knn(config, train, test, data),
                 "knn_top1_random_init": initial["knn_top1"]}
 
@@ -120,5 +143,5 @@ def _features_and_projection(model: nn.Module) -> Callable[[torch.Tensor], tuple
 
 
 def _knn(config: RunConfig, train, test, data: DataSplits) -> float:
-    return knn_top1(train, data.train.labels, test, data.test.labels, k=config.knn_k,
+    return knn_top1(train, data.reference.labels, test, data.test.labels, k=config.knn_k,
                     temperature=config.knn_temperature)

@@ -1,8 +1,9 @@
-"""Bad data is found when it is loaded, never at the step that draws it: broken table rows are skipped, counted
-and named; more than --max-bad-share of them stops the run before it starts (exit DATA_ERROR); an image file that
-breaks after the start cannot fail the run, which trains on the copy it decoded."""
+"""Bad data is skipped and counted: broken table rows when the table is read, named; more than --max-bad-share
+of them stops the run before it starts (exit DATA_ERROR); a training image that fails to decode when it is drawn
+is replaced by the next in file order and counted in the run's skipped images."""
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -11,6 +12,7 @@ from gradcache.cli import get_args_parser, main
 from gradcache.train import errors
 from gradcache.train.arguments import config_from_args, explicit_options
 from gradcache.train.data.images.files import load_caption_table
+from gradcache.train.data.order import epoch_order
 from gradcache.train.loop import train
 from gradcache.train.modes import MODES
 from gradcache.train.preflight import prepare_run
@@ -59,15 +61,20 @@ def test_more_bad_data_than_the_share_allows_exits_data_error_and_writes_nothing
     assert not (tmp_path / "out").exists()
 
 
-def test_image_files_that_break_after_the_start_change_nothing(tmp_path, tiny_args):
-    options = ["--data", str(_table(tmp_path, 24, [])), "--test-size", "8", "--batch-size", "8", "--steps", "3"]
-    assert main(tiny_args("clip", tmp_path / "intact", *options)) == errors.OK  # the files left alone
+def test_image_files_that_break_after_the_start_are_skipped_counted_and_replaced(tmp_path, tiny_args):
+    """Training images are decoded when drawn: one that breaks after the start is skipped and counted as the run
+    goes, and the next in file order takes its place, so every batch keeps its size."""
+    options = ["--data", str(_table(tmp_path, 24, [])), "--test-size", "8", "--batch-size", "8", "--steps", "3",
+               "--max-bad-share", "0.5"]
     argv = tiny_args("clip", tmp_path / "broken", *options)
-
     args = get_args_parser().parse_args(argv)
     config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES["clip"], argv))
-    for image in tmp_path.glob("*.png"):
-        image.write_bytes(b"garbage, not a PNG any more")
-    with lock:
-        train(config, saved, data)
-    assert _losses(tmp_path / "broken") == _losses(tmp_path / "intact")
+    broken = [0, 5, 10]  # 3 of the 16 training files, none next to another: each draw of one fails once
+    for index in broken:
+        Path(data.train.paths[index]).write_bytes(b"garbage, not a PNG any more")
+    with lock, pytest.warns(UserWarning, match="skipped images that failed to decode"):
+        summary = train(config, saved, data)
+    # 3 steps of 8 over 16 files: epoch 0 draws every file, step 3 the first half of epoch 1's permutation
+    second_epoch = set(epoch_order(16, config.seed, 1)[:8].tolist())
+    assert summary["skipped_images"] == 3 + len(second_epoch & set(broken))
+    assert len(_losses(tmp_path / "broken")) == 3

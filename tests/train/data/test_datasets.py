@@ -39,7 +39,7 @@ def test_image_folder_labels_from_sorted_class_folders(tmp_path):
         _write_png(tmp_path / "dog" / f"{index}.png", (10, 10, 200))
     splits = load_image_folder(tmp_path, image_size=8, test_size=4, seed=0)
     assert splits.train.class_names == ["cat", "dog"]
-    for images in (splits.train, splits.test):
+    for images in (splits.train.decoded("training"), splits.test):
         red = images.images[:, 0].float().mean((1, 2)) > 100
         assert torch.equal(red, images.labels == 0)
 
@@ -48,9 +48,9 @@ def test_undecodable_image_is_skipped_counted_and_named(tmp_path):
     for index in range(4):
         _write_png(tmp_path / "a" / f"{index}.png", (1, 2, 3))
     (tmp_path / "a" / "broken.png").write_bytes(b"not a png")
-    with pytest.warns(UserWarning, match="broken.png"):
-        splits = load_image_folder(tmp_path, image_size=8, test_size=1, seed=0)
-    assert len(splits.train) + len(splits.test) == 4
+    with pytest.warns(UserWarning, match="broken.png"):  # every image held out: decoded at load
+        splits = load_image_folder(tmp_path, image_size=8, test_size=4, seed=0)
+    assert len(splits.test) == 3 and len(splits.train) == 1  # the training file is not read until drawn
     assert [name.endswith("broken.png") for name in splits.train.skipped] == [True]
 
 
@@ -68,7 +68,7 @@ def test_caption_table_relative_paths_and_separator(tmp_path):
     rows = "\n".join(f"img/{i}.png\tcaption {i}" for i in range(5))
     (tmp_path / "pairs.tsv").write_text(f"filepath\ttitle\n{rows}\n")
     splits = load_caption_table(tmp_path / "pairs.tsv", image_size=8, test_size=2, seed=0)
-    for images in (splits.train, splits.test):
+    for images in (splits.train.decoded("training"), splits.test):
         for image, caption in zip(images.images, images.captions):
             assert round(image[0].float().mean().item() / 40) == int(caption.split()[1])
 
@@ -83,6 +83,6 @@ def test_caption_table_without_the_named_columns(tmp_path):
 
 
 def test_all_images_unreadable_is_a_data_error(tmp_path):
-    (tmp_path / "pairs.csv").write_text("filepath,title\nnope.png,hello\nalso.png,hi\n")
-    with pytest.warns(UserWarning), pytest.raises(DataError, match="none of the 2 images decoded"):
-        load_caption_table(tmp_path / "pairs.csv", 8, 1, 0)
+    (tmp_path / "pairs.csv").write_text("filepath,title\nnope.png,hello\nalso.png,hi\nnor.png,hey\n")
+    with pytest.warns(UserWarning), pytest.raises(DataError, match="none of the 2 held-out images decoded"):
+        load_caption_table(tmp_path / "pairs.csv", 8, 2, 0)

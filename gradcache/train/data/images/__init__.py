@@ -1,2 +1,3 @@
 """Image data: the sources (`files.py`: digits, an ImageFolder, a caption table; `shapes.py`: the built-in
-shapes), the in-memory set and its split (`sets.py`), and SimCLR's augmentations (`augment.py`)."""
+shapes; `shards.py`: webdataset tar shards), the in-memory set and its split (`sets.py`), the set of files decoded
+when drawn and the bad-data count as a run goes (`lazy.py`), and SimCLR's augmentations (`augment.py`)."""

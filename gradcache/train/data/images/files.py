@@ -1,12 +1,15 @@
 """Real data in the formats people have: scikit-learn's digits, an image folder, a CSV/TSV of paths and captions.
 
-Each loader decodes every image once, at start, to `image_size` x `image_size` RGB uint8 (shorter side resized,
-then centre-cropped), and training reads only that copy in memory: a file that breaks after the start (replaced,
-truncated, on a disk that went away) cannot fail a run hours in. Skip and count: an image that fails to decode,
-and a table row without an image path or with an empty caption, is left out; a warning names them (the first
-ten) and `ImageSet.skipped` keeps every name, so the run summary can report the count. A source where nothing
-decodes, a missing path, or a CSV without the named columns raises `DataError` before training starts; more
-skipped than a run allows (`check_bad_share`, --max-bad-share) raises `TooMuchBadData`.
+Digits are small and decoded into memory. An image folder and a caption table are listed, not decoded: the
+training images stay paths (with their labels or captions) in a `LazyImageSet` (lazy.py), each decoded to
+`image_size` x `image_size` RGB uint8 (shorter side resized, then centre-cropped) when a batch draws it, in the
+data-loader workers; only the held-out split (--test-size images) is decoded at start, for the evaluation.
+Skip and count: a table row without an image path or with an empty caption is left out when the table is read,
+a held-out image that fails to decode when it is decoded, a training image when it is drawn (lazy.py says how
+the batch keeps its size); a warning names them (the first ten) and `skipped` keeps every name, so the run
+summary can report the count. A missing path, a folder without images or a CSV without the named columns
+raises `DataError` before training starts; more skipped than a run allows (`check_bad_share` at start, `BadShare`
+as the run goes, --max-bad-share) raises `TooMuchBadData`.
 """
 from __future__ import annotations
 
@@ -18,12 +21,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.config import RunConfig
+from gradcache.train.data.images.lazy import LazyImageSet, decode_image, lazy_split
 from gradcache.train.data.images.sets import DataSplits, ImageSet, random_split
 from gradcache.train.data.images.shapes import load_shapes
 from gradcache.train.errors import DataError, TooMuchBadData
+
+__all__ = ["BUILT_IN_DATA", "check_bad_share", "decode_image", "list_caption_table", "list_image_folder",
+           "load_caption_table", "load_digits", "load_image_folder"]  # decode_image: read from here by other commands
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -57,42 +63,8 @@ def load_digits(image_size: int, test_size: int, seed: int) -> DataSplits:
     return random_split(data, test_size, seed, name="digits")
 
 
-def decode_image(path: Path, image_size: int) -> torch.Tensor:
-    """(3, image_size, image_size) uint8: the shorter side resized to `image_size`, then centre-cropped."""
-    with Image.open(path) as opened:
-        image = opened.convert("RGB")
-    width, height = image.size
-    scale = image_size / min(width, height)
-    resized = image.resize((max(image_size, round(width * scale)), max(image_size, round(height * scale))),
-                           Image.Resampling.BILINEAR)
-    left = (resized.width - image_size) // 2
-    top = (resized.height - image_size) // 2
-    cropped = resized.crop((left, top, left + image_size, top + image_size))
-    return torch.frombuffer(bytearray(cropped.tobytes()), dtype=torch.uint8).view(image_size, image_size, 3).permute(
-        2, 0, 1
-    )
-
-
-def _decode_all(paths: list[Path], image_size: int) -> tuple[torch.Tensor, list[int], list[str]]:
-    """Decode every path; return the stacked images, the indices that decoded, and the names that did not."""
-    images, kept, skipped = [], [], []
-    for index, path in enumerate(paths):
-        try:
-            images.append(decode_image(path, image_size))
-            kept.append(index)
-        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError):
-            skipped.append(str(path))
-    if skipped:
-        shown = ", ".join(skipped[:10]) + (" ..." if len(skipped) > 10 else "")
-        warnings.warn(f"skipped {len(skipped)} of {len(paths)} images that failed to decode: {shown}", stacklevel=3)
-    if not images:
-        raise DataError(f"none of the {len(paths)} images decoded (first: {paths[0] if paths else 'none'}); "
-                        "check that the files are images")
-    return torch.stack(images), kept, skipped
-
-
-def load_image_folder(root: str | os.PathLike, image_size: int, test_size: int, seed: int) -> DataSplits:
-    """torchvision's ImageFolder layout: `root/<class name>/<image>`; class names sorted; a random held-out split."""
+def list_image_folder(root: str | os.PathLike, image_size: int) -> LazyImageSet:
+    """torchvision's ImageFolder layout, `root/<class name>/<image>` (class names sorted), as paths and labels."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"--data {str(root)!r} is not a directory; give an ImageFolder root "
@@ -102,21 +74,25 @@ def load_image_folder(root: str | os.PathLike, image_size: int, test_size: int, 
     for label, name in enumerate(class_names):
         for file in sorted((root / name).rglob("*")):
             if file.suffix.lower() in IMAGE_EXTENSIONS:
-                paths.append(file)
+                paths.append(str(file))
                 labels.append(label)
     if not paths:
         raise DataError(f"--data {str(root)!r} holds no images in class sub-folders "
                         f"(looked for {', '.join(IMAGE_EXTENSIONS)} under root/<class>/)")
-    images, kept, skipped = _decode_all(paths, image_size)
-    data = ImageSet(images=images, labels=torch.tensor(labels)[kept], class_names=class_names, skipped=skipped)
-    return random_split(data, test_size, seed, name=f"folder:{root}")
+    return LazyImageSet(paths=paths, image_size=image_size, labels=torch.tensor(labels), class_names=class_names)
 
 
-def load_caption_table(
-    table: str | os.PathLike, image_size: int, test_size: int, seed: int,
+def load_image_folder(root: str | os.PathLike, image_size: int, test_size: int, seed: int) -> DataSplits:
+    """An ImageFolder (`list_image_folder`): a random held-out split decoded now, the training files when drawn."""
+    return lazy_split(list_image_folder(root, image_size), test_size, seed, name=f"folder:{root}")
+
+
+def list_caption_table(
+    table: str | os.PathLike, image_size: int,
     image_key: str = "filepath", caption_key: str = "title", separator: str | None = None,
-) -> DataSplits:
-    """open_clip's CSV/TSV convention: one row per pair, image path (relative to the table's folder) and caption.
+) -> LazyImageSet:
+    """open_clip's CSV/TSV convention: one row per pair, image path (relative to the table's folder) and caption,
+    as paths and captions; rows without a path or caption skipped, counted and named.
 
     `separator` None: tab for `.tsv`, comma otherwise.
     """
@@ -145,10 +121,18 @@ def load_caption_table(
         warnings.warn(f"skipped {len(bad_rows)} of {len(records)} rows of {table}: {shown}", stacklevel=2)
     if not rows:
         raise DataError(f"{table} has no row with an image path and a caption ({len(records)} rows read)")
-    paths = [Path(path) if Path(path).is_absolute() else table.parent / path for path, _ in rows]
-    images, kept, skipped = _decode_all(paths, image_size)
-    data = ImageSet(images=images, captions=[rows[i][1] for i in kept], skipped=bad_rows + skipped)
-    return random_split(data, test_size, seed, name=f"captions:{table}")
+    paths = [path if Path(path).is_absolute() else str(table.parent / path) for path, _ in rows]
+    return LazyImageSet(paths=paths, image_size=image_size, captions=[caption for _, caption in rows],
+                        skipped=bad_rows)
+
+
+def load_caption_table(
+    table: str | os.PathLike, image_size: int, test_size: int, seed: int,
+    image_key: str = "filepath", caption_key: str = "title", separator: str | None = None,
+) -> DataSplits:
+    """A caption table (`list_caption_table`): a random held-out split decoded now, the training files when drawn."""
+    pairs = list_caption_table(table, image_size, image_key, caption_key, separator)
+    return lazy_split(pairs, test_size, seed, name=f"captions:{table}")
 
 
 def _usable_rows(records: list[tuple[str, str | None, str | None]], image_key: str,

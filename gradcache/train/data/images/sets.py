@@ -1,17 +1,21 @@
 """An in-memory image set: uint8 images with optional class labels and captions, and its train/test split.
 
-Every data source of the training program (the procedural shapes, scikit-learn's digits, an image folder, a
-CSV of image paths and captions) decodes once, at start, into this one form, at the training resolution. Small
-images at small scale fit in memory (100,000 images at 64 x 64 take 1.2 GB), and decoding up front finds every
-unreadable file before the first step rather than in the middle of a run.
+The built-in data (the procedural shapes, scikit-learn's digits) is small and generated or decoded into this
+form at the training resolution; so are the held-out images and SimCLR's kNN reference images of every source.
+The training images of an image folder or a caption table stay files (`LazyImageSet`, lazy.py), decoded when
+drawn, so a run's memory does not grow with them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from gradcache.train.data.held_out import held_out_order
+
+if TYPE_CHECKING:
+    from gradcache.train.data.images.lazy import LazyImageSet
 
 
 @dataclass
@@ -49,6 +53,10 @@ class ImageSet:
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    def draw(self, index: int) -> tuple[int, torch.Tensor, int, list[str]]:
+        """(index, its (3, H, W) uint8 image, 1 read, no failure): `LazyImageSet.draw` for images in memory."""
+        return index, self.images[index], 1, []
+
     def subset(self, indices: torch.Tensor) -> ImageSet:
         """The images at `indices`, with their labels and captions."""
         return ImageSet(
@@ -63,11 +71,14 @@ class ImageSet:
 
 @dataclass
 class DataSplits:
-    """The training images and the held-out images that the evaluation scores."""
+    """The training images (in memory, or files decoded when drawn: data/images/lazy.py), the held-out images
+    that the evaluation scores, and for SimCLR the training images its kNN evaluation compares them with
+    (`reference`: at most --eval-reference-size, drawn once; None: not drawn)."""
 
-    train: ImageSet
+    train: ImageSet | LazyImageSet
     test: ImageSet
     name: str
+    reference: ImageSet | None = None
 
 
 def random_split(images: ImageSet, test_size: int, seed: int, name: str) -> DataSplits:

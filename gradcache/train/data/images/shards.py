@@ -1,0 +1,388 @@
+"""webdataset shards: `.tar` files of samples `KEY.jpg|.jpeg|.png|.webp` with, for CLIP, `KEY.txt` (the caption)
+and optionally `KEY.cls` (an integer class: SimCLR's kNN evaluation needs it), read with the standard library's
+`tarfile` (no extra dependency; a seekable tar's headers are read without its contents, which makes skipping
+cheap, and a shard's members are read by offset only when a batch takes them).
+
+What a run keeps in memory: per shard its path and sample count; per worker a shuffle buffer of at most
+`--shuffle-buffer` member headers (not their bytes); the held-out and kNN reference images, decoded.
+
+- Epoch length: `--train-num-samples`, or counted once at start from the shards' headers (one pass over the
+  headers, no image read) and recorded in the run's options, so a resume does not count again.
+- Held out: without `--eval-data`, the shards in a permutation seeded by `--data-seed` are taken from its head
+  until they hold `--test-size` samples; the first `--test-size` samples of those shards, in that order, are the
+  held-out set, and those shards are not trained on (the rest of the last one is left out, too).
+- Order: epoch e permutes the training shards (seeded by --seed and e) and deals them to the `ranks x workers`
+  slots in turn (slot = rank x workers + worker; a run needs at least as many training shards as slots). Step t
+  of a rank is made by slot `rank x workers + t mod workers`, from that slot's stream: its shards one after the
+  other through a shuffle buffer of `--shuffle-buffer` samples (seeded by seed, epoch, slot). Every rank makes
+  the same number of steps per epoch, train_num_samples // batch_size; a slot whose shards run out before its
+  share of the epoch reads them again, in a new seeded order (resampled), and what is left at the epoch's end
+  is dropped.
+- Resume: the streams are functions of (seed, epoch, slot), so a resumed run skips what its slots had drawn by
+  reading headers only (`local batch x steps` samples per slot), then continues with the next unseen samples:
+  the same batches as the uninterrupted run when `--workers` is the same and no bad sample was met earlier in
+  that epoch (each one shifted its slot's stream by one, which the skip does not know); with another `--workers`
+  the epoch's remaining steps come from the new slots' streams from their start (samples may repeat within it).
+- Bad data: a member that fails to decode (and in CLIP a sample without a caption) is skipped and counted, and
+  the next sample takes its place; a truncated shard is read up to its damage, counted once, and the stream goes
+  on with the next shard. Both count in `skipped_images` and --max-bad-share (`BadShare`).
+"""
+from __future__ import annotations
+
+import glob
+import io
+import random
+import re
+import tarfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from gradcache.train.data.images.augment import to_model_input
+from gradcache.train.data.images.lazy import DECODE_ERRORS, decode_image
+from gradcache.train.data.images.sets import DataSplits, ImageSet
+from gradcache.train.errors import DataError
+from gradcache.train.preemption import ignore_stop_signals
+
+SHARD_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+_SEED_STRIDE = 1_000_003
+
+
+def is_shard_spec(spec: str) -> bool:
+    """Whether `--data` names webdataset shards: a `.tar` file, a glob or brace pattern, or a folder of `.tar`
+    files with no sub-folders (an ImageFolder has class sub-folders)."""
+    path = Path(spec)
+    if spec.endswith(".tar") or any(mark in spec for mark in "*?[{"):
+        return True
+    return path.is_dir() and any(path.glob("*.tar")) and not any(entry.is_dir() for entry in path.iterdir())
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """'part-{000..002}.tar' -> part-000.tar, part-001.tar, part-002.tar (zero padding kept); '{a,b}' -> a, b."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    body, head, tail = match.group(1), pattern[:match.start()], pattern[match.end():]
+    numbers = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numbers:
+        first, last = numbers.groups()
+        width = len(first) if first.startswith("0") else 0
+        choices = [str(n).zfill(width) for n in range(int(first), int(last) + 1)]
+    else:
+        choices = body.split(",")
+    return [expanded for choice in choices for expanded in expand_braces(head + choice + tail)]
+
+
+def find_shards(spec: str, flag: str = "--data") -> list[str]:
+    """The shard files `spec` names (a .tar file, a folder of them, a glob or brace pattern), sorted.
+
+    Raises:
+        DataError: nothing matches, or a match is not a .tar file (mixed formats).
+    """
+    path = Path(spec)
+    if path.is_dir():
+        found = sorted(str(p) for p in path.glob("*.tar"))
+    else:
+        found = sorted({match for pattern in expand_braces(spec) for match in glob.glob(pattern)})
+    if not found:
+        raise DataError(f"{flag} {spec!r} matches no shard; give a .tar file, a folder of .tar files or a pattern "
+                        "such as 'shards/part-{000..099}.tar' that names existing files")
+    others = [name for name in found if not name.endswith(".tar")]
+    if others:
+        raise DataError(f"{flag} {spec!r} mixes formats: {others[0]} is not a .tar shard; give shards only")
+    return found
+
+
+@dataclass
+class _Sample:
+    """One sample's members: extension -> TarInfo (header only), from `shard`."""
+
+    shard: str
+    key: str
+    members: dict[str, tarfile.TarInfo]
+
+
+class _Truncated:
+    """A shard that ended inside a member or a header: counted once as bad."""
+
+    def __init__(self, shard: str, after: int) -> None:
+        self.name = f"{shard} (truncated after {after} samples)"
+
+
+def _samples(shard: str) -> Iterator[_Sample | _Truncated]:
+    """The samples of `shard` in file order (consecutive members sharing a key, webdataset's convention), from
+    its headers only; a `_Truncated` last when the file ends early."""
+    count, current = 0, None
+    try:
+        with tarfile.open(shard, "r:") as tar:
+            size = Path(shard).stat().st_size
+            for member in tar:
+                if not member.isfile():
+                    continue
+                if member.offset_data + member.size > size:
+                    raise tarfile.ReadError("member past the end of the file")
+                folder, _, name = member.name.rpartition("/")
+                key, _, extension = name.partition(".")
+                key = f"{folder}/{key}" if folder else key
+                if current is None or current.key != key:
+                    if current is not None:
+                        count += 1
+                        yield current
+                    current = _Sample(shard, key, {})
+                current.members[extension.lower()] = member
+            if tar.offset + 2 * tarfile.BLOCKSIZE > size:  # no end-of-archive blocks: the file was cut short
+                raise tarfile.ReadError("no end-of-archive marker")
+    except (tarfile.ReadError, EOFError, OSError):
+        if current is not None:
+            count += 1
+            yield current
+        yield _Truncated(shard, count)
+        return
+    if current is not None:
+        yield current
+
+
+def count_samples(shard: str, captions: bool) -> int:
+    """The samples of `shard` with an image member, from its headers.
+
+    Raises:
+        DataError: `captions` and no sample of the shard has a `.txt` member.
+    """
+    count = with_caption = 0
+    for sample in _samples(shard):
+        if isinstance(sample, _Sample) and any(ext in sample.members for ext in SHARD_IMAGE_EXTENSIONS):
+            count += 1
+            with_caption += "txt" in sample.members
+    if captions and count and not with_caption:
+        raise DataError(f"shard {shard} holds no caption (KEY.txt beside KEY.jpg); CLIP needs image-caption pairs: "
+                        "add the captions, or train SimCLR on these images")
+    return count
+
+
+def _read(member: tarfile.TarInfo, shard: str) -> bytes:
+    with open(shard, "rb") as handle:
+        handle.seek(member.offset_data)
+        data = handle.read(member.size)
+    if len(data) != member.size:
+        raise OSError(f"{shard}: {member.name} is cut short")
+    return data
+
+
+def decode_sample(sample: _Sample, image_size: int, captions: bool) -> tuple[torch.Tensor, str | None, int | None]:
+    """(the (3, S, S) uint8 image, the caption or None, the class or None) of `sample`.
+
+    Raises:
+        ValueError / OSError: no image member, an image that fails to decode, a missing caption in CLIP.
+    """
+    extension = next((ext for ext in SHARD_IMAGE_EXTENSIONS if ext in sample.members), None)
+    if extension is None:
+        raise ValueError("no image member")
+    image = decode_image(io.BytesIO(_read(sample.members[extension], sample.shard)), image_size)
+    caption = None
+    if captions:
+        if "txt" not in sample.members:
+            raise ValueError("no caption")
+        caption = _read(sample.members["txt"], sample.shard).decode("utf-8").strip()
+        if not caption:
+            raise ValueError("empty caption")
+    label = int(_read(sample.members["cls"], sample.shard).decode().strip()) if "cls" in sample.members else None
+    return image, caption, label
+
+
+@dataclass
+class ShardSet:
+    """Training shards streamed by `shard_batches`; `len` is the epoch length in samples."""
+
+    shards: list[str]
+    num_samples: int
+    image_size: int
+    captions: bool
+    shuffle_buffer: int
+    skipped: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def head(self, count: int, seed: int, what: str) -> ImageSet:
+        """The first `count` samples that decode of the shards in a permutation seeded by `seed`, in memory."""
+        order = torch.randperm(len(self.shards), generator=torch.Generator().manual_seed(seed)).tolist()
+        return decode_head([self.shards[i] for i in order], count, self.image_size, self.captions, what,
+                           self.skipped)
+
+
+def decode_head(shards: list[str], count: int, image_size: int, captions: bool, what: str,
+                skipped: list[str]) -> ImageSet:
+    """The first `count` samples of `shards` (in their order) that decode, in memory; the failures in `skipped`."""
+    images, texts, labels, failed = [], [], [], []
+    for shard in shards:
+        for sample in _samples(shard):
+            if len(images) == count:
+                break
+            if isinstance(sample, _Truncated):
+                failed.append(sample.name)
+                continue
+            try:
+                image, caption, label = decode_sample(sample, image_size, captions)
+            except (*DECODE_ERRORS, UnicodeDecodeError) as error:
+                failed.append(f"{sample.shard}:{sample.key} ({error})")
+                continue
+            images.append(image)
+            texts.append(caption)
+            labels.append(label)
+    if failed:
+        warnings.warn(f"skipped {len(failed)} {what} samples: {', '.join(failed[:10])}", stacklevel=2)
+    skipped.extend(failed)
+    if not images:
+        raise DataError(f"no {what} sample of {shards[0]} ... decodes; check the shards")
+    has_labels = all(label is not None for label in labels)
+    return ImageSet(images=torch.stack(images), captions=texts if captions else None,
+                    labels=torch.tensor(labels) if has_labels else None,
+                    class_names=[str(c) for c in range(max(labels) + 1)] if has_labels else None)
+
+
+def load_shards(spec: str, image_size: int, test_size: int, data_seed: int, captions: bool, shuffle_buffer: int,
+                train_num_samples: int | None, held_out: bool = True) -> DataSplits:
+    """The training shards of `spec` and, with `held_out`, the held-out samples from the head of a seeded shard
+    order (the module docstring says which); without it the test set is empty (given by --eval-data)."""
+    shards = find_shards(spec)
+    skipped: list[str] = []
+    test = None
+    if held_out:
+        order = torch.randperm(len(shards), generator=torch.Generator().manual_seed(data_seed)).tolist()
+        held, total = [], 0
+        for index in order:
+            if total >= test_size:
+                break
+            held.append(shards[index])
+            total += count_samples(shards[index], captions)
+        if len(held) == len(shards):
+            raise DataError(f"--test-size {test_size} takes every shard of {spec} (held out from the head of a "
+                            "seeded shard order); give more shards, a smaller --test-size, or --eval-data")
+        test = decode_head(held, test_size, image_size, captions, "held-out", skipped)
+        shards = [shard for shard in shards if shard not in held]
+    if train_num_samples is None:
+        train_num_samples = sum(count_samples(shard, captions) for shard in shards)
+    train = ShardSet(shards, train_num_samples, image_size, captions, shuffle_buffer, skipped)
+    return DataSplits(train=train, test=test, name=f"shards:{spec}")
+
+
+class _SlotStream:
+    """The samples of one slot in one epoch: its shards, pass after pass, through a seeded shuffle buffer."""
+
+    def __init__(self, data: ShardSet, seed: int, epoch: int, slot: int, slots: int) -> None:
+        order = torch.randperm(len(data.shards),
+                               generator=torch.Generator().manual_seed(seed * _SEED_STRIDE + epoch)).tolist()
+        self.shards = [data.shards[i] for i in order[slot::slots]]
+        self.random = random.Random(f"{seed}:{epoch}:{slot}")
+        self.size = data.shuffle_buffer
+        self.items = self._shuffled()
+
+    def _shuffled(self) -> Iterator[_Sample | _Truncated]:
+        """Pass after pass over the slot's shards (a slot that runs out reads them again, in a new seeded order),
+        each pass through the buffer and drained at its end, so a pass yields each of its samples once."""
+        for number in range(1 << 30):
+            shards = list(self.shards)
+            if number:
+                self.random.shuffle(shards)
+            buffer: list = []
+            samples = 0
+            for shard in shards:
+                for item in _samples(shard):
+                    if isinstance(item, _Truncated):
+                        yield item  # counted at once, not buffered
+                        continue
+                    samples += 1
+                    if len(buffer) < self.size:
+                        buffer.append(item)
+                        continue
+                    index = self.random.randrange(self.size)
+                    yield buffer[index]
+                    buffer[index] = item
+            self.random.shuffle(buffer)
+            yield from buffer
+            if not samples:
+                raise DataError(f"the shards {', '.join(shards)} hold no sample; check the shards")
+
+    def skip(self, count: int) -> None:
+        """Pass `count` samples by their headers (a resume)."""
+        passed = 0
+        while passed < count:
+            passed += isinstance(next(self.items), _Sample)
+
+
+class ShardBatches(IterableDataset):
+    """Each worker makes the steps t (from `start_step`) with t - start_step = its id mod workers, every one from
+    slot rank x workers + t mod workers; yields (batch, samples read, names that failed)."""
+
+    def __init__(self, data: ShardSet, seed: int, batch_size: int, start_step: int, total_steps: int, rank: int,
+                 world_size: int, workers: int, augmentation, tokenizer) -> None:
+        self.data, self.seed, self.local = data, seed, batch_size // world_size
+        self.start_step, self.total_steps, self.rank, self.world_size = start_step, total_steps, rank, world_size
+        self.workers, self.augmentation, self.tokenizer = max(workers, 1), augmentation, tokenizer
+        self.steps_per_epoch = data.num_samples // batch_size
+        slots = world_size * self.workers
+        if len(data.shards) < slots:
+            raise DataError(f"{len(data.shards)} training shards cannot feed {world_size} ranks x {self.workers} "
+                            "workers (each needs one at least); use fewer --workers or split the data into more "
+                            "shards")
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        streams: dict[int, _SlotStream] = {}
+        for step in range(self.start_step + worker, self.total_steps, self.workers):
+            epoch, within = divmod(step, self.steps_per_epoch)
+            lane = step % self.workers
+            if epoch not in streams:
+                streams = {epoch: _SlotStream(self.data, self.seed, epoch, self.rank * self.workers + lane,
+                                              self.world_size * self.workers)}
+                epoch_start = epoch * self.steps_per_epoch
+                streams[epoch].skip(self.local * sum(1 for t in range(epoch_start, step) if t % self.workers == lane))
+            yield self._batch(streams[epoch], epoch, within)
+
+    def _batch(self, stream: _SlotStream, epoch: int, within: int):
+        items, read, failed = [], 0, []
+        while len(items) < self.local:
+            sample = next(stream.items)
+            read += 1
+            if isinstance(sample, _Truncated):
+                failed.append(sample.name)
+                continue
+            try:
+                image, caption, _ = decode_sample(sample, self.data.image_size, self.data.captions)
+            except (*DECODE_ERRORS, UnicodeDecodeError) as error:
+                failed.append(f"{sample.shard}:{sample.key} ({error})")
+                continue
+            position = within * self.local * self.world_size + self.rank * self.local + len(items)
+            items.append(self._example(image, caption, epoch, position))
+        if self.tokenizer is not None:
+            images, captions = zip(*items)
+            return (torch.stack(images), self.tokenizer(list(captions))), read, failed
+        first, second = zip(*items)
+        return (torch.stack(first), torch.stack(second)), read, failed
+
+    def _example(self, image: torch.Tensor, caption: str | None, epoch: int, position: int):
+        if self.tokenizer is not None:
+            return to_model_input(image), caption
+        generator = torch.default_generator
+        outer = generator.get_state()
+        generator.manual_seed((self.seed * _SEED_STRIDE + epoch) * 10_000_019 + position)
+        try:
+            return self.augmentation(image), self.augmentation(image)
+        finally:
+            generator.set_state(outer)
+
+
+def _as_is(batch):
+    return batch
+
+
+def shard_loader(batches: ShardBatches, workers: int) -> DataLoader:
+    """The loader of `batches`: its workers' batches in turn (step order), drawing nothing from the global state."""
+    return DataLoader(batches, batch_size=None, num_workers=workers, collate_fn=_as_is,
+                      prefetch_factor=2 if workers else None, worker_init_fn=ignore_stop_signals,
+                      generator=torch.Generator().manual_seed(batches.seed))

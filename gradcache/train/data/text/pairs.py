@@ -66,6 +66,9 @@ class TextSplits:
     train: TextPairs  # or IndexedPairs (indexed.py): the same rows, read on demand
     test: TextPairs
     name: str
+    # --corpus: the retrieval corpus of the evaluation (a PassageCorpus) and (test,) each held-out positive's place
+    corpus: object | None = None
+    test_positions: object | None = None
 
 
 def split_pairs(pairs: TextPairs, test_size: int, seed: int, name: str) -> TextSplits:

@@ -23,13 +23,16 @@ import os
 import warnings
 from array import array
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gradcache.train.errors import DataError
+
+if TYPE_CHECKING:
+    from gradcache.train.data.text.corpus import PassageCorpus
 
 FIRST_ROWS = 1_000  # the default h is the count most of the first FIRST_ROWS rows with a query and positive have
 SEPARATORS = {".tsv": "\t", ".csv": ","}
@@ -223,26 +226,31 @@ def file_records(file: Path, text_format: str, header_out: list) -> Iterator[tup
 def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "query",
                     positive_key: str = "positive", negative_keys: Sequence[str] = (),
                     negatives_per_query: int | None = None, warn: bool = True,
-                    skip_reasons: int | None = SHOWN_SKIPS) -> RowIndex:
+                    skip_reasons: int | None = SHOWN_SKIPS, on_kept: Callable[[dict], None] | None = None,
+                    corpus: PassageCorpus | None = None, option: str = "--data") -> RowIndex:
     """Index the usable rows of `files` (all of format `text_format`) in one pass, as the module docstring says.
 
+    `on_kept(record)` is called with each usable row, in order; with `corpus`, the positive and negatives are
+    passage ids that must be in it (corpus.py).
+
     Raises:
-        DataError: a file that cannot be read or parsed, a column no row has (naming the option), or no usable row.
+        DataError: a file that cannot be read or parsed, a column no row has (naming the option), an id `corpus`
+            lacks, or no usable row.
     """
     if text_format != JSON_LINES and text_format not in SEPARATORS:
-        raise DataError(f"--data {str(files[0])!r}: unknown extension {text_format!r}; give a .tsv, .csv or "
+        raise DataError(f"{option} {str(files[0])!r}: unknown extension {text_format!r}; give a .tsv, .csv or "
                         ".jsonl file")
     keys = (query_key, positive_key, tuple(negative_keys))
     offsets = array("q")  # 8 bytes a row while building too, then one int64 array
     kept = [0] * len(files)  # usable rows of each file
     headers, names = [], set()
     skipped = SkippedRows(keep=skip_reasons)
-    pending: list[tuple[int, int, str, int | None, str]] = []  # place()'s arguments until h is decided
+    pending: list[tuple[int, int, str, int | None, str, dict]] = []  # place()'s arguments until h is decided
     counts: Counter = Counter()
     h = negatives_per_query
     rows_read = 0
 
-    def place(file_number: int, offset: int, where: str, found: int | None, empty: str) -> None:
+    def place(file_number: int, offset: int, where: str, found: int | None, empty: str, record: dict) -> None:
         if found is None:
             skipped.add(f"{where}: empty {empty}")
         elif found < h:
@@ -250,6 +258,8 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
         else:
             offsets.append(offset)
             kept[file_number] += 1
+            if on_kept is not None:
+                on_kept(record)
 
     prefix = len(files) > 1
     for file_number, file in enumerate(files):
@@ -263,8 +273,10 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
                 query, positive = clean_text(record.get(query_key)), clean_text(record.get(positive_key))
                 empty = "query" if not query else "positive" if not positive else ""
                 found = None if empty else len(record_negatives(record, negative_keys))
+                if corpus is not None and not empty:
+                    _check_ids(corpus, [positive, *record_negatives(record, negative_keys)], file, line)
                 if h is None:
-                    pending.append((file_number, offset, where, found, empty))
+                    pending.append((file_number, offset, where, found, empty, record))
                     if found is not None:
                         counts[found] += 1
                         if sum(counts.values()) >= FIRST_ROWS:
@@ -273,7 +285,7 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
                                 place(*entry)
                             pending.clear()
                 else:
-                    place(file_number, offset, where, found, empty)
+                    place(file_number, offset, where, found, empty, record)
         except (OSError, UnicodeDecodeError, csv.Error, json.JSONDecodeError) as error:
             raise DataError(f"cannot read {file}: {error}") from error
         headers.append(header_out[0] if header_out else None)
@@ -284,11 +296,11 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
     for entry in pending:
         place(*entry)
     where_name = str(files[0]) if len(files) == 1 else f"{len(files)} files ({files[0]} ...)"
-    for option, key in [("--query-key", query_key), ("--positive-key", positive_key),
-                        *[("--negative-keys", key) for key in negative_keys]]:
+    for flag, key in [("--query-key", query_key), ("--positive-key", positive_key),
+                      *[("--negative-keys", key) for key in negative_keys]]:
         if key not in names:
-            raise DataError(f"{where_name} has no column {key!r} (columns: {sorted(names, key=str)}); name it "
-                            f"with {option}")
+            fix = f"name it with {flag}" if option == "--data" else f"a {option} file needs the fields {keys[:2]}"
+            raise DataError(f"{where_name} has no column {key!r} (columns: {sorted(names, key=str)}); {fix}")
     if skipped and warn:
         shown = "; ".join(skipped.reasons[:SHOWN_SKIPS]) + (" ..." if len(skipped) > SHOWN_SKIPS else "")
         warnings.warn(f"skipped {len(skipped)} of {rows_read} rows of {where_name}: {shown}", stacklevel=3)
@@ -298,3 +310,10 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
     file_ends = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
     return RowIndex(list(files), text_format, headers, np.frombuffer(offsets, dtype=np.int64).copy(), file_ends, keys, negatives_per_query, h, skipped, rows_read,
                     file_stamps(files))
+
+
+def _check_ids(corpus: PassageCorpus, passage_ids: list[str], file: Path, line: int) -> None:
+    for passage_id in passage_ids:
+        if not corpus.contains_hash(passage_id):
+            raise DataError(f"{file} line {line}: passage id {passage_id!r} is not in --corpus {corpus.name}; add "
+                            "the passage to the corpus or fix the id")

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
 
 from gradcache.cli import main
-from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
 from gradcache.train.data.text.corpus import read_corpus
 from gradcache.train.data.text.files import data_files
 from gradcache.train.data.text.indexed import IndexedPairs
@@ -75,7 +75,7 @@ def test_rows_naming_passages_by_id_read_the_corpus_texts(tmp_path):
 
 
 def test_a_corpus_run_retrieves_from_the_whole_corpus(tmp_path, tiny_bert):
-    corpus_file, rows_file, passages, rows = _corpus_files(tmp_path)
+    corpus_file, rows_file, passages, _ = _corpus_files(tmp_path)
     assert main(text_args(tiny_bert, tmp_path / "run", "--data", str(rows_file), "--corpus", str(corpus_file))) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["train_size"] == 16 and metrics["test_size"] == 16

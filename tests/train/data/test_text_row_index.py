@@ -155,3 +155,33 @@ def test_a_saved_index_is_reused_until_a_file_or_an_option_changes(tmp_path):
     assert load_row_index(tmp_path / "index.npz", [path], KEYS, None) is None  # the file changed
     (tmp_path / "broken.npz").write_bytes(b"not an index")
     assert load_row_index(tmp_path / "broken.npz", [path], KEYS, None) is None
+
+
+@pytest.mark.parametrize("kind", ["parquet", "datasets"])
+def test_parquet_and_a_datasets_folder_read_the_same_rows(tmp_path, kind):
+    """Columnar sources, indexed by row number: the rows, order and skips of the same rows in JSONL."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = _rows(40)
+    rows[3]["n1"], rows[4]["n2"] = None, None  # nulls are empty
+    with pytest.warns(UserWarning, match="skipped"):
+        reference = IndexedPairs(build_row_index([_write(tmp_path / "pairs.jsonl", rows)], ".jsonl", *KEYS))
+    table = pa.Table.from_pylist(rows)
+    if kind == "parquet":
+        path = tmp_path / "pairs.parquet"
+        pq.write_table(table, path, row_group_size=7)  # rows read across several row groups
+    else:
+        import datasets
+
+        path = tmp_path / "pairs-dataset"
+        datasets.Dataset(table).save_to_disk(str(path))
+    files, text_format = data_files(path)
+    with pytest.warns(UserWarning, match="skipped"):
+        index = build_row_index(files, text_format, *KEYS)
+    assert len(index.skipped) == len(reference.skipped)
+    assert _batches(IndexedPairs(index)) == _batches(reference)
+    assert _batches(IndexedPairs(index), workers=2) == _batches(reference)
+    index.save(tmp_path / "index.npz")
+    loaded = load_row_index(tmp_path / "index.npz", files, KEYS, None)
+    assert loaded is not None and _batches(IndexedPairs(loaded)) == _batches(reference)

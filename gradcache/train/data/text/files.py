@@ -1,6 +1,7 @@
 """Which files `--data` (or `--eval-data`) names: one file, a folder, a glob, or a brace pattern, as one ordered set.
 
-- A folder: its files with a supported extension, sorted by name (not recursive).
+- A folder that `datasets.Dataset.save_to_disk` wrote: that one dataset (format `columnar.ARROW_FOLDER`).
+- Another folder: its files with a supported extension, sorted by name (not recursive).
 - A brace pattern expands first, as a shell does: 'part-{000..099}.jsonl' (a numeric range keeps the width of
   its zero-padded ends), 'pairs-{train,extra}.tsv' (a list). Each expansion may then be a glob ('*', '?', '[').
 - A glob matches files, sorted by name; a plain path must exist.
@@ -13,6 +14,7 @@ import glob
 import re
 from pathlib import Path
 
+from gradcache.train.data.text.columnar import ARROW_FOLDER, is_arrow_folder
 from gradcache.train.errors import DataError
 
 TEXT_FORMATS = (".jsonl.gz", ".jsonl", ".tsv", ".csv", ".parquet")  # longest first: '.jsonl.gz' before '.jsonl'
@@ -54,6 +56,8 @@ def data_files(pattern: str | Path, option: str = "--data") -> tuple[list[Path],
     """
     text = str(pattern)
     known = ", ".join(TEXT_FORMATS)
+    if is_arrow_folder(Path(text)):
+        return [Path(text)], ARROW_FOLDER
     if Path(text).is_dir():
         files = sorted(path for path in Path(text).iterdir() if path.is_file() and text_format(path))
         if not files:

@@ -8,6 +8,8 @@ alone, so a data-loader worker reads and tokenises only the rows of its batches.
 - `.tsv` / `.csv`: parsed by `csv` (tab / comma), so a quoted field may span lines: the offset is where the
   parser started the record (it pulls lines one at a time from a reader that counts their bytes), and reading
   a row seeks there and parses one record with the file's own header.
+- `.parquet` and a `datasets` folder (save_to_disk): the offset is the row's number (`columnar.py`: memory-mapped
+  Arrow, Parquet decoded a row group at a time).
 - Usable rows as `read_text_pairs` has always kept them: a query, a positive and at least h non-empty hard
   negatives (the first h kept). h is `negatives_per_query`, or else the count most of the first
   `FIRST_ROWS` (1,000) rows with a query and a positive have (all of them in a smaller file: the old rule).
@@ -29,6 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gradcache.train.data.text.columnar import (
+    ARROW_FOLDER,
+    PARQUET,
+    ColumnarReader,
+    columnar_names,
+    columnar_records,
+)
 from gradcache.train.errors import DataError
 
 if TYPE_CHECKING:
@@ -37,6 +46,7 @@ if TYPE_CHECKING:
 FIRST_ROWS = 1_000  # the default h is the count most of the first FIRST_ROWS rows with a query and positive have
 SEPARATORS = {".tsv": "\t", ".csv": ","}
 JSON_LINES = ".jsonl"
+COLUMNAR = (PARQUET, ARROW_FOLDER)  # rows by number: columnar.py
 SHOWN_SKIPS = 10
 _INDEX_VERSION = 1
 
@@ -101,17 +111,22 @@ class RowIndex:
         if self._pid != os.getpid():  # forked: the parent's handles share its file positions
             self._handles, self._pid = {}, os.getpid()
         if file_number not in self._handles:
-            self._handles[file_number] = open(self.files[file_number], "rb")  # noqa: SIM115 (kept open)
+            file = self.files[file_number]
+            self._handles[file_number] = (ColumnarReader(file, self.text_format, self.headers[file_number])
+                                          if self.text_format in COLUMNAR else open(file, "rb"))  # noqa: SIM115
         return self._handles[file_number]
 
     def row(self, index: int) -> tuple[str, str, list[str]]:
         """Row `index` (0 <= index < len): its query, positive and first h hard negatives, read from its file."""
         file_number = int(np.searchsorted(self.file_ends, index, side="right")) - 1
         handle = self._handle(file_number)
-        handle.seek(int(self.offsets[index]))
-        if self.text_format == JSON_LINES:
+        if self.text_format in COLUMNAR:
+            record = handle.record(int(self.offsets[index]))
+        elif self.text_format == JSON_LINES:
+            handle.seek(int(self.offsets[index]))
             record = json.loads(handle.readline().decode("utf-8"))
         else:
+            handle.seek(int(self.offsets[index]))
             lines = (raw.decode("utf-8") for raw in iter(handle.readline, b""))
             reader = csv.DictReader(lines, fieldnames=self.headers[file_number],
                                     delimiter=SEPARATORS[self.text_format])
@@ -122,7 +137,8 @@ class RowIndex:
 
     def close(self) -> None:
         for handle in self._handles.values():
-            handle.close()
+            if hasattr(handle, "close"):
+                handle.close()
         self._handles = {}
 
     def __del__(self) -> None:
@@ -148,8 +164,14 @@ class RowIndex:
 
 
 def file_stamps(files: Sequence[Path]) -> list[tuple[int, int]]:
-    """(size in bytes, modification time in ns) of each file: what invalidates a saved index."""
-    return [(stat.st_size, stat.st_mtime_ns) for stat in (os.stat(file) for file in files)]
+    """(size in bytes, modification time in ns) of each file (a folder: the sum and the latest of its files'):
+    what invalidates a saved index."""
+    stamps = []
+    for file in map(Path, files):
+        stats = [os.stat(part) for part in sorted(file.iterdir()) if part.is_file()] if file.is_dir() else [
+            os.stat(file)]
+        stamps.append((sum(stat.st_size for stat in stats), max((stat.st_mtime_ns for stat in stats), default=0)))
+    return stamps
 
 
 def load_row_index(path: str | os.PathLike, files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]],
@@ -237,9 +259,9 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
         DataError: a file that cannot be read or parsed, a column no row has (naming the option), an id `corpus`
             lacks, or no usable row.
     """
-    if text_format != JSON_LINES and text_format not in SEPARATORS:
-        raise DataError(f"{option} {str(files[0])!r}: unknown extension {text_format!r}; give a .tsv, .csv or "
-                        ".jsonl file")
+    if text_format != JSON_LINES and text_format not in SEPARATORS and text_format not in COLUMNAR:
+        raise DataError(f"{option} {str(files[0])!r}: unknown extension {text_format!r}; give a .tsv, .csv, .jsonl "
+                        "or .parquet file, or a datasets folder")
     keys = (query_key, positive_key, tuple(negative_keys))
     offsets = array("q")  # 8 bytes a row while building too, then one int64 array
     kept = [0] * len(files)  # usable rows of each file
@@ -264,12 +286,20 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
     prefix = len(files) > 1
     for file_number, file in enumerate(files):
         header_out: list = []
+        if text_format in COLUMNAR:
+            available = columnar_names(file, text_format)
+            header_out.append([key for key in (query_key, positive_key, *negative_keys) if key in available])
+            names.update(available)
+            records = columnar_records(file, text_format, header_out[0])
+        else:
+            records = file_records(file, text_format, header_out)
         try:
-            for offset, line, record in file_records(file, text_format, header_out):
+            for offset, line, record in records:
                 rows_read += 1
                 if text_format == JSON_LINES:
                     names.update(record)
-                where = f"{file.name} line {line}" if prefix else f"line {line}"
+                unit = "row" if text_format in COLUMNAR else "line"
+                where = f"{file.name} {unit} {line}" if prefix else f"{unit} {line}"
                 query, positive = clean_text(record.get(query_key)), clean_text(record.get(positive_key))
                 empty = "query" if not query else "positive" if not positive else ""
                 found = None if empty else len(record_negatives(record, negative_keys))
@@ -286,10 +316,12 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
                             pending.clear()
                 else:
                     place(file_number, offset, where, found, empty, record)
-        except (OSError, UnicodeDecodeError, csv.Error, json.JSONDecodeError) as error:
+        except DataError:
+            raise
+        except (OSError, ValueError, csv.Error) as error:  # JSON, UTF-8 and pyarrow's errors are ValueErrors
             raise DataError(f"cannot read {file}: {error}") from error
         headers.append(header_out[0] if header_out else None)
-        if header_out and header_out[0]:
+        if header_out and header_out[0] and text_format not in COLUMNAR:
             names.update(header_out[0])
     if h is None:  # fewer than FIRST_ROWS rows with a query and a positive: all of them decide
         h = counts.most_common(1)[0][0] if counts else 0

@@ -85,7 +85,8 @@ class Text(Mode):
     name = "text"
     help = "text retrieval: fine-tune a Hugging Face encoder on (query, passage, hard negatives) rows, InfoNCE"
     loss_kind = "infonce"
-    path_data = "a .tsv, .csv or .jsonl file of (query, positive, hard negatives) rows"
+    path_data = ("a .tsv, .csv, .jsonl or .parquet file, a folder or pattern of them ('part-{000..099}.jsonl'), or a "
+                 "datasets save_to_disk folder, of (query, positive, hard negatives) rows")
     # the default run: all-MiniLM-L6-v2 on the built-in world, one epoch of 24 steps, a few CPU minutes
     defaults = dict(data=BUILT_IN_TEXT, model=PACKAGED_MODEL, train_size=768, test_size=300, batch_size=32,
                     chunk_size=16, lr=1e-4, base_batch_size=32, warmup=3, weight_decay=0.01, temperature=0.05,

@@ -70,8 +70,8 @@ class RunConfig:
     positive_key: str = option("positive", modes=TEXT, added=3)
     negative_keys: list[str] | None = option(None, modes=TEXT, added=3)  # columns, or one list-valued JSONL field
     negatives_per_query: int | None = option(None, modes=TEXT, added=3)  # h; None: what most rows have
-    eval_data: str | None = option(None, modes=TEXT, added=9)  # held-out rows given apart; None: --test-size of --data
-    corpus: str | None = option(None, modes=TEXT, added=9)  # (id, text) passages that rows name by id
+    eval_data: str | None = option(None, modes=TEXT, added=9, path=True)  # held-out rows; None: --test-size of --data
+    corpus: str | None = option(None, modes=TEXT, added=9, path=True)  # (id, text) passages that rows name by id
     symmetric: bool = option(False, modes=TEXT, added=3)  # InfoNCE in both directions
     guide: str | None = option(None, modes=TEXT, added=8, path=True)  # a frozen model whose similarities mask false negatives
     guide_margin: float = option(0.0, modes=TEXT, added=8)

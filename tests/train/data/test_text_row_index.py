@@ -119,6 +119,11 @@ def test_patterns_and_their_errors(tmp_path):
         data_files(tmp_path / "*.csv")
     with pytest.raises(DataError, match=r"'.*c.jsonl' \(one of its expansions\) is not a file"):
         data_files(tmp_path / "{a,c}.jsonl")
+    (tmp_path / "c[1].jsonl").write_text('{"query": "q", "positive": "p"}\n')  # a glob character in a file name
+    assert data_files(tmp_path / "c[1].jsonl") == ([tmp_path / "c[1].jsonl"], ".jsonl")
+    (tmp_path / "pairs.jsonl.gz").write_bytes(b"")
+    with pytest.raises(DataError, match="unknown extension '.jsonl.gz'"):
+        build_row_index(*data_files(tmp_path / "pairs.jsonl.gz"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="holding no"):
         data_files(tmp_path / "empty")

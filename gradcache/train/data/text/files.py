@@ -66,10 +66,10 @@ def data_files(pattern: str | Path, option: str = "--data") -> tuple[list[Path],
     else:
         files = []
         for expansion in expand_braces(text):
-            if any(character in expansion for character in "*?["):
-                files.extend(sorted(Path(name) for name in glob.glob(expansion) if Path(name).is_file()))
-            elif Path(expansion).is_file():
+            if Path(expansion).is_file():  # before the glob: a file name may hold '[' or '?'
                 files.append(Path(expansion))
+            elif any(character in expansion for character in "*?["):
+                files.extend(sorted(Path(name) for name in glob.glob(expansion) if Path(name).is_file()))
             elif expansion == text:
                 raise DataError(f"{option} {text!r} is not a file; give a {known} file of text pairs, a folder, "
                                 "or a glob or brace pattern such as 'pairs/part-{000..099}.jsonl'")

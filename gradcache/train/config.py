@@ -50,7 +50,7 @@ class RunConfig:
     rotation: float = option(0.0, modes=SIMCLR, added=2)
     workers: int = option(1, at_least=0)
     max_bad_share: float = option(0.05, added=6, before=1.0)  # older runs trained on whatever share decoded
-    eval_data: str | None = option(None, modes=IMAGES, added=9, path=True)  # held-out set; None: --test-size of --data
+    eval_data: str | None = option(None, added=9, path=True)  # a held-out set apart; None: --test-size of --data
     eval_reference_size: int | None = option(2048, modes=SIMCLR, at_least=1, added=9, before=None)  # None: all
     shuffle_buffer: int = option(1000, modes=IMAGES, at_least=1, added=9)  # tar shards: samples per worker buffer
     train_num_samples: int | None = option(None, modes=IMAGES, at_least=1, added=9)  # tar shards; None: counted
@@ -74,6 +74,7 @@ class RunConfig:
     positive_key: str = option("positive", modes=TEXT, added=3)
     negative_keys: list[str] | None = option(None, modes=TEXT, added=3)  # columns, or one list-valued JSONL field
     negatives_per_query: int | None = option(None, modes=TEXT, added=3)  # h; None: what most rows have
+    corpus: str | None = option(None, modes=TEXT, added=9, path=True)  # (id, text) passages that rows name by id
     symmetric: bool = option(False, modes=TEXT, added=3)  # InfoNCE in both directions
     guide: str | None = option(None, modes=TEXT, added=8, path=True)  # a frozen model whose similarities mask false negatives
     guide_margin: float = option(0.0, modes=TEXT, added=8)

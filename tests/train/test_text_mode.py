@@ -103,6 +103,40 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, dropout_b
     assert final[0]["mrr@10"] == final[1]["mrr@10"] and final[0]["mrr@10_initial"] == final[1]["mrr@10_initial"]
 
 
+@pytest.mark.parametrize("source", ["jsonl", "datasets"])
+def test_a_resume_reads_the_saved_row_index_not_the_data(tmp_path, dropout_bert, killed_after_step, monkeypatch,
+                                                         source):
+    """A streamed JSONL (and a memory-mapped datasets folder): the run saves its row index (RUN/data_index.npz)
+    beside the run; killed and resumed, it reuses it (indexing again fails here) and logs the losses of the
+    uninterrupted run."""
+    from gradcache.train.modes import text
+
+    data = _random_pairs(tmp_path / "pairs.jsonl", 32)
+    if source == "datasets":
+        import datasets
+
+        rows = [json.loads(line) for line in data.read_text().splitlines()]
+        datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "pairs"))  # no cache of its own
+        data = tmp_path / "pairs"
+    argv = ["train", "text", *TINY["text"], "--max-length", "16", "--model", str(dropout_bert), "--data", str(data),
+            "--negative-keys", "negative", "--steps", "5", "--checkpoint-every", "2"]
+    assert main([*argv, "--output-dir", str(tmp_path / "whole")]) == 0
+    killed_after_step(3, [*argv, "--output-dir", str(tmp_path / "cut")])
+    assert (tmp_path / "cut" / text.DATA_INDEX).is_file()
+
+    def indexing_again(*args, **kwargs):
+        raise AssertionError("the resume indexed the data again")
+
+    monkeypatch.setattr(text, "build_row_index", indexing_again)
+    assert main(["train", "text", "--resume", str(tmp_path / "cut"), "--quiet"]) == 0
+    assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
+    if source == "datasets":
+        return
+    data.write_text(data.read_text() + data.read_text())  # the file changed: its saved index no longer holds
+    with pytest.raises(AssertionError, match="indexed the data again"):
+        main(["train", "text", "--resume", str(tmp_path / "cut"), "--steps", "6", "--quiet"])
+
+
 def test_a_quiet_resume_prints_no_loading_bar(tmp_path, tiny_bert, capsys):
     """A resume rebuilds the model before any check: transformers' "Loading weights" bar stays off there too."""
     import transformers

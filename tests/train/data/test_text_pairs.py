@@ -73,8 +73,11 @@ def test_a_missing_column_is_named(tmp_path, keys, missing, option):
 def test_unusable_files(tmp_path):
     with pytest.raises(DataError, match="is not a file"):
         read_text_pairs(tmp_path / "missing.tsv")
-    (tmp_path / "pairs.parquet").write_text("x")
-    with pytest.raises(DataError, match="unknown extension '.parquet'"):
+    (tmp_path / "pairs.xlsx").write_text("x")
+    with pytest.raises(DataError, match="unknown extension '.xlsx'"):
+        read_text_pairs(tmp_path / "pairs.xlsx")
+    (tmp_path / "pairs.parquet").write_text("x")  # a format the index reads, but not a Parquet file
+    with pytest.raises(DataError, match="cannot read .*pairs.parquet"):
         read_text_pairs(tmp_path / "pairs.parquet")
     (tmp_path / "bad.jsonl").write_text('{"query": "q"\n')
     with pytest.raises(DataError, match="cannot read"):

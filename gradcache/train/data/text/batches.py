@@ -16,13 +16,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from gradcache import losses
 from gradcache.train.data.order import StepSampler, step_loader
+from gradcache.train.data.text.indexed import IndexedPairs
 from gradcache.train.data.text.pairs import TextPairs
 
 
 class QueryPassages(Dataset):
     """Item (epoch, i): query i and its passages, positive first."""
 
-    def __init__(self, pairs: TextPairs) -> None:
+    def __init__(self, pairs: TextPairs | IndexedPairs) -> None:
         self.pairs = pairs
 
     def __len__(self) -> int:
@@ -30,7 +31,8 @@ class QueryPassages(Dataset):
 
     def __getitem__(self, item: tuple[int, int]) -> tuple[str, list[str]]:
         _, index = item
-        return self.pairs.queries[index], [self.pairs.positives[index], *self.pairs.negatives[index]]
+        query, positive, negatives = self.pairs.row(index)  # an indexed row is read from its file here
+        return query, [positive, *negatives]
 
 
 class TokenizeGroups:
@@ -95,7 +97,7 @@ class GroupedInfoNCE(nn.Module):
         return self.infonce(query, positive, negatives, guide=guide)
 
 
-def text_batches(pairs: TextPairs, sampler: StepSampler, tokenizer: Callable, workers: int,
+def text_batches(pairs: TextPairs | IndexedPairs, sampler: StepSampler, tokenizer: Callable, workers: int,
                  guide_tokenizer: Callable | None = None) -> DataLoader:
     """A loader of [query tokens, passage tokens] per step (and the guide's tokens of both, given
     `guide_tokenizer`), in the order `sampler` gives."""

@@ -1,0 +1,351 @@
+"""A row index of text files: where each usable (query, positive, hard negatives) row starts, never its text.
+
+One streamed pass over the files (in order) records the byte offset of every usable row in one int64 array
+(8 bytes a row; a (files + 1,) array says which file a row is in); `row(i)` seeks there and parses that row
+alone, so a data-loader worker reads and tokenises only the rows of its batches.
+
+- `.jsonl`: one JSON object a non-blank line; the offset is the line's.
+- `.tsv` / `.csv`: parsed by `csv` (tab / comma), so a quoted field may span lines: the offset is where the
+  parser started the record (it pulls lines one at a time from a reader that counts their bytes), and reading
+  a row seeks there and parses one record with the file's own header.
+- `.parquet` and a `datasets` folder (save_to_disk): the offset is the row's number (`columnar.py`: memory-mapped
+  Arrow, Parquet decoded a row group at a time).
+- Usable rows as `read_text_pairs` has always kept them: a query, a positive and at least h non-empty hard
+  negatives (the first h kept). h is `negatives_per_query`, or else the count most of the first
+  `FIRST_ROWS` (1,000) rows with a query and a positive have (all of them in a smaller file: the old rule).
+  Unusable rows are skipped and counted as they are met (`SkippedRows`: the count and the first ten reasons).
+- `save` / `load_row_index`: the index as .npz with the files' sizes and modification times and the options
+  it was built under; a load that finds any of them changed returns None (the caller builds it again).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import warnings
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gradcache.train.data.text.columnar import (
+    ARROW_FOLDER,
+    PARQUET,
+    ColumnarReader,
+    columnar_names,
+    columnar_records,
+)
+from gradcache.train.errors import DataError
+
+if TYPE_CHECKING:
+    from gradcache.train.data.text.corpus import PassageCorpus
+
+FIRST_ROWS = 1_000  # the default h is the count most of the first FIRST_ROWS rows with a query and positive have
+SEPARATORS = {".tsv": "\t", ".csv": ","}
+JSON_LINES = ".jsonl"
+COLUMNAR = (PARQUET, ARROW_FOLDER)  # rows by number: columnar.py
+SHOWN_SKIPS = 10
+_INDEX_VERSION = 1
+
+
+class SkippedRows(Sequence[str]):
+    """The rows left out: `len` is how many, the items are the reasons of the first `keep` (all when None)."""
+
+    def __init__(self, count: int = 0, reasons: list[str] | None = None, keep: int | None = SHOWN_SKIPS) -> None:
+        self.count, self.reasons, self.keep = count, list(reasons or []), keep
+
+    def add(self, reason: str) -> None:
+        self.count += 1
+        if self.keep is None or len(self.reasons) < self.keep:
+            self.reasons.append(reason)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, item):
+        return self.reasons[item]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.reasons)
+
+
+def clean_text(value: object) -> str:
+    return "" if value is None else str(value).strip()
+
+
+def record_negatives(record: dict, keys: Sequence[str]) -> list[str]:
+    """The non-empty hard negatives of `record`: its `keys` columns' passages, a list-valued field's in order."""
+    passages: list[str] = []
+    for key in keys:
+        value = record.get(key)
+        values = value if isinstance(value, list) else [value]
+        passages.extend(text for text in map(clean_text, values) if text)
+    return passages
+
+
+class RowIndex:
+    """The usable rows of `files` (module docstring): `len(index)` rows, `row(i)` -> (query, positive, negatives)."""
+
+    def __init__(self, files: list[Path], text_format: str, headers: list[list[str] | None], offsets: np.ndarray,
+                 file_ends: np.ndarray, keys: tuple[str, str, tuple[str, ...]], requested: int | None,
+                 negatives_per_query: int, skipped: SkippedRows, rows_read: int,
+                 stamps: list[tuple[int, int]]) -> None:
+        self.files, self.text_format, self.headers = files, text_format, headers
+        self.offsets, self.file_ends = offsets, file_ends  # (N,) int64 byte offsets; (files + 1,) row counts so far
+        self.keys, self.requested, self.negatives_per_query = keys, requested, negatives_per_query
+        self.skipped, self.rows_read, self.stamps = skipped, rows_read, stamps
+        self.saved_at: Path | None = None  # where `save` wrote it, or `load_row_index` read it from
+        self._handles: dict[int, Any] = {}
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getstate__(self) -> dict:  # a worker process opens its own file handles
+        return {**self.__dict__, "_handles": {}}
+
+    def _handle(self, file_number: int):
+        if self._pid != os.getpid():  # forked: the parent's handles share its file positions
+            self._handles, self._pid = {}, os.getpid()
+        if file_number not in self._handles:
+            file = self.files[file_number]
+            self._handles[file_number] = (ColumnarReader(file, self.text_format, self.headers[file_number])
+                                          if self.text_format in COLUMNAR else open(file, "rb"))  # noqa: SIM115
+        return self._handles[file_number]
+
+    def row(self, index: int) -> tuple[str, str, list[str]]:
+        """Row `index` (0 <= index < len): its query, positive and first h hard negatives, read from its file."""
+        file_number = int(np.searchsorted(self.file_ends, index, side="right")) - 1
+        handle = self._handle(file_number)
+        if self.text_format in COLUMNAR:
+            record = handle.record(int(self.offsets[index]))
+        elif self.text_format == JSON_LINES:
+            handle.seek(int(self.offsets[index]))
+            record = json.loads(handle.readline().decode("utf-8"))
+        else:
+            handle.seek(int(self.offsets[index]))
+            lines = (raw.decode("utf-8") for raw in iter(handle.readline, b""))
+            reader = csv.DictReader(lines, fieldnames=self.headers[file_number],
+                                    delimiter=SEPARATORS[self.text_format])
+            record = next(reader)
+        query_key, positive_key, negative_keys = self.keys
+        negatives = record_negatives(record, negative_keys)[:self.negatives_per_query]
+        return clean_text(record.get(query_key)), clean_text(record.get(positive_key)), negatives
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            if hasattr(handle, "close"):
+                handle.close()
+        self._handles = {}
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) == os.getpid():
+            self.close()
+
+    # --- saved beside the run ---------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the index to `path` (.npz) atomically: a temporary file in the same folder, then a rename."""
+        path = Path(path)
+        meta = {"version": _INDEX_VERSION, "files": [str(file) for file in self.files], "format": self.text_format,
+                "headers": self.headers, "keys": [self.keys[0], self.keys[1], list(self.keys[2])],
+                "requested": self.requested, "negatives_per_query": self.negatives_per_query,
+                "skipped": self.skipped.count, "skip_reasons": self.skipped.reasons, "rows_read": self.rows_read,
+                "stamps": self.stamps, "first_rows": FIRST_ROWS}
+        partial = path.with_name(path.name + ".partial")
+        with open(partial, "wb") as handle:
+            np.savez(handle, offsets=self.offsets, file_ends=self.file_ends, meta=np.array(json.dumps(meta)))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+        self.saved_at = path
+
+
+def file_stamps(files: Sequence[Path]) -> list[tuple[int, int]]:
+    """(size in bytes, modification time in ns) of each file (a folder: the sum and the latest of its files'):
+    what invalidates a saved index."""
+    stamps = []
+    for file in map(Path, files):
+        stats = [os.stat(part) for part in sorted(file.iterdir()) if part.is_file()] if file.is_dir() else [
+            os.stat(file)]
+        stamps.append((sum(stat.st_size for stat in stats), max((stat.st_mtime_ns for stat in stats), default=0)))
+    return stamps
+
+
+def load_row_index(path: str | os.PathLike, files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]],
+                   requested: int | None) -> RowIndex | None:
+    """The index saved at `path` if it indexes exactly `files`, unchanged, under the same options (`requested`
+    None or the h it resolved to, for a resume's configuration holds the resolved h); else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            meta = json.loads(str(saved["meta"]))
+            offsets, file_ends = saved["offsets"], saved["file_ends"]
+    except (OSError, ValueError, KeyError):
+        return None
+    same = (meta.get("version") == _INDEX_VERSION and meta["files"] == [str(file) for file in files]
+            and [tuple(stamp) for stamp in meta["stamps"]] == file_stamps(files)
+            and meta["keys"] == [keys[0], keys[1], list(keys[2])]
+            # a resumed run's configuration holds the h the index resolved to, which indexes the same rows
+            and requested in (meta["requested"], meta["negatives_per_query"])
+            and meta["first_rows"] == FIRST_ROWS)
+    if not same:
+        return None
+    index = RowIndex(list(files), meta["format"], meta["headers"], offsets, file_ends, keys, requested,
+                     meta["negatives_per_query"], SkippedRows(meta["skipped"], meta["skip_reasons"]),
+                     meta["rows_read"], [tuple(stamp) for stamp in meta["stamps"]])
+    index.saved_at = path
+    return index
+
+
+# --- the one streamed pass ----------------------------------------------------------------------------------
+def file_records(file: Path, text_format: str, header_out: list) -> Iterator[tuple[int, int, dict]]:
+    """(byte offset, line number, record) of each non-blank row of `file`; a table's header goes to header_out."""
+    with open(file, "rb") as handle:
+        if text_format == JSON_LINES:
+            offset = 0
+            for number, raw in enumerate(handle, start=1):
+                start, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                record = json.loads(raw.decode("utf-8"))
+                if not isinstance(record, dict):
+                    raise DataError(f"{file} line {number} is not a JSON object")
+                yield start, number, record
+            return
+        position = [0]
+
+        def lines() -> Iterator[str]:
+            for raw in handle:
+                position[0] += len(raw)
+                yield raw.decode("utf-8")
+
+        reader = csv.reader(lines(), delimiter=SEPARATORS[text_format])
+        header = next(reader, None)
+        header_out.append(header)
+        if header is None:
+            return
+        width = len(header)
+        while True:
+            start, line = position[0], reader.line_num + 1
+            fields = next(reader, None)
+            if fields is None:
+                return
+            if not fields:  # a blank line, skipped as csv.DictReader skips it
+                continue
+            record = dict(zip(header, fields))
+            if len(fields) > width:
+                record[None] = fields[width:]
+            for key in header[len(fields):]:
+                record[key] = None
+            yield start, line, record
+
+
+def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "query",
+                    positive_key: str = "positive", negative_keys: Sequence[str] = (),
+                    negatives_per_query: int | None = None, warn: bool = True,
+                    skip_reasons: int | None = SHOWN_SKIPS, on_kept: Callable[[dict], None] | None = None,
+                    corpus: PassageCorpus | None = None, option: str = "--data") -> RowIndex:
+    """Index the usable rows of `files` (all of format `text_format`) in one pass, as the module docstring says.
+
+    `on_kept(record)` is called with each usable row, in order; with `corpus`, the positive and negatives are
+    passage ids that must be in it (corpus.py).
+
+    Raises:
+        DataError: a file that cannot be read or parsed, a column no row has (naming the option), an id `corpus`
+            lacks, or no usable row.
+    """
+    if text_format != JSON_LINES and text_format not in SEPARATORS and text_format not in COLUMNAR:
+        raise DataError(f"{option} {str(files[0])!r}: unknown extension {text_format!r}; give a .tsv, .csv, .jsonl "
+                        "or .parquet file, or a datasets folder")
+    keys = (query_key, positive_key, tuple(negative_keys))
+    offsets = array("q")  # 8 bytes a row while building too, then one int64 array
+    kept = [0] * len(files)  # usable rows of each file
+    headers, names = [], set()
+    skipped = SkippedRows(keep=skip_reasons)
+    pending: list[tuple[int, int, str, int | None, str, dict]] = []  # place()'s arguments until h is decided
+    counts: Counter = Counter()
+    h = negatives_per_query
+    rows_read = 0
+
+    def place(file_number: int, offset: int, where: str, found: int | None, empty: str, record: dict) -> None:
+        if found is None:
+            skipped.add(f"{where}: empty {empty}")
+        elif found < h:
+            skipped.add(f"{where}: {found} of {h} hard negatives")
+        else:
+            offsets.append(offset)
+            kept[file_number] += 1
+            if on_kept is not None:
+                on_kept(record)
+
+    prefix = len(files) > 1
+    for file_number, file in enumerate(files):
+        header_out: list = []
+        if text_format in COLUMNAR:
+            available = columnar_names(file, text_format)
+            header_out.append([key for key in (query_key, positive_key, *negative_keys) if key in available])
+            names.update(available)
+            records = columnar_records(file, text_format, header_out[0])
+        else:
+            records = file_records(file, text_format, header_out)
+        try:
+            for offset, line, record in records:
+                rows_read += 1
+                if text_format == JSON_LINES:
+                    names.update(record)
+                unit = "row" if text_format in COLUMNAR else "line"
+                where = f"{file.name} {unit} {line}" if prefix else f"{unit} {line}"
+                query, positive = clean_text(record.get(query_key)), clean_text(record.get(positive_key))
+                empty = "query" if not query else "positive" if not positive else ""
+                found = None if empty else len(record_negatives(record, negative_keys))
+                if corpus is not None and not empty:
+                    _check_ids(corpus, [positive, *record_negatives(record, negative_keys)], file, line)
+                if h is None:
+                    pending.append((file_number, offset, where, found, empty, record))
+                    if found is not None:
+                        counts[found] += 1
+                        if sum(counts.values()) >= FIRST_ROWS:
+                            h = counts.most_common(1)[0][0]
+                            for entry in pending:
+                                place(*entry)
+                            pending.clear()
+                else:
+                    place(file_number, offset, where, found, empty, record)
+        except DataError:
+            raise
+        except (OSError, ValueError, csv.Error) as error:  # JSON, UTF-8 and pyarrow's errors are ValueErrors
+            raise DataError(f"cannot read {file}: {error}") from error
+        headers.append(header_out[0] if header_out else None)
+        if header_out and header_out[0] and text_format not in COLUMNAR:
+            names.update(header_out[0])
+    if h is None:  # fewer than FIRST_ROWS rows with a query and a positive: all of them decide
+        h = counts.most_common(1)[0][0] if counts else 0
+    for entry in pending:
+        place(*entry)
+    where_name = str(files[0]) if len(files) == 1 else f"{len(files)} files ({files[0]} ...)"
+    for flag, key in [("--query-key", query_key), ("--positive-key", positive_key),
+                      *[("--negative-keys", key) for key in negative_keys]]:
+        if key not in names:
+            fix = f"name it with {flag}" if option == "--data" else f"a {option} file needs the fields {keys[:2]}"
+            raise DataError(f"{where_name} has no column {key!r} (columns: {sorted(names, key=str)}); {fix}")
+    if skipped and warn:
+        shown = "; ".join(skipped.reasons[:SHOWN_SKIPS]) + (" ..." if len(skipped) > SHOWN_SKIPS else "")
+        warnings.warn(f"skipped {len(skipped)} of {rows_read} rows of {where_name}: {shown}", stacklevel=3)
+    if not offsets:
+        raise DataError(f"{where_name} has no row with a query, a positive and {h} hard negatives "
+                        f"({rows_read} rows read); check the file and the column options")
+    file_ends = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
+    return RowIndex(list(files), text_format, headers, np.frombuffer(offsets, dtype=np.int64).copy(), file_ends, keys, negatives_per_query, h, skipped, rows_read,
+                    file_stamps(files))
+
+
+def _check_ids(corpus: PassageCorpus, passage_ids: list[str], file: Path, line: int) -> None:
+    for passage_id in passage_ids:
+        if not corpus.contains_hash(passage_id):
+            raise DataError(f"{file} line {line}: passage id {passage_id!r} is not in --corpus {corpus.name}; add "
+                            "the passage to the corpus or fix the id")

@@ -14,9 +14,10 @@ def _losses(folder):
         return [(int(row["step"]), row["loss"]) for row in csv.DictReader(handle)]
 
 
-@pytest.mark.parametrize("mode", ["simclr", "clip"])
-@pytest.mark.parametrize("strategy", ["gradcache", "naive", "full"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+# every (mode, strategy), (mode, precision) and (strategy, precision) pair once: 6 runs, not the 12 of the grid
+@pytest.mark.parametrize(("mode", "strategy", "precision"), [
+    ("simclr", "gradcache", "bf16"), ("simclr", "naive", "fp32"), ("simclr", "full", "bf16"),
+    ("clip", "gradcache", "fp32"), ("clip", "naive", "bf16"), ("clip", "full", "fp32")])
 def test_smoke_every_mode_strategy_and_precision(tmp_path, tiny_args, mode, strategy, precision, capsys):
     assert main(tiny_args(mode, tmp_path, "--strategy", strategy, "--precision", precision)) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())

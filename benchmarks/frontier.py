@@ -36,7 +36,7 @@ from benchmarks import frontier_clip
 from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, run_point
 from benchmarks.frontier_workloads import (GRAPH_BYTES, GRAPHS_KEPT, WORKLOADS, build_steps, configuration_names,
                                           needs_graph_bytes)
-from benchmarks.options import HelpFormatter, add_shared_options, output_folder
+from benchmarks.arguments import HelpFormatter, add_shared_options, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 from benchmarks.round_robin import medians, per_round_ratio, round_robin
 

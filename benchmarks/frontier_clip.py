@@ -7,7 +7,7 @@ against the two parts it should cost and no more.
     text_alone     GradCache of the text tower alone against the same images' embeddings held as constants
                    (an `nn.Identity` "tower" over precomputed embeddings: no parameters, encoded once)
 
-Target (issue 13): frozen_tower at most 1.05 x (image_nograd + text_alone). The encoders are the benchmarks'
+Target: frozen_tower at most 1.05 x (image_nograd + text_alone). The encoders are the benchmarks'
 CLIP of `benchmarks.workloads` (the conv image tower, the byte-level text transformer) on random inputs.
 """
 from __future__ import annotations

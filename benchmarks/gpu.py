@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.options import HelpFormatter, add_output_options, output_folder
+from benchmarks.arguments import HelpFormatter, add_output_options, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation, losses
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
-from benchmarks.options import HelpFormatter, add_shared_options, output_folder
+from benchmarks.arguments import HelpFormatter, add_shared_options, output_folder
 from benchmarks.report import machine_context, plot_lines, print_table, write_csv
 
 from gradcache import losses

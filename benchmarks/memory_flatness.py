@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.options import HelpFormatter, add_shared_options, output_folder
+from benchmarks.arguments import HelpFormatter, add_shared_options, output_folder
 from gradcache.cli import main as gradcache
 from gradcache.train.run_folder.log import RunLog
 

@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
 from benchmarks.peer_steps import CLIP_SIDES, TEXT_SIDES, build_step
-from benchmarks.options import HelpFormatter, add_shared_options, output_folder
+from benchmarks.arguments import HelpFormatter, add_shared_options, output_folder
 from benchmarks.report import machine_context, plot_lines, print_table, write_csv
 
 MB = 2**20

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from benchmarks.quality_plot import plot_quality
-from benchmarks.options import HelpFormatter, add_shared_options, integer_list, output_folder
+from benchmarks.arguments import HelpFormatter, add_shared_options, integer_list, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 from benchmarks.training_run import train
 

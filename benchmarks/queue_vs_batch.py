@@ -35,7 +35,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from gradcache import negatives_per_anchor  # noqa: E402
 from benchmarks.fresh_process import PeakMemory, report, run_point  # noqa: E402
-from benchmarks.options import HelpFormatter, add_shared_options, integer_list, output_folder  # noqa: E402
+from benchmarks.arguments import HelpFormatter, add_shared_options, integer_list, output_folder  # noqa: E402
 from benchmarks.report import machine_context, print_table, write_csv  # noqa: E402
 
 CONFIGS = ("gradcache_large", "gradcache_queue", "naive_queue", "naive")

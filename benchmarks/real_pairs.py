@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.options import HelpFormatter, add_output_options, output_folder
+from benchmarks.arguments import HelpFormatter, add_output_options, output_folder
 from gradcache.cli import main as gradcache_main
 
 WORDNET = Path("/usr/share/wordnet")

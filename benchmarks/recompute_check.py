@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from benchmarks.options import HelpFormatter
+from benchmarks.arguments import HelpFormatter
 from benchmarks.round_robin import medians, per_round_ratio, round_robin
 from benchmarks.workloads import build_workload
 from gradcache import GradCache

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradcache import FullBatch, GradCache
 from gradcache.losses import NTXent
 
-from benchmarks.options import add_output_options, output_folder
+from benchmarks.arguments import add_output_options, output_folder
 
 # (name, wrapper, strategy, fsdp_reduce, reshard_after_forward)
 CONFIGS = [

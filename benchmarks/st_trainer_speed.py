@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.options import HelpFormatter, add_output_options, output_folder
+from benchmarks.arguments import HelpFormatter, add_output_options, output_folder
 from benchmarks.report import machine_context, print_table, write_csv
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local models only

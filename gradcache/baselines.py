@@ -9,7 +9,7 @@ from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
 from gradcache.distributed import gather_sizes, gradient_sync, is_distributed
-from gradcache.precision import autocast_off_everywhere
+from gradcache.autocast import autocast_off_everywhere
 from gradcache.strategy import Strategy
 
 

@@ -2,7 +2,11 @@
 
 GradCache's second pass, and activation checkpointing in every strategy, run a module's forward a second
 time. In train mode each extra forward would move `running_mean`, `running_var` and `num_batches_tracked`
-again. The strategies snapshot those buffers before any recomputation and put them back afterwards.
+again. `running_stats_frozen` is the one way this project stops that, for the strategies and for
+gradcache.models' activation checkpointing alike: inside it each such layer runs with momentum 0, so its update
+`(1 - 0) * running + 0 * batch` rewrites the running buffers with their own values, and the buffers are put
+back as they entered on the way out. The buffers are never switched off or swapped during the block:
+BatchNorm's backward saves them, and `torch.utils.checkpoint` checks that a recomputation saves the same tensors.
 """
 from __future__ import annotations
 
@@ -28,14 +32,18 @@ def _tracking_batchnorms(modules: Iterable[nn.Module]) -> list[_BatchNorm]:
 
 @contextlib.contextmanager
 def running_stats_frozen(modules: Iterable[nn.Module]) -> Iterator[None]:
-    """Whatever forwards run inside, the BatchNorm buffers leave as they entered."""
+    """Whatever forwards run inside, the BatchNorm layers of `modules` normalise as usual and their buffers
+    leave as they entered."""
     norms = _tracking_batchnorms(modules)
-    saved = [[buffer.clone() for buffer in _buffers(norm)] for norm in norms]
+    saved = [(norm.momentum, [buffer.clone() for buffer in _buffers(norm)]) for norm in norms]
+    for norm in norms:
+        norm.momentum = 0.0
     try:
         yield
     finally:
         with torch.no_grad():
-            for norm, buffers in zip(norms, saved):
+            for norm, (momentum, buffers) in zip(norms, saved):
+                norm.momentum = momentum
                 for live, kept in zip(_buffers(norm), buffers):
                     live.copy_(kept)
 

@@ -36,7 +36,7 @@ from gradcache.distributed import (
 from gradcache.graph_memory import GraphBudget, saved_bytes
 from gradcache.inputs import check_embedding_count, encode, tensors_of, trim_padding
 from gradcache.options import Options, Unpack
-from gradcache.precision import AutocastState, autocast_context, autocast_off_everywhere, upcast
+from gradcache.autocast import AutocastState, autocast_context, autocast_off_everywhere, upcast
 from gradcache.random_state import RandomState
 from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
 from gradcache.strategy import Encoders, LossFn, Strategy

@@ -69,14 +69,15 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
     from gradcache.train.arguments import config_from_args, explicit_options
     from gradcache.train.loop import train
     from gradcache.train.modes import MODES
-    from gradcache.train.parallel.placement import collective_failures, init_distributed_if_launched
+    from gradcache.train.parallel.placement import collective_failures, launched_process_group
     from gradcache.train.preflight import prepare_run
 
-    init_distributed_if_launched(args.device, args.collective_timeout)
-    config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
-    # one job per run folder until this one ends; a failed collective (a rank died or froze) typed
-    with lock, collective_failures(config.collective_timeout):
-        summary = train(config, saved, data)
+    # torchrun's process group for the command, ended with it; a failed collective (a rank died or froze) typed,
+    # from the checks' first broadcast on
+    with launched_process_group(args.device, args.collective_timeout), collective_failures(args.collective_timeout):
+        config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
+        with lock:  # one job per run folder until this one ends
+            summary = train(config, saved, data)
     if summary:
         print(json.dumps(summary, indent=2, sort_keys=True))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
@@ -91,19 +92,19 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
     from torch import nn
 
     from gradcache.train.checkpoints.kinds import open_checkpoint
-    from gradcache.train.config import RunConfig
+    from gradcache.train.checkpoints.meta import CheckpointMeta
     from gradcache.train.modes import MODES
-    from gradcache.train.run import build_model
+    from gradcache.train.run import build_loss, build_model
 
     saved = open_checkpoint(args.checkpoint)
-    meta = saved.meta()
-    config = dataclasses.replace(RunConfig.from_dict(meta["args"]), device=args.device)
+    meta = CheckpointMeta.from_dict(saved.meta(), saved)
+    config = dataclasses.replace(meta.config, device=args.device)
     mode = MODES[config.mode]
     model = build_model(mode, config)
-    saved.load(nn.ModuleDict({"model": model, "loss": mode.build_loss(config)}))  # shards into one model
+    saved.load(nn.ModuleDict({"model": model, "loss": build_loss(mode, config)}))  # shards into one model
     device = torch.device(args.device)
     data = mode.load_data(config)
-    metrics = {**mode.evaluate(config, model.to(device), data, device), **meta["baselines"], "steps": meta["step"]}
+    metrics = {**mode.evaluate(config, model.to(device), data, device), **meta.baselines, "steps": meta.step}
     print(json.dumps(metrics, indent=2, sort_keys=True))
     if args.output_json:
         with open(args.output_json, "w") as handle:

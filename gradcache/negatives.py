@@ -3,30 +3,33 @@
 negatives = 2 n - 2 (NT-Xent: 2n views, all but itself and its positive), n - 1 (CLIP, SigLIP: the other
 captions), n (1 + h) - 1 (InfoNCE with h hard negatives per query: every candidate of the batch but the
 positive), where n is what the loss sees at once: the global batch for GradCache and FullBatch, one
-micro-batch gathered over the ranks for NaiveAccumulation. A full queue of Q past embeddings
-(``queue_size``) adds Q to each: every anchor meets every queued row of its candidate side. A ``Matryoshka``
-loss counts as its inner loss: every dimension contrasts each anchor with the same negatives.
+micro-batch gathered over the ranks for NaiveAccumulation. Each loss states its own formula as its
+``negatives_per_anchor(seen, hard_negatives)`` method (InfoNCE's follows its ``directions``); this module only
+works out n from the strategy. A full queue of Q past embeddings (``queue_size``) adds Q to each: every anchor
+meets every queued row of its candidate side. A ``Matryoshka`` loss counts as its inner loss: every dimension
+contrasts each anchor with the same negatives.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 from torch import nn
 
-from gradcache.baselines import FullBatch, NaiveAccumulation
-from gradcache.cache import CachedLoss, GradCache
-from gradcache.losses import ClipLoss, InfoNCE, Matryoshka, NTXent, SigLipLoss
-
-STRATEGY_NAMES = {"gradcache": GradCache, "cached_loss": CachedLoss, "full": FullBatch, "naive": NaiveAccumulation}
-LOSS_NAMES = {"ntxent": NTXent, "clip": ClipLoss, "siglip": SigLipLoss, "infonce": InfoNCE}
+from gradcache.names import LOSSES, STRATEGIES, name_of
 
 
-def _name_of(value: object, names: dict[str, type], argument: str) -> str:
-    """A name of `names`, given the name, the class or an instance."""
-    if isinstance(value, str) and value in names:
-        return value
-    for name, kind in names.items():
-        if value is kind or isinstance(value, kind) or (isinstance(value, type) and issubclass(value, kind)):
-            return name
-    raise ValueError(f"{argument}={value!r} is not one of {sorted(names)} (a name, the class or an instance).")
+class CountsNegatives(Protocol):
+    """A loss that says how many negatives each anchor meets in one call on ``seen`` examples (queue aside)."""
+
+    def negatives_per_anchor(self, seen: int, hard_negatives: int = 0) -> int: ...
+
+
+def _counting_loss(loss: object) -> CountsNegatives:
+    """A loss instance whose ``negatives_per_anchor`` method counts: ``loss`` itself when it has one (any
+    instance of gradcache's losses, ``Matryoshka`` included), else the default instance of the named class."""
+    if not isinstance(loss, type) and callable(getattr(loss, "negatives_per_anchor", None)):
+        return loss  # type: ignore[return-value]  # duck-typed: it has the method
+    return LOSSES[name_of(loss, LOSSES, "loss")]()
 
 
 def negatives_per_anchor(
@@ -42,8 +45,9 @@ def negatives_per_anchor(
 
     Args:
         strategy: "gradcache", "cached_loss", "full" or "naive" (or the class, or an instance).
-        loss: "ntxent", "clip", "siglip" or "infonce" (or the class, or an instance, or a ``Matryoshka``
-            instance wrapping one: its inner loss decides).
+        loss: "ntxent", "clip", "siglip" or "infonce" (or the class: their defaults count), or an instance
+            (its ``negatives_per_anchor`` method counts: an InfoNCE's follows its directions; a ``Matryoshka``
+            asks its inner loss).
         batch_size: the global batch: examples (pairs, images) summed over every rank.
         chunk_size: examples per chunk on one rank; only "naive" reads it (its loss sees one micro-batch of
             every rank), None meaning the whole per-rank batch.
@@ -55,6 +59,7 @@ def negatives_per_anchor(
     Raises:
         ValueError: an unknown strategy or loss, a batch that the ranks cannot share, a size below 1, hard
             negatives with a loss other than InfoNCE, or a negative queue_size.
+        TypeError: a ``Matryoshka`` whose inner loss has no ``negatives_per_anchor`` method.
 
     Example:
         >>> negatives_per_anchor("naive", "ntxent", batch_size=128, chunk_size=32)
@@ -62,10 +67,8 @@ def negatives_per_anchor(
         >>> negatives_per_anchor("naive", "ntxent", batch_size=128, chunk_size=32, queue_size=4096)
         4158
     """
-    strategy_name = _name_of(strategy, STRATEGY_NAMES, "strategy")
-    if isinstance(loss, Matryoshka):
-        loss = loss.loss
-    loss_name = _name_of(loss, LOSS_NAMES, "loss")
+    strategy_name = name_of(strategy, STRATEGIES, "strategy")
+    counting = _counting_loss(loss)
     for name, value in (("batch_size", batch_size), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}.")
@@ -77,12 +80,8 @@ def negatives_per_anchor(
         raise ValueError(f"hard_negatives must be an int >= 0, got {hard_negatives!r}.")
     if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
         raise ValueError(f"queue_size must be an int >= 0 (0: no queue), got {queue_size!r}.")
-    if hard_negatives and loss_name != "infonce":
-        raise ValueError(f"hard_negatives={hard_negatives} needs loss 'infonce'; {loss_name!r} takes none.")
     local = batch_size // world_size
     seen = batch_size
     if strategy_name == "naive":
         seen = min(chunk_size or local, local) * world_size  # one micro-batch of every rank
-    if loss_name == "ntxent":
-        return 2 * seen - 2 + queue_size
-    return seen * (1 + hard_negatives) - 1 + queue_size
+    return counting.negatives_per_anchor(seen, hard_negatives) + queue_size  # raises for unwanted hard negatives

@@ -10,7 +10,7 @@ import torch
 
 from gradcache.distributed import check_fsdp_reduce
 from gradcache.inputs import GetEmbedding, SplitFn
-from gradcache.precision import HALF_DTYPES
+from gradcache.autocast import HALF_DTYPES
 
 if sys.version_info >= (3, 11):
     from typing import Unpack

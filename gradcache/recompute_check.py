@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gradcache.non_finite import NonFiniteRecomputationError
-from gradcache.precision import AutocastState
+from gradcache.autocast import AutocastState
 
 TOLERANCES = {torch.float64: 1e-7, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 TF32_TOLERANCE = 1e-3
@@ -96,7 +96,9 @@ _CAUSES = (
     "Likely causes: randomness the replay does not cover (Python's random, NumPy, a generator of your own; torch's "
     "CPU and CUDA generators are replayed), state changed between the passes (a counter or cache in the encoder, "
     "weights or buffers updated between the loss and its backward), a torch.compile'd encoder that recompiled or "
-    "fell back to eager between the passes (its dropout then draws other masks), or nondeterministic kernels. "
+    "fell back to eager between the passes (its dropout then draws other masks), a wrapper that patches the "
+    "encoder's forward for the first pass only (sentence-transformers' MatryoshkaLoss or AdaptiveLayerLoss around "
+    "a loss that does not go through calculate_loss), or nondeterministic kernels. "
     "For an encoder known to be nondeterministic, pass check_recompute=False, or a looser relative tolerance "
     "(e.g. 0.1)."
 )

@@ -12,7 +12,7 @@ from gradcache.distributed import all_gather_with_grad
 from gradcache.inputs import SplitFn, batch_length, encode, split, trim_padding
 from gradcache.non_finite import NonFiniteLossError
 from gradcache.options import Options, Unpack, checked
-from gradcache.precision import autocast_context, autocast_off_everywhere, upcast
+from gradcache.autocast import autocast_context, autocast_off_everywhere, upcast
 from gradcache.token_chunks import has_token_mask
 
 LossFn = Callable[..., torch.Tensor]

@@ -1,42 +1,16 @@
-"""Activation checkpointing of one block, with BatchNorm statistics advanced only by the first pass.
-
-``torch.utils.checkpoint`` re-runs a block's forward during backward. A BatchNorm layer in training
-mode would advance its running statistics a second time on that recomputation; the project rule is
-that only the first pass advances them. During recomputation each such layer runs with momentum 0,
-so its update ``(1 - 0) * running + 0 * batch`` rewrites the running buffers with their own values,
-and ``num_batches_tracked`` is put back afterwards. The buffers cannot simply be switched off or
-restored with ``copy_``: BatchNorm's backward saves them, and checkpoint checks that the recomputation
-saves the same tensors, unmodified.
-"""
+"""Activation checkpointing of one block, with BatchNorm statistics advanced only by the first pass: the
+recomputation in backward runs inside `gradcache.batchnorm.running_stats_frozen` (why it works so: there)."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator
+from contextlib import nullcontext
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-
-@contextmanager
-def running_statistics_frozen(module: nn.Module) -> Iterator[None]:
-    """Within the block, training-mode BatchNorm layers normalise as usual but leave their statistics as they were."""
-    norms = [
-        layer
-        for layer in module.modules()
-        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.training and layer.track_running_stats
-    ]
-    saved = [(layer.momentum, layer.num_batches_tracked.clone()) for layer in norms]
-    for layer in norms:
-        layer.momentum = 0.0
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for layer, (momentum, batches) in zip(norms, saved):
-                layer.momentum = momentum
-                layer.num_batches_tracked.copy_(batches)
+from gradcache.batchnorm import running_stats_frozen
 
 
 def run_block(block: nn.Module, *args: Any, checkpointed: bool, **kwargs: Any) -> Any:
@@ -51,7 +25,7 @@ def run_block(block: nn.Module, *args: Any, checkpointed: bool, **kwargs: Any) -
         block,
         *args,
         use_reentrant=False,
-        context_fn=lambda: (nullcontext(), running_statistics_frozen(block)),
+        context_fn=lambda: (nullcontext(), running_stats_frozen([block])),
         **kwargs,
     )
 

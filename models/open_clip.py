@@ -69,8 +69,7 @@ class OpenClipModel(nn.Module):
         parts = build_open_clip(architecture, image_size=image_size)
         self.architecture, self.image_size = architecture, image_size
         self.image_tower = _ImageTower(parts.image_tower)
-        self.text_tower = parts.text_tower
-        self.temperature = parts.loss_fn.temperature  # the architecture's initial temperature
+        self.text_tower = parts.text_tower  # the temperature (and SigLIP's bias) are the loss's: see `load_pretrained`
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         return self.image_tower(images)
@@ -84,13 +83,15 @@ class OpenClipModel(nn.Module):
         self.text_tower.model.set_grad_checkpointing(enabled)
 
     @torch.no_grad()
-    def load_pretrained(self, path: str | os.PathLike) -> float:
-        """Copy the weights of the local open_clip checkpoint `path` into both towers; return its temperature.
-        The global random state is left as it was (the architecture is built once more to read the file)."""
+    def load_pretrained(self, path: str | os.PathLike) -> nn.Module:
+        """Copy the weights of the local open_clip checkpoint `path` into both towers; return its loss (a ClipLoss,
+        or for a SigLIP architecture a SigLipLoss) at its learned temperature (and bias), for the run's loss to
+        start from. The global random state is left as it was (the architecture is built once more to read the
+        file)."""
         from gradcache.integrations.open_clip import build_open_clip
 
         with torch.random.fork_rng(devices=[]):
             parts = build_open_clip(self.architecture, pretrained=path, image_size=self.image_size)
         self.image_tower.visual.load_state_dict(parts.image_tower.state_dict())
         self.text_tower.load_state_dict(parts.text_tower.state_dict())
-        return parts.loss_fn.temperature
+        return parts.loss_fn

@@ -74,3 +74,19 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def seeded() -> None:
     torch.manual_seed(0)
+
+
+def run_strategy(strategy: type, modules: tuple[nn.Module, ...], encoders, loss, inputs, chunk_size):
+    """One step of `strategy` (CachedLoss through its backward) from zeroed gradients: (detached loss, grads)."""
+    from gradcache import CachedLoss, FullBatch
+
+    zero(*modules)
+    if strategy is CachedLoss:
+        value = CachedLoss(encoders, loss, chunk_size)(*inputs)
+        value.backward()
+    elif strategy is FullBatch:
+        value = FullBatch(encoders, loss).step(*inputs)
+    else:
+        value = strategy(encoders, loss, chunk_size).step(*inputs)
+    return value.detach(), grads_of(*modules)
+

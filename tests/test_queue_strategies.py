@@ -11,7 +11,7 @@ import torch
 from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation
 from gradcache.losses import ClipLoss, InfoNCE, NTXent, SigLipLoss
 from gradcache.losses.queue import EmbeddingQueue
-from tests.conftest import TokenEncoder, assert_grads_close, grads_of, mlp, tokens, zero
+from tests.conftest import TokenEncoder, assert_grads_close, grads_of, mlp, run_strategy, tokens, zero
 
 N, QUEUE, CHUNK = 8, 11, 3  # the queue holds more than one step's rows of some losses, fewer of others
 
@@ -53,16 +53,6 @@ def queues(loss):
     return [m for m in loss.modules() if isinstance(m, EmbeddingQueue)]
 
 
-def run(strategy, modules, encoders, loss, inputs, chunk_size):
-    zero(*modules)
-    if strategy is CachedLoss:
-        value = CachedLoss(encoders, loss, chunk_size)(*inputs)
-        value.backward()
-    elif strategy is FullBatch:
-        value = FullBatch(encoders, loss).step(*inputs)
-    else:
-        value = strategy(encoders, loss, chunk_size).step(*inputs)
-    return value.detach(), grads_of(*modules)
 
 
 def embed(encoders, inputs):
@@ -90,8 +80,8 @@ def test_gradcache_with_a_queue_equals_full_batch_from_the_same_queue(name, stra
     want_modules = copy.deepcopy(modules)
     want_encoders = want_modules[: len(encoders)] if isinstance(encoders, list) else want_modules[0]
     want_loss_fn = copy.deepcopy(loss) if loss not in modules else want_modules[-1]
-    want_value, want = run(FullBatch, want_modules, want_encoders, want_loss_fn, inputs, None)
-    got_value, got = run(strategy, modules, encoders, loss, inputs, chunk_sizes(name))
+    want_value, want = run_strategy(FullBatch, want_modules, want_encoders, want_loss_fn, inputs, None)
+    got_value, got = run_strategy(strategy, modules, encoders, loss, inputs, chunk_sizes(name))
     torch.testing.assert_close(got_value, want_value, rtol=1e-10, atol=0)
     assert_grads_close(got, want, 1e-9)
     if loss in modules:  # the learnable temperature (and bias) got their own, nonzero gradient
@@ -112,7 +102,7 @@ def test_naive_accumulation_advances_the_queue_per_micro_batch(name):
     want_modules = copy.deepcopy(modules)
     want_loss_fn = copy.deepcopy(loss) if loss not in modules else want_modules[-1]
     want_encoders = want_modules[: len(encoders)] if isinstance(encoders, list) else want_modules[0]
-    got_value, got = run(NaiveAccumulation, modules, encoders, loss, inputs, chunk_sizes(name))
+    got_value, got = run_strategy(NaiveAccumulation, modules, encoders, loss, inputs, chunk_sizes(name))
 
     zero(*want_modules)  # the reference: the loss called on each micro-batch in turn, each a 1/K share
     sizes = chunk_sizes(name) if isinstance(chunk_sizes(name), list) else [CHUNK] * len(inputs)

@@ -28,7 +28,7 @@ class OpenClipTowers:
     tokenizer: Callable[[list[str]], torch.Tensor]  # texts -> (B, context_length) token ids
     preprocess_train: Callable[[Any], torch.Tensor]  # a PIL image -> (3, H, W), with open_clip's augmentation
     preprocess_val: Callable[[Any], torch.Tensor]  # a PIL image -> (3, H, W), resize and centre crop
-    loss_fn: ClipLoss | SigLipLoss  # the model's own temperature (and SigLIP bias), learnable
+    loss_fn: ClipLoss | SigLipLoss  # the model's own temperature (and SigLIP bias), learnable: `open_clip_loss`
 
 
 class _TextTower(nn.Module):
@@ -44,13 +44,19 @@ class _TextTower(nn.Module):
 
 
 def check_architecture(architecture: str) -> dict[str, Any]:
-    """The open_clip config of `architecture`; ValueError when open_clip has no such model or builds a tower
-    from the Hugging Face hub."""
+    """The open_clip config of `architecture`; ValueError when open_clip has no such model, builds a tower from
+    the Hugging Face hub, or downloads its tokenizer."""
     config = open_clip.get_model_config(architecture)
     if config is None:
         raise ValueError(
             f"architecture={architecture!r} is not an open_clip architecture; choose one of open_clip.list_models(), "
             "e.g. 'ViT-B-32' or 'ViT-S-32-alt'."
+        )
+    if "siglip" in architecture.lower() and not config.get("text_cfg", {}).get("hf_tokenizer_name"):
+        raise ValueError(
+            f"architecture={architecture!r}: open_clip gives any name containing 'siglip' a SentencePiece tokenizer "
+            "that it downloads, which this project never does; register the config under a name without 'siglip' "
+            "(open_clip.add_model_config) to train it with open_clip's own tokenizer."
         )
     for part in ("text_cfg", "vision_cfg"):
         hub = {k: v for k, v in config.get(part, {}).items() if k in ("hf_model_name", "hf_tokenizer_name")}
@@ -62,11 +68,44 @@ def check_architecture(architecture: str) -> dict[str, Any]:
     return config
 
 
+def is_siglip(architecture: str) -> bool:
+    """Whether open_clip builds `architecture` with a learned logit bias (`init_logit_bias` in its config), that
+    is a SigLIP model, trained with the sigmoid loss (open_clip's own training: `--siglip`)."""
+    return check_architecture(architecture).get("init_logit_bias") is not None
+
+
+def open_clip_loss(architecture: str, temperature: float, bias: float | None = None,
+                   **options: Any) -> ClipLoss | SigLipLoss:
+    """The loss `architecture` trains with, its temperature (and bias) learnable: SigLipLoss for a SigLIP
+    architecture (`is_siglip`), at `bias` (None: the architecture's `init_logit_bias`), else ClipLoss.
+
+    Args:
+        architecture: an open_clip model name without a hub tower.
+        temperature: the initial t > 0 (logit_scale = log(1 / t)).
+        bias: SigLIP's initial bias; must be None for a CLIP architecture.
+        **options: the loss's other arguments (tile_size, queue_size, queue_warmup ...).
+
+    Raises:
+        ValueError: an unknown architecture, a bias for one that has none, or a bad loss argument.
+
+    Example:
+        >>> loss_fn = open_clip_loss("ViT-S-32-alt", temperature=0.07, tile_size=256)  # ClipLoss
+    """
+    if is_siglip(architecture):
+        initial = check_architecture(architecture)["init_logit_bias"] if bias is None else bias
+        return SigLipLoss(temperature=temperature, bias=float(initial), learnable=True, **options)
+    if bias is not None:
+        raise ValueError(f"bias={bias!r}: architecture={architecture!r} is a CLIP architecture (its config sets no "
+                         "init_logit_bias), trained without a bias; pass bias=None")
+    return ClipLoss(temperature=temperature, learnable=True, **options)
+
+
 def build_open_clip(
     architecture: str, pretrained: str | os.PathLike | None = None, image_size: int | None = None
 ) -> OpenClipTowers:
     """Build `architecture` with random weights (or the weights of the local file `pretrained`) and split it
-    into an image tower, a text tower and a learnable loss at the model's temperature.
+    into an image tower, a text tower and a learnable loss at the model's temperature: a SigLipLoss at its bias
+    for a SigLIP architecture, else a ClipLoss (`open_clip_loss`).
 
     Args:
         architecture: an open_clip model name without a hub tower, e.g. "ViT-B-32"; `open_clip.list_models()`.
@@ -97,10 +136,8 @@ def build_open_clip(
     if pretrained is not None:
         open_clip.load_checkpoint(model, str(pretrained))
     scale = model.logit_scale.detach().exp().item()  # 1 / temperature
-    if getattr(model, "logit_bias", None) is not None:
-        loss_fn: ClipLoss | SigLipLoss = SigLipLoss(temperature=1 / scale, bias=model.logit_bias.item(), learnable=True)
-    else:
-        loss_fn = ClipLoss(temperature=1 / scale, learnable=True)
+    bias = getattr(model, "logit_bias", None)  # set exactly for a SigLIP architecture (its init_logit_bias)
+    loss_fn = open_clip_loss(architecture, temperature=1 / scale, bias=None if bias is None else bias.item())
     image_tower = model.visual
     model.visual = None  # the text tower keeps everything but the image tower and the logit scale and bias
     del model.logit_scale

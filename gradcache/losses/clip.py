@@ -6,17 +6,17 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .checks import check_column_tile_size, check_embeddings, check_same_rows, check_temperature, check_tile_size
+from .base import LossBase, check_counts
+from .checks import check_embeddings, check_same_rows, check_temperature
 from .precision import compute_dtype, full_precision, unit_rows
-from .queue import make_queue
+from .queue import EmbeddingQueue
 from .tiled_logsumexp import tiled_logsumexp
 
 __all__ = ["ClipLoss"]
 
 
-class ClipLoss(nn.Module):
+class ClipLoss(LossBase):
     """Mean of the image-to-text and text-to-image cross-entropies over the batch, pair i the target of row i.
 
     L = 1/2 (CE(s I T^T, diag) + CE(s T I^T, diag)),  s = exp(logit_scale) = 1 / t, on unit vectors.
@@ -57,32 +57,25 @@ class ClipLoss(nn.Module):
         >>> loss = loss_fn(image, text)
     """
 
-    logit_scale: torch.Tensor
+    hyperparameters = ("temperature", "learnable", "tile_size", "column_tile_size", "queue_size")
+    queue_names = ("image_queue", "text_queue")
+    image_queue: EmbeddingQueue | None  # set by LossBase from queue_size, as text_queue
+    text_queue: EmbeddingQueue | None
+    logit_scale: torch.Tensor  # log(1 / t), set by LossBase: a parameter if learnable, else a buffer
 
     def __init__(self, temperature: float = 0.07, learnable: bool = True, tile_size: int | None = None,
                  column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0) -> None:
-        super().__init__()
-        temperature = check_temperature(temperature)
-        self.tile_size = check_tile_size(tile_size)
-        self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
-        self.image_queue = make_queue(queue_size, queue_warmup)
-        self.text_queue = make_queue(queue_size, queue_warmup)
-        self.queue_size = queue_size
-        self.learnable = bool(learnable)
-        logit_scale = torch.tensor(math.log(1.0 / temperature))
-        if self.learnable:
-            self.logit_scale = nn.Parameter(logit_scale)
-        else:
-            self.register_buffer("logit_scale", logit_scale)
+        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup, learnable=learnable)
 
     @property
     def temperature(self) -> float:
         """The current temperature, 1 / exp(logit_scale)."""
         return float(torch.exp(-self.logit_scale.detach()))
 
-    def extra_repr(self) -> str:
-        return (f"temperature={self.temperature:.4g}, learnable={self.learnable}, tile_size={self.tile_size}, "
-                f"column_tile_size={self.column_tile_size}, queue_size={self.queue_size}")
+    def negatives_per_anchor(self, seen: int, hard_negatives: int = 0) -> int:
+        """n - 1: each image against every caption but its own, each caption against every other image."""
+        check_counts(self, seen, hard_negatives, takes_hard_negatives=False)
+        return seen - 1
 
     @torch.no_grad()
     def clamp_logit_scale(self, max_scale: float = 100.0) -> None:

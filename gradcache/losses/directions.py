@@ -2,11 +2,12 @@
 
 For query i, positive p_i and the documents d = [p_1..p_N; n_1..n_{Nh}] (hard negative r belongs to query r // h):
 
-    query_to_doc         s(q_i, d_j) for every document                       (N, N(1+h)), target column i
-    query_to_query       s(q_i, q_j), j != i                                  (N, N)
-    doc_to_query         s(p_i, q_j) for every query                          (N, N),      target column i
-    doc_to_doc           s(p_i, d_j), d_j not a document of query i           (N, N(1+h))
-    positive_to_positive s(p_i, p_j), j != i                                  (N, N)
+                                                                          block         negatives in row i
+    query_to_doc         s(q_i, d_j) for every document                       (N, N(1+h)),  N(1+h) - 1 (target column i)
+    query_to_query       s(q_i, q_j), j != i                                  (N, N),       N - 1
+    doc_to_query         s(p_i, q_j) for every query                          (N, N),       N - 1 (target column i)
+    doc_to_doc           s(p_i, d_j), d_j not a document of query i           (N, N(1+h)),  (N - 1)(1+h)
+    positive_to_positive s(p_i, p_j), j != i                                  (N, N),       N - 1
 
 partition_mode "joint":          L_i = log sum over the chosen blocks' entries of exp(l) - l_{i,i}^{query_to_doc}
 partition_mode "per_direction":  L_i = mean over the chosen blocks B of (log sum_j exp(l^B_ij)) - l_{i,i}^{query_to_doc}
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 import torch
 
 __all__ = ["DIRECTIONS", "PARTITION_MODES", "SYMMETRIC", "check_directions", "check_partition_mode", "score_blocks",
-           "excluded_pairs", "owned_documents"]
+           "excluded_pairs", "negatives_of_pair", "owned_documents"]
 
 DIRECTIONS = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc", "positive_to_positive")
 PARTITION_MODES = ("joint", "per_direction")
@@ -106,3 +107,14 @@ def excluded_pairs(direction: str, n: int, hard_negatives: int, device: torch.de
     if direction == "doc_to_doc":
         return owned_documents(n, hard_negatives, device)
     return None
+
+
+def negatives_of_pair(direction: str, n: int, hard_negatives: int) -> int:
+    """Entries of row i of ``direction``'s block that are neither the positive pair (q_i, p_i) nor excluded.
+
+    doc_to_query's entry (i, i) is s(p_i, q_i), the positive pair again: not a negative. A queue adds its rows to
+    query_to_doc only; ``InfoNCE.negatives_per_anchor`` leaves it to the caller.
+    """
+    documents = n * (1 + hard_negatives)  # positives, then the hard negatives
+    return {"query_to_doc": documents - 1, "query_to_query": n - 1, "doc_to_query": n - 1,
+            "doc_to_doc": documents - (1 + hard_negatives), "positive_to_positive": n - 1}[direction]

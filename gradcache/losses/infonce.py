@@ -6,14 +6,15 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .checks import check_column_tile_size, check_embeddings, check_same_rows, check_temperature, check_tile_size
-from .directions import SYMMETRIC, check_directions, check_partition_mode, excluded_pairs, score_blocks
+from .base import LossBase, check_counts
+from .checks import check_embeddings, check_same_rows
+from .directions import (SYMMETRIC, check_directions, check_partition_mode, excluded_pairs, negatives_of_pair,
+                         score_blocks)
 from .guided import check_guide, check_margin_strategy, false_negatives
 from .hardness import check_hardness, hardness_penalty
 from .precision import compute_dtype, full_precision, unit_rows
-from .queue import make_queue
+from .queue import EmbeddingQueue
 from .tiled_logsumexp import tiled_logsumexp
 
 __all__ = ["InfoNCE"]
@@ -21,7 +22,7 @@ __all__ = ["InfoNCE"]
 SIMILARITIES = ("cosine", "dot")
 
 
-class InfoNCE(nn.Module):
+class InfoNCE(LossBase):
     """Cross-entropy of each query against every positive and hard negative in the batch, its own positive the target.
 
     L = -1/N sum_i log( exp(q_i.p_i / t) / (sum_j exp(q_i.p_j / t) + sum_k exp(q_i.n_k / t)) ), on unit vectors.
@@ -94,6 +95,10 @@ class InfoNCE(nn.Module):
         >>> loss = loss_fn(query, positive, guide=(torch.randn(8, 16), torch.randn(8, 16)))
     """
 
+    hyperparameters = ("temperature", "directions", "partition_mode", "similarity", "hardness_mode",
+                       "hardness_strength", "margin_strategy", "margin", "tile_size", "column_tile_size", "queue_size")
+    queue: EmbeddingQueue | None  # set by LossBase from queue_size
+
     def __init__(
         self, temperature: float = 0.05, symmetric: bool = False, tile_size: int | None = None,
         column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0, *,
@@ -101,8 +106,7 @@ class InfoNCE(nn.Module):
         hardness_mode: str | None = None, hardness_strength: float = 0.0, margin_strategy: str = "absolute",
         margin: float = 0.0,
     ) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
+        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup)
         if symmetric and (directions is not None or partition_mode is not None):
             raise ValueError(
                 f"symmetric=True is shorthand for directions={SYMMETRIC}, partition_mode='per_direction'; got "
@@ -119,8 +123,6 @@ class InfoNCE(nn.Module):
         self.similarity = similarity
         self.hardness_mode, self.hardness_strength = check_hardness(hardness_mode, hardness_strength)
         self.margin_strategy, self.margin = check_margin_strategy(margin_strategy, margin)
-        self.tile_size = check_tile_size(tile_size)
-        self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
         if self.tile_size is not None:
             self._check_tiled()
         if queue_size and self.hardness_mode is not None:
@@ -128,8 +130,6 @@ class InfoNCE(nn.Module):
                 f"queue_size={queue_size} with hardness_mode={self.hardness_mode!r}: queued rows are neither "
                 f"in-batch nor hard negatives; use one of the two"
             )
-        self.queue = make_queue(queue_size, queue_warmup)
-        self.queue_size = queue_size
 
     def _check_tiled(self) -> None:
         """Raise ValueError naming the first option the tiled path does not compute."""
@@ -146,12 +146,18 @@ class InfoNCE(nn.Module):
                 f"symmetric=True, without hardness_mode; got {', '.join(unsupported)}: use tile_size=None"
             )
 
-    def extra_repr(self) -> str:
-        return (f"temperature={self.temperature}, directions={self.directions}, "
-                f"partition_mode={self.partition_mode!r}, similarity={self.similarity!r}, "
-                f"hardness_mode={self.hardness_mode!r}, hardness_strength={self.hardness_strength}, "
-                f"margin_strategy={self.margin_strategy!r}, margin={self.margin}, tile_size={self.tile_size}, "
-                f"column_tile_size={self.column_tile_size}, queue_size={self.queue_size}")
+    def negatives_per_anchor(self, seen: int, hard_negatives: int = 0) -> int:
+        """n (1 + h) - 1 with the default directions: every document of the batch but the query's positive.
+
+        Each direction adds the entries of its block that are not the positive pair (see ``directions.py``):
+        query_to_query n - 1, doc_to_query n - 1, doc_to_doc (n - 1)(1 + h), positive_to_positive n - 1; joint,
+        they all share query i's softmax. Per direction (``symmetric``), query i's softmax holds n (1 + h) - 1,
+        the count returned, and positive i's (doc_to_query) n - 1. A guide drops some of them, batch by batch.
+        """
+        check_counts(self, seen, hard_negatives, takes_hard_negatives=True)
+        if self.partition_mode == "per_direction":
+            return negatives_of_pair("query_to_doc", seen, hard_negatives)
+        return sum(negatives_of_pair(name, seen, hard_negatives) for name in self.directions)
 
     def forward(
         self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None, *,

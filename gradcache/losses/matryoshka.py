@@ -86,6 +86,21 @@ class Matryoshka(nn.Module):
     def extra_repr(self) -> str:
         return f"dims={self.dims}, weights={self.weights}"
 
+    def negatives_per_anchor(self, seen: int, hard_negatives: int = 0) -> int:
+        """The inner loss's count: every dimension contrasts each anchor with the same negatives.
+
+        Raises:
+            TypeError: the inner loss has no ``negatives_per_anchor`` method.
+            ValueError: whatever the inner loss's method refuses.
+        """
+        count = getattr(self.loss, "negatives_per_anchor", None)
+        if not callable(count):
+            raise TypeError(
+                f"the inner loss {type(self.loss).__name__} has no negatives_per_anchor(seen, hard_negatives) "
+                f"method; derive it from gradcache.losses.base.LossBase or define that method on it"
+            )
+        return count(seen, hard_negatives)
+
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         named = self._named_embeddings(args, kwargs)
         check_embeddings(**named)  # each floating, 2-D, finite and of one width, before the width is read

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .checks import check_column_tile_size, check_embeddings, check_same_rows, check_temperature, check_tile_size
+from .base import LossBase, check_counts
+from .checks import check_embeddings, check_same_rows
 from .precision import compute_dtype, full_precision, unit_rows
-from .queue import make_queue
+from .queue import EmbeddingQueue
 from .tiled_logsumexp import tiled_logsumexp
 
 __all__ = ["NTXent"]
 
 
-class NTXent(nn.Module):
+class NTXent(LossBase):
     """Cross-entropy of each of the 2N views against the other 2N - 1, its other view being the target.
 
     L = -1/(2N) sum_k log( exp(z_k.z_k+ / t) / sum_{j != k} exp(z_k.z_j / t) ), z = [z1; z2] on unit vectors.
@@ -50,20 +50,19 @@ class NTXent(nn.Module):
         >>> loss = loss_fn(z1, z2)
     """
 
+    hyperparameters = ("temperature", "tile_size", "column_tile_size", "queue_size")
+    queue: EmbeddingQueue | None  # set by LossBase from queue_size
+
     def __init__(
         self, temperature: float = 0.5, tile_size: int | None = None, column_tile_size: int | None = None,
         queue_size: int = 0, queue_warmup: int = 0,
     ) -> None:
-        super().__init__()
-        self.temperature = check_temperature(temperature)
-        self.tile_size = check_tile_size(tile_size)
-        self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
-        self.queue = make_queue(queue_size, queue_warmup)
-        self.queue_size = queue_size
+        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup)
 
-    def extra_repr(self) -> str:
-        return (f"temperature={self.temperature}, tile_size={self.tile_size}, "
-                f"column_tile_size={self.column_tile_size}, queue_size={self.queue_size}")
+    def negatives_per_anchor(self, seen: int, hard_negatives: int = 0) -> int:
+        """2n - 2: each of the 2n views against every view but itself and its positive (queue aside)."""
+        check_counts(self, seen, hard_negatives, takes_hard_negatives=False)
+        return 2 * seen - 2
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         check_embeddings(z1=z1, z2=z2)

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .checks import (check_column_tile_size, check_embeddings, check_finite_number, check_same_rows,
-                     check_temperature, check_tile_size)
+from .base import LossBase, check_counts
+from .checks import check_embeddings, check_finite_number, check_same_rows
 from .precision import compute_dtype, full_precision, unit_rows
-from .queue import make_queue
+from .queue import EmbeddingQueue
 from .tiled_sigmoid import tiled_sigmoid_pair_loss
 
 __all__ = ["SigLipLoss"]
 
 
-class SigLipLoss(nn.Module):
+class SigLipLoss(LossBase):
     """Independent binary classification of every (a_i, b_j) pair: matching on the diagonal, not elsewhere.
 
     L = -1/N sum_i sum_j log sigmoid(y_ij (a_i.b_j / t + bias)),  y_ij = +1 if i == j else -1, on unit vectors.
@@ -58,41 +55,30 @@ class SigLipLoss(nn.Module):
         >>> loss = loss_fn(a, b)
     """
 
-    logit_scale: torch.Tensor
-    bias: torch.Tensor
+    hyperparameters = ("temperature", "bias", "learnable", "tile_size", "column_tile_size", "queue_size")
+    queue_names = ("a_queue", "b_queue")
+    a_queue: EmbeddingQueue | None  # set by LossBase from queue_size, as b_queue
+    b_queue: EmbeddingQueue | None
+    logit_scale: torch.Tensor  # log(1 / t), set by LossBase: a parameter if learnable, else a buffer
+    bias: torch.Tensor  # registered as logit_scale is
 
     def __init__(
         self, temperature: float = 0.1, bias: float = -10.0, learnable: bool = True, tile_size: int | None = None,
         column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0,
     ) -> None:
-        super().__init__()
-        temperature = check_temperature(temperature)
         bias = check_finite_number(bias, "bias")
-        self.tile_size = check_tile_size(tile_size)
-        self.column_tile_size = check_column_tile_size(column_tile_size, self.tile_size)
-        self.learnable = bool(learnable)
-        self.a_queue = make_queue(queue_size, queue_warmup)
-        self.b_queue = make_queue(queue_size, queue_warmup)
-        self.queue_size = queue_size
-        logit_scale, bias_tensor = torch.tensor(math.log(1.0 / temperature)), torch.tensor(bias)
-        if self.learnable:
-            self.logit_scale = nn.Parameter(logit_scale)
-            self.bias = nn.Parameter(bias_tensor)
-        else:
-            self.register_buffer("logit_scale", logit_scale)
-            self.register_buffer("bias", bias_tensor)
+        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup, learnable=learnable)
+        self.register_scalar("bias", bias)
 
     @property
     def temperature(self) -> float:
         """The current temperature, 1 / exp(logit_scale)."""
         return float(torch.exp(-self.logit_scale.detach()))
 
-    def extra_repr(self) -> str:
-        return (
-            f"temperature={self.temperature:.4g}, bias={float(self.bias.detach()):.4g}, "
-            f"learnable={self.learnable}, tile_size={self.tile_size}, column_tile_size={self.column_tile_size}, "
-            f"queue_size={self.queue_size}"
-        )
+    def negatives_per_anchor(self, seen: int, hard_negatives: int = 0) -> int:
+        """n - 1: each a_i forms a negative pair with every b_j, j != i (and b_j with every a_i, i != j)."""
+        check_counts(self, seen, hard_negatives, takes_hard_negatives=False)
+        return seen - 1
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         check_embeddings(a=a, b=b)

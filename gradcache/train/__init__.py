@@ -3,8 +3,8 @@ use it and where to add a data set, a model preset, a loss or a mode).
 
 At the top: the run's configuration (`config.py`), its command line (`arguments.py`), the checks before a run
 writes anything (`preflight.py`), what a run is made of and does per step (`run.py`), the loop (`loop.py`),
-pre-emption (`preemption.py`), the strategies by name (`strategies.py`) and every error with its exit status
-(`errors.py`). Sub-packages, one concept each: `modes/` (what differs between SimCLR, CLIP and text), `data/`,
+pre-emption (`preemption.py`), the strategies by name (`strategies.py`), `--matryoshka-dims` (`matryoshka.py`)
+and every error with its exit status (`errors.py`). Sub-packages, one concept each: `modes/` (what differs between SimCLR, CLIP and text), `data/`,
 `checkpoints/`, `eval/`, `optim/`, `parallel/` and `run_folder/`. Arrows point down: a sub-package never
 imports the loop, the run or the command line; the library (`gradcache`) never imports this package.
 """

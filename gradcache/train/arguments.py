@@ -9,6 +9,7 @@ from typing import Any
 
 from gradcache.distributed import FSDP_REDUCE_MODES
 from gradcache.train.config import RunConfig
+from gradcache.train.matryoshka import parse_dims
 from gradcache.train.modes import Mode
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.optim.optimizers import LR_SCALINGS, OPTIMIZERS
@@ -79,6 +80,10 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
     run.add_argument("--momentum", type=float, default=default("momentum"), help="sgd/lars momentum")
     run.add_argument("--temperature", type=float, default=default("temperature"),
                      help="loss temperature" + (" (initial; learned)" if mode.name == "clip" else ""))
+    run.add_argument("--matryoshka-dims", type=parse_dims, default=default("matryoshka_dims"),
+                     help="Matryoshka: comma-separated embedding widths, largest first (e.g. 384,256,128,64): the loss "
+                     "is summed over the first d columns of the embeddings for each d, and every held-out metric is "
+                     "also reported at each d as <metric>@<d> (default: the full width only)")
     run.add_argument("--precision", default=default("precision"), choices=list(PRECISIONS),
                      help="encoders under autocast in bf16/fp16 (fp16 with a gradient scaler)")
     run.add_argument("--device", default=default("device"), help="cpu, cuda or cuda:N")

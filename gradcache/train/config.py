@@ -1,93 +1,113 @@
 """The run configuration: every option of `gradcache train`, typed, in one dataclass stored in each checkpoint.
 
 A field's default here is the option's default; a mode (gradcache/train/modes/) overrides a few of them
-(`Mode.defaults`) and declares which mode-only fields it reads. `to_dict` is what a checkpoint stores and
-`RunConfig.from_dict` reads it back, version by version: what an older checkpoint lacks is filled in by
-`_upgrade`, explicitly, with the value that reproduces the run that wrote it.
+(`Mode.defaults`). What else there is to know of a field is said once, in its `option(...)` metadata: the
+modes that read it (`modes`, none: every mode), whether it fixes the shapes of the parameters (`model`, so a
+checkpoint resumes only into the same value), its smallest valid value (`at_least`, checked before a run
+writes anything), and the configuration version that added it with the value under which older runs trained
+(`added`, `before`). `to_dict` is what a checkpoint stores and `RunConfig.from_dict` reads any version back.
+A new option: one field here (with `added=CONFIG_VERSION + 1` and a bump of CONFIG_VERSION when older
+checkpoints lack it), its flag in arguments.py or its mode's `add_options`.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 7
+CONFIG_VERSION = 8
+_SAME = object()  # `before` of a field whose older runs trained under its default
+
+
+def option(default: Any, *, modes: tuple[str, ...] = (), model: bool = False, at_least: int | None = None,
+           added: int = 1, before: Any = _SAME) -> Any:
+    """A RunConfig field: its default and what the module docstring lists, as metadata."""
+    return dataclasses.field(default=default, metadata=dict(modes=modes, model=model, at_least=at_least,
+                                                            added=added, before=before))
+
+
+SIMCLR, CLIP, TEXT, IMAGES = ("simclr",), ("clip",), ("text",), ("simclr", "clip")
 
 
 @dataclass
 class RunConfig:
-    mode: str = "simclr"
+    mode: str = option("simclr", model=True)
     # data
-    data: str = "shapes"  # 'shapes', 'digits', an ImageFolder root (simclr) or a CSV/TSV of pairs (clip)
-    image_size: int = 32
-    train_size: int = 8192  # built-in shapes only
-    test_size: int = 2048
+    data: str = "shapes"  # a built-in name ('shapes', 'digits', 'world', ...) or a path in the mode's format
+    image_size: int = option(32, modes=IMAGES, model=True, at_least=1)
+    train_size: int = option(8192, at_least=1)  # built-in data only
+    test_size: int = option(2048, at_least=1)
     data_seed: int = 0
-    csv_image_key: str = "filepath"  # clip
-    csv_caption_key: str = "title"  # clip
-    csv_separator: str | None = None  # clip; None: tab for .tsv, else comma
-    crop_min_scale: float = 0.5  # simclr views
-    jitter_strength: float = 0.5  # simclr views
-    channel_permutation: float = 0.5  # simclr views
-    rotation: float = 0.0  # simclr views
-    workers: int = 1
-    max_bad_share: float = 0.05  # more images or rows than this share unreadable: the run stops (DATA_ERROR)
-    threads: int | None = None  # None: CPU cores minus workers, at least 1
+    csv_image_key: str = option("filepath", modes=CLIP)
+    csv_caption_key: str = option("title", modes=CLIP)
+    csv_separator: str | None = option(None, modes=CLIP)  # None: tab for .tsv, else comma
+    crop_min_scale: float = option(0.5, modes=SIMCLR)  # views
+    jitter_strength: float = option(0.5, modes=SIMCLR)
+    channel_permutation: float = option(0.5, modes=SIMCLR)
+    rotation: float = option(0.0, modes=SIMCLR, added=2)
+    workers: int = option(1, at_least=0)
+    max_bad_share: float = option(0.05, added=6, before=1.0)  # older runs trained on whatever share decoded
+    threads: int | None = option(None, at_least=1)  # None: CPU cores minus workers, at least 1
     # model
-    model: str = "convnet"  # a name of gradcache.models.IMAGE_ENCODER_PRESETS, or (clip) open_clip:ARCH
-    pretrained: str | None = None  # clip with open_clip:ARCH: a local checkpoint file loaded on a fresh run
-    width: int = 16
-    norm: str = "group"
-    projection_dim: int = 128
-    hidden_dim: int = 512  # simclr projection head
-    context_length: int = 96  # clip text tower
-    text_width: int = 128
-    text_layers: int = 2
-    text_heads: int = 4
+    model: str = option("convnet", model=True)  # an image preset, open_clip:ARCH (clip) or a model folder (text)
+    pretrained: str | None = option(None, modes=CLIP, added=3)  # with open_clip:ARCH: weights of a new run
+    width: int = option(16, modes=IMAGES, model=True, at_least=1)
+    norm: str = option("group", modes=IMAGES, model=True)
+    projection_dim: int = option(128, modes=IMAGES, model=True, at_least=1)
+    hidden_dim: int = option(512, modes=SIMCLR, model=True, at_least=1)  # projection head
+    context_length: int = option(96, modes=CLIP, model=True, at_least=1)  # text tower
+    text_width: int = option(128, modes=CLIP, model=True, at_least=1)
+    text_layers: int = option(2, modes=CLIP, model=True, at_least=1)
+    text_heads: int = option(4, modes=CLIP, model=True, at_least=1)
     grad_checkpointing: bool = False
-    pooling: str | None = None  # text; None: the model folder's own (sentence-transformers), else mean
-    max_length: int = 128  # text: most tokens per query or passage
-    separate_towers: bool = False  # text: a query and a passage encoder instead of one shared
-    query_key: str = "query"  # text
-    positive_key: str = "positive"  # text
-    negative_keys: list[str] | None = None  # text: columns (or one list-valued JSONL field) of hard negatives
-    negatives_per_query: int | None = None  # text: h; None: what most rows of --data have (built-in world: 1)
-    symmetric: bool = False  # text: InfoNCE in both directions
+    pooling: str | None = option(None, modes=TEXT, added=3)  # None: the folder's own (sentence-transformers), else mean
+    max_length: int = option(128, modes=TEXT, added=3)  # most tokens per query or passage
+    separate_towers: bool = option(False, modes=TEXT, model=True, added=3)  # a query and a passage encoder
+    query_key: str = option("query", modes=TEXT, added=3)
+    positive_key: str = option("positive", modes=TEXT, added=3)
+    negative_keys: list[str] | None = option(None, modes=TEXT, added=3)  # columns, or one list-valued JSONL field
+    negatives_per_query: int | None = option(None, modes=TEXT, added=3)  # h; None: what most rows have
+    symmetric: bool = option(False, modes=TEXT, added=3)  # InfoNCE in both directions
+    guide: str | None = option(None, modes=TEXT, added=8)  # a frozen model whose similarities mask false negatives
+    guide_margin: float = option(0.0, modes=TEXT, added=8)
+    guide_margin_strategy: str = option("absolute", modes=TEXT, added=8)  # or "relative"
     # optimisation
     strategy: str = "gradcache"
-    batch_size: int = 128  # global, over every rank
-    chunk_size: int = 32
+    batch_size: int = option(128, at_least=1)  # global, over every rank
+    chunk_size: int = option(32, at_least=1)
     tile_size: int | None = None
-    queue_size: int = 0  # past embeddings kept as extra negatives (the loss's queue_size); 0: none
-    queue_warmup: int = 0  # steps (micro-batches under naive) before the queue is read or filled
-    memory_budget: int | None = None  # text: bytes of autograd graphs GradCache keeps (None: re-encode every chunk)
-    chunk_tokens: int | None = None  # text: GradCache chunks of at most this many padded tokens (None: fixed chunks)
-    epochs: int | None = None  # None with steps None: the mode's default_epochs
-    steps: int | None = None
+    queue_size: int = option(0, added=4)  # past embeddings kept as extra negatives (the loss's queue_size)
+    queue_warmup: int = option(0, added=4)  # steps (micro-batches under naive) before the queue is used
+    memory_budget: int | None = option(None, modes=TEXT, added=7)  # bytes of graphs GradCache keeps
+    chunk_tokens: int | None = option(None, modes=TEXT, added=7)  # chunks of at most this many padded tokens
+    matryoshka_dims: list[int] | None = option(None, added=8)  # the loss also on these column prefixes (Matryoshka)
+    epochs: int | None = option(None, at_least=1)  # None with steps None: the mode's default_epochs
+    steps: int | None = option(None, at_least=1)
     optimizer: str = "adamw"
     lr: float = 2e-3
     lr_scaling: str = "sqrt"
-    base_batch_size: int = 256
-    warmup: int = 10
-    weight_decay: float = 1e-4
+    base_batch_size: int = option(256, at_least=1)
+    warmup: int = option(10, at_least=0)
+    weight_decay: float = option(1e-4, at_least=0)
     momentum: float = 0.9
     temperature: float = 0.1
-    max_logit_scale: float = 100.0  # clip
+    max_logit_scale: float = option(100.0, modes=CLIP)
     precision: str = "fp32"
     device: str = "cpu"
-    fsdp: bool = False
-    fsdp_reduce: str = "chunk"
-    cpu_offload: bool = False
+    fsdp: bool = option(False, added=2)
+    fsdp_reduce: str = option("chunk", added=2)
+    cpu_offload: bool = option(False, added=2)
     seed: int = 0
-    collective_timeout: float = 1800.0  # seconds a collective may wait for a peer rank (torchrun runs)
+    collective_timeout: float = option(1800.0, added=5)  # seconds a collective waits for a peer (torchrun)
     # output
     output_dir: str | None = None
     resume: str | None = None
-    checkpoint_every: int = 100
-    eval_every: int = 0
-    knn_k: int = 200
-    knn_temperature: float = 0.1
+    checkpoint_every: int = option(100, at_least=1)
+    eval_every: int = option(0, at_least=0)
+    knn_k: int = option(200, modes=IMAGES, at_least=1)
+    knn_temperature: float = option(0.1, modes=IMAGES)
     quiet: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,46 +137,23 @@ class RunConfig:
         return {key: getattr(self, key) for key in MODEL_FIELDS}
 
 
-MODEL_FIELDS = ("mode", "model", "width", "norm", "image_size", "hidden_dim", "projection_dim", "context_length",
-                "text_width", "text_layers", "text_heads", "separate_towers")
-
-# Version 1 stored the argparse namespace of one mode: the other mode's options were absent, and so were the
-# options added after it. Each takes the value under which that run trained.
-_V1_ABSENT = {
-    "simclr": dict(csv_image_key="filepath", csv_caption_key="title", csv_separator=None, context_length=96,
-                   text_width=128, text_layers=2, text_heads=4, max_logit_scale=100.0),
-    "clip": dict(crop_min_scale=0.5, jitter_strength=0.5, channel_permutation=0.5, rotation=0.0, hidden_dim=512),
-}
-_V1_ADDED_LATER = dict(rotation=0.0, fsdp=False, fsdp_reduce="chunk", cpu_offload=False)
-# Version 3 added the text mode's options (image runs never read them) and clip's --pretrained.
-_V3_ADDED = dict(pooling=None, max_length=128, separate_towers=False, query_key="query", positive_key="positive",
-                 negative_keys=None, negatives_per_query=None, symmetric=False, pretrained=None)
-# Version 4 added the queue of past embeddings; older runs trained without one.
-_V4_ADDED = dict(queue_size=0, queue_warmup=0)
-# Version 5 added --collective-timeout (run-local: a resume may give another).
-_V5_ADDED = dict(collective_timeout=1800.0)
-# Version 6 added --max-bad-share; the runs before it trained on whatever share of their data decoded.
-_V6_ADDED = dict(max_bad_share=1.0)
-# Version 7 added the text mode's chunking options (memory_budget and chunk_tokens): off before.
-_V7_ADDED = dict(memory_budget=None, chunk_tokens=None)
+MODEL_FIELDS = tuple(f.name for f in fields(RunConfig) if f.metadata.get("model"))
+LOWER_BOUNDS = {f.name: f.metadata["at_least"] for f in fields(RunConfig) if f.metadata.get("at_least") is not None}
 
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:
+    """Fill in what an older version did not store, with the value under which its run trained."""
     version = values.pop("config_version", 1)
     if version > CONFIG_VERSION:
         raise CheckpointError(f"the checkpoint was written by a newer gradcache (run options version {version}; "
                               f"this one reads up to {CONFIG_VERSION}); upgrade gradcache to read it")
     if version == 1:
-        values.pop("subcommand", None)  # argparse's own entry, not an option
-        values = {**_V1_ADDED_LATER, **_V1_ABSENT.get(values.get("mode"), {}), **values}
-    if version < 3:
-        values = {**_V3_ADDED, **values}
-    if version < 4:
-        values = {**_V4_ADDED, **values}
-    if version < 5:
-        values = {**_V5_ADDED, **values}
-    if version < 6:
-        values = {**_V6_ADDED, **values}
-    if version < 7:
-        values = {**_V7_ADDED, **values}
+        values.pop("subcommand", None)  # version 1 stored the argparse namespace of its mode: argparse's own entry,
+    for f in fields(RunConfig):  # ... and only its own mode's options (the others trained at their defaults)
+        if f.name in values:
+            continue
+        added, before = f.metadata.get("added", 1), f.metadata.get("before", _SAME)
+        other_mode = version == 1 and f.metadata.get("modes") and values.get("mode") not in f.metadata["modes"]
+        if version < added or other_mode:
+            values[f.name] = f.default if before is _SAME else before
     return values

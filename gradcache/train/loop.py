@@ -25,8 +25,9 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import Preempted, TrainingDiverged
+from gradcache.train.matryoshka import unwrapped
 from gradcache.train.modes import MODES
-from gradcache.train.parallel.placement import Replicated, placement_for
+from gradcache.train.parallel.placement import Placement, placement_for
 from gradcache.train.preemption import StopSignals
 from gradcache.train.run import Run, peak_memory_mb
 from gradcache.train.run_folder.log import RunLog
@@ -49,7 +50,7 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | 
                       signals)
 
 
-def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placement: Replicated,
+def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placement: Placement,
            signals: StopSignals) -> dict[str, Any]:
     rank, world_size = distributed.rank(), distributed.world_size()
     run = Run(config, data, placement, saved)  # step 0 evaluated, or the checkpoint loaded; nothing written
@@ -66,14 +67,15 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
                disable=config.quiet or rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
     run.model.train()
     loss = None  # a resume of a finished run trains no step
+    waited_from = run.elapsed()  # samples_per_s counts the wait for each batch too, not the step alone
     for step, inputs in enumerate(run.mode.batches(config, data, sampler), start=progress.start_step):
-        started, queued = run.elapsed(), queued_negatives(run.loss)  # the queue this step reads (as it starts)
+        queued = queued_negatives(run.loss)  # the queue this step reads (as it starts)
         result = run.step(inputs, step, stop_requested=signals.received is not None)
         loss = result.loss
         row = {"step": step + 1, "epoch": sampler.position(step)[0], "loss": f"{loss.item():.6f}",
                "lr": f"{result.learning_rate:.6g}",
-               "samples_per_s": f"{config.batch_size / (run.elapsed() - started):.1f}",
-               "negatives_per_anchor": negatives + queued, "temperature": f"{run.loss.temperature:.5g}",
+               "samples_per_s": f"{config.batch_size / (run.elapsed() - waited_from):.1f}",
+               "negatives_per_anchor": negatives + queued, "temperature": f"{unwrapped(run.loss).temperature:.5g}",
                "elapsed_s": f"{run.elapsed():.2f}", "skipped": int(result.skipped)}
         log.log_step(row)
         bar.update(1)
@@ -87,6 +89,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
             raise _preempted(config, signals.received or "a stop signal on another rank", done, run, rank)
         if placement.evaluates() and config.eval_every and done % config.eval_every == 0 and done != run.steps:
             log.log_eval(done, run.evaluate())
+        waited_from = run.elapsed()  # saves and evaluations are not the next batch's
     bar.close()
     wall_time = run.elapsed()
     final = run.evaluate() if placement.evaluates() else {}

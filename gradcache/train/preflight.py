@@ -24,10 +24,11 @@ from gradcache.train.checkpoints.resume import (
     choose_checkpoint,
     merge_resume,
 )
-from gradcache.train.config import RunConfig
+from gradcache.train.config import LOWER_BOUNDS, RunConfig
 from gradcache.train.data.images.files import check_bad_share
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
+from gradcache.train.matryoshka import check_dims
 from gradcache.train.modes import MODES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
@@ -37,10 +38,6 @@ from gradcache.train.run_folder.lock import (
 
 RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
              "train_log.csv")
-POSITIVE = ("threads", "batch_size", "chunk_size", "steps", "epochs", "image_size", "train_size", "test_size",
-            "checkpoint_every", "knn_k", "base_batch_size", "width", "projection_dim", "hidden_dim", "context_length",
-            "text_width", "text_layers", "text_heads")
-NOT_NEGATIVE = ("warmup", "weight_decay", "workers", "eval_every")
 
 
 def prepare_run(given: RunConfig, explicit: set[str]
@@ -117,7 +114,7 @@ def check_options(config: RunConfig) -> None:
         value = getattr(config, option.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{_dashed(option.name)} must be a finite number, got {value}")
-    for name in POSITIVE:
+    for name in (name for name, bound in LOWER_BOUNDS.items() if bound == 1):
         value = getattr(config, name)
         if value is not None and value < 1:
             raise UsageError(f"--{_dashed(name)} must be at least 1, got {value}")
@@ -137,7 +134,7 @@ def check_options(config: RunConfig) -> None:
     for name in ("lr", "temperature", "knn_temperature", "max_logit_scale"):
         if getattr(config, name) <= 0:
             raise UsageError(f"--{_dashed(name)} must be positive, got {getattr(config, name)}")
-    for name in NOT_NEGATIVE:
+    for name in (name for name, bound in LOWER_BOUNDS.items() if bound == 0):
         if getattr(config, name) < 0:
             raise UsageError(f"--{_dashed(name)} must not be negative, got {getattr(config, name)}")
     if not 0 <= config.momentum < 1:
@@ -152,6 +149,8 @@ def check_options(config: RunConfig) -> None:
                          "step yet; drop --fsdp (DDP keeps the queue) or --queue-size")
     MODES[config.mode].check(config)
     MODES[config.mode].check_model(config)  # after the plain values: it may load a model folder
+    if config.matryoshka_dims is not None:  # after the model: its width may come from its folder
+        check_dims(config.matryoshka_dims, MODES[config.mode].embedding_width(config))
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
     _check_sharding(config)

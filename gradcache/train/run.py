@@ -26,13 +26,14 @@ from gradcache.train.checkpoints.atomic import (
     restore_random_state,
 )
 from gradcache.train.checkpoints.kinds import RunCheckpoint
+from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import TrainingDiverged
 from gradcache.train.modes import MODES, Mode
 from gradcache.train.optim.optimizers import build_optimizer, scaled_learning_rate
 from gradcache.train.optim.schedule import warmup_cosine
-from gradcache.train.parallel.placement import Replicated, device_of
+from gradcache.train.parallel.placement import Placement, device_of
 from gradcache.train.strategies import build_strategy
 
 
@@ -56,7 +57,7 @@ class Progress:
 class Run:
     """A run at its first step to train: step 0 of a new run, or the step of `saved`, the checkpoint it continues."""
 
-    def __init__(self, config: RunConfig, data: Splits, placement: Replicated,
+    def __init__(self, config: RunConfig, data: Splits, placement: Placement,
                  saved: RunCheckpoint | None = None) -> None:
         self.config, self.data, self.placement = config, data, placement
         self.mode: Mode = MODES[config.mode]
@@ -68,13 +69,16 @@ class Run:
         self.steps = config.total_steps(len(data.train))
         torch.manual_seed(config.seed)
         self.model = build_model(self.mode, config).to(self.device)
-        self.loss = self.mode.build_loss(config).to(self.device)
+        self.loss = build_loss(self.mode, config).to(self.device)
+        self.guide = self.mode.build_guide(config)  # frozen: not in `trained`, the optimizer or the checkpoint
+        if self.guide is not None:
+            self.guide = self.guide.to(self.device).eval().requires_grad_(False)
         self.trained = nn.ModuleDict({"model": self.model, "loss": self.loss})
         if saved is None:
             self.mode.initialise(config, self.model, self.loss)
         # step 0 is evaluated before placing: one plain model on rank 0, whatever the placement
         self.progress = Progress() if saved is not None else self._step_zero()
-        encoders = placement.place(self.mode.encoders(self.model), self.device)
+        encoders = placement.place(self.mode.encoders(self.model, self.guide), self.device)
         # after placing: the optimizer must hold the sharded parameters, not the ones fully_shard replaced
         lr = scaled_learning_rate(config.lr, config.batch_size, config.base_batch_size, config.lr_scaling)
         self.optimizer = build_optimizer(config.optimizer, [self.model, self.loss], lr, config.weight_decay,
@@ -99,16 +103,15 @@ class Run:
 
     def _resume(self, saved: RunCheckpoint) -> Progress:
         """Continue from `saved`; a longer run than the one saved gets its schedule recomputed (said on stderr)."""
-        meta = saved.meta()
+        meta = CheckpointMeta.from_dict(saved.meta(), saved)
         saved.load(self.trained, self.optimizer)
-        self.scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(self.scheduler.lr_lambdas)})
-        self.scaler.load_state_dict(meta["scaler"])
-        if meta["total_steps"] != self.steps:
-            self._lengthen_schedule(meta["total_steps"], meta["step"])
+        self.scheduler.load_state_dict({**meta.scheduler, "lr_lambdas": [None] * len(self.scheduler.lr_lambdas)})
+        self.scaler.load_state_dict(meta.scaler)
+        if meta.total_steps != self.steps:
+            self._lengthen_schedule(meta.total_steps, meta.step)
         self.last_saved = saved
-        initial = meta.get("initial", {})  # checkpoints from before every mode evaluated at step 0 lack it
-        progress = Progress(meta["step"], meta["elapsed_s"], meta["baselines"], initial)
-        restore_random_state(meta["random_state"])  # last, after everything that could draw numbers
+        progress = Progress(meta.step, meta.elapsed_s, meta.baselines, meta.initial)
+        restore_random_state(meta.random_state)  # last, after everything that could draw numbers
         return progress
 
     def _lengthen_schedule(self, saved_steps: int, step: int) -> None:
@@ -166,12 +169,12 @@ class Run:
 
     def save(self, step: int, position: tuple[int, int]) -> None:
         """The checkpoint at `step`; `position` is (epoch, batch within the epoch)."""
-        meta = {"args": self.config.to_dict(), "signature": self.config.model_signature(), "step": step,
-                "epoch": position[0], "batch_in_epoch": position[1], "total_steps": self.steps,
-                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                "random_state": capture_random_state(), "baselines": self.progress.baselines,
-                "initial": self.progress.initial, "elapsed_s": self.elapsed()}
-        self.checkpoint.save(self.trained, self.optimizer, meta)
+        meta = CheckpointMeta(config=self.config, step=step, total_steps=self.steps, epoch=position[0],
+                              batch_in_epoch=position[1], scheduler=self.scheduler.state_dict(),
+                              scaler=self.scaler.state_dict(), random_state=capture_random_state(),
+                              elapsed_s=self.elapsed(), baselines=self.progress.baselines,
+                              initial=self.progress.initial)
+        self.checkpoint.save(self.trained, self.optimizer, meta.to_dict())
         self.last_saved = self.checkpoint
 
 
@@ -181,6 +184,12 @@ def build_model(mode: Mode, config: RunConfig) -> nn.Module:
     if config.grad_checkpointing:
         model.set_grad_checkpointing(True)
     return model
+
+
+def build_loss(mode: Mode, config: RunConfig) -> nn.Module:
+    """The mode's loss, summed over `--matryoshka-dims` where given (`Mode.matryoshka`)."""
+    loss = mode.build_loss(config)
+    return loss if config.matryoshka_dims is None else mode.matryoshka(loss, config.matryoshka_dims)
 
 
 def peak_memory_mb(device: torch.device) -> float:

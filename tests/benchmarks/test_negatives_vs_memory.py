@@ -77,7 +77,7 @@ def test_fresh_process_reports_an_over_budget_point_and_the_sweep_goes_on(monkey
 
 def test_a_run_writes_to_a_new_folder_of_its_own_unless_asked_for_the_committed_results(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from benchmarks.options import output_folder
+    from benchmarks.arguments import output_folder
     from benchmarks.report import RESULTS_DIR
 
     monkeypatch.chdir(tmp_path)

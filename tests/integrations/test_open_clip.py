@@ -76,3 +76,21 @@ def test_a_local_checkpoint_is_loaded_and_bad_names_are_refused(tmp_path):
         build_open_clip(SMALLEST, image_size=0)
     with pytest.raises(ValueError, match="Hugging Face hub"):
         build_open_clip("roberta-ViT-B-32")
+
+
+def test_a_siglip_architecture_gets_the_sigmoid_loss_at_its_bias():
+    from gradcache.integrations.open_clip import is_siglip, open_clip_loss
+    from gradcache.losses import ClipLoss, SigLipLoss
+    from tests.tiny_open_clip import TINY_SIGLIP_BIAS, register_tiny_siglip
+
+    siglip = register_tiny_siglip()
+    torch.manual_seed(0)
+    parts = build_open_clip(siglip, image_size=32)
+    assert is_siglip(siglip) and not is_siglip(SMALLEST)
+    assert isinstance(parts.loss_fn, SigLipLoss) and parts.loss_fn.bias.item() == TINY_SIGLIP_BIAS
+    assert parts.loss_fn.bias.requires_grad and parts.loss_fn.logit_scale.requires_grad
+    loss = open_clip_loss(siglip, temperature=0.1, bias=-2.0, queue_size=8)
+    assert isinstance(loss, SigLipLoss) and loss.bias.item() == -2.0 and loss.queue_size == 8
+    assert isinstance(open_clip_loss(SMALLEST, temperature=0.1), ClipLoss)
+    with pytest.raises(ValueError, match="no init_logit_bias"):
+        open_clip_loss(SMALLEST, temperature=0.1, bias=-2.0)

@@ -15,7 +15,7 @@ from sentence_transformers.losses import MultipleNegativesRankingLoss  # noqa: E
 from gradcache.integrations.sentence_transformers import GradCacheLoss  # noqa: E402
 from gradcache.losses import ClipLoss, InfoNCE  # noqa: E402
 from tests.integrations.sentence_models import (  # noqa: E402
-    features, minilm_path, save_tiny_bert, tiny_sentence_transformer,
+    assert_close, features, minilm_path, save_tiny_bert, tiny_sentence_transformer,
 )
 
 
@@ -35,12 +35,6 @@ def loss_and_grads(model: nn.Module, loss: nn.Module, sentence_features) -> tupl
     return value.detach(), grads
 
 
-def assert_close(got: dict, want: dict, rel: float = 1e-5) -> None:
-    assert got.keys() == want.keys() and want
-    scale = max(w.abs().max().item() for w in want.values())
-    for name in want:
-        error = (got[name] - want[name]).abs().max().item()
-        assert error <= rel * scale, f"{name}: max error {error:.3g} vs scale {scale:.3g}"
 
 
 @pytest.mark.parametrize("columns, temperature", [

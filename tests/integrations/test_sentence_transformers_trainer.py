@@ -13,7 +13,9 @@ pytest.importorskip("sentence_transformers")
 datasets = pytest.importorskip("datasets")
 
 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments  # noqa: E402
-from sentence_transformers.losses import MultipleNegativesRankingLoss  # noqa: E402
+from sentence_transformers.sentence_transformer.losses import (  # noqa: E402
+    MatryoshkaLoss, MultipleNegativesRankingLoss,
+)
 from transformers import TrainerCallback  # noqa: E402
 
 from gradcache.integrations.sentence_transformers import GradCacheLoss  # noqa: E402
@@ -43,10 +45,13 @@ class Recording(SentenceTransformerTrainer):
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
-def train(folder, ours: bool, gather: bool = False, **overrides) -> tuple[Recording, _GradientsBeforeStep]:
+def train(folder, ours: bool, gather: bool = False, matryoshka: bool = False,
+          **overrides) -> tuple[Recording, _GradientsBeforeStep]:
     model = tiny_sentence_transformer(os.path.join(folder, "bert"))
-    loss = (GradCacheLoss(model, InfoNCE(temperature=0.05), chunk_size=2) if ours
+    loss = (GradCacheLoss(model, InfoNCE(temperature=0.05), chunk_size=2, gather_across_devices=gather) if ours
             else MultipleNegativesRankingLoss(model, scale=20.0, gather_across_devices=gather))
+    if matryoshka:
+        loss = MatryoshkaLoss(model, loss, [32, 16, 8], [1.0, 0.5, 2.0])
     options = dict(per_device_train_batch_size=5, max_steps=1, learning_rate=1e-3, max_grad_norm=0.0, use_cpu=True,
                    report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=3)
     args = SentenceTransformerTrainingArguments(os.path.join(folder, "ours" if ours else "mnrl"), **{**options, **overrides})
@@ -80,7 +85,8 @@ def folder(tmp_path_factory):
     ({}, 1e-5),
     ({"gradient_accumulation_steps": 2}, 1e-5),  # each micro-batch its own negatives, as MNRL's
     ({"bf16": True}, 2e-2),
-], ids=["one-step", "accumulation", "bf16"])
+    ({"matryoshka": True, "gradient_accumulation_steps": 2}, 1e-5),  # MatryoshkaLoss around each loss
+], ids=["one-step", "accumulation", "bf16", "matryoshka"])
 def test_a_trainer_step_equals_multiple_negatives_ranking_loss(folder, options, rel):
     ours, ours_grads = train(folder, ours=True, **options)
     theirs, their_grads = train(folder, ours=False, **options)

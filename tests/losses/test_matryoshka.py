@@ -16,7 +16,7 @@ from torch import nn
 from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation
 from gradcache.losses import ClipLoss, InfoNCE, Matryoshka, NTXent, SigLipLoss
 from gradcache.losses.queue import EmbeddingQueue
-from tests.conftest import TokenEncoder, assert_grads_close, grads_of, mlp, tokens, zero
+from tests.conftest import TokenEncoder, assert_grads_close, mlp, run_strategy, tokens, zero
 from tests.losses import brute_force
 from tests.losses.cases import CASE_IDS, CASES, loss_and_grads
 
@@ -140,16 +140,6 @@ def setup(name: str, tile_size: int | None, queue_size: int = 0):
     return modules, encoder, loss, tuple(inputs), ([CHUNK, CHUNK, hard * CHUNK] if hard else CHUNK)
 
 
-def run(strategy, modules, encoders, loss, inputs, chunk_size):
-    zero(*modules)
-    if strategy is CachedLoss:
-        value = CachedLoss(encoders, loss, chunk_size)(*inputs)
-        value.backward()
-    elif strategy is FullBatch:
-        value = FullBatch(encoders, loss).step(*inputs)
-    else:
-        value = strategy(encoders, loss, chunk_size).step(*inputs)
-    return value.detach(), grads_of(*modules)
 
 
 def twin(modules, encoders, loss):
@@ -165,15 +155,15 @@ def twin(modules, encoders, loss):
 def test_gradcache_equals_full_batch_on_every_parameter_and_naive_accumulation_does_not(name, strategy, tile_size):
     modules, encoders, loss, inputs, chunk = setup(name, tile_size)
     want_modules, want_encoders, want_loss = twin(modules, encoders, loss)
-    want_value, want = run(FullBatch, want_modules, want_encoders, want_loss, inputs, None)
-    got_value, got = run(strategy, modules, encoders, loss, inputs, chunk)
+    want_value, want = run_strategy(FullBatch, want_modules, want_encoders, want_loss, inputs, None)
+    got_value, got = run_strategy(strategy, modules, encoders, loss, inputs, chunk)
     torch.testing.assert_close(got_value, want_value, rtol=1e-10, atol=0)
     assert_grads_close(got, want, 1e-9)
     if loss in modules:  # the inner loss's learnable temperature (and bias) has its own, nonzero gradient
         assert all(v.abs().sum() > 0 for k, v in want.items() if k.startswith(f"{len(modules) - 1}."))
 
     naive_modules, naive_encoders, naive_loss = twin(modules, encoders, loss)
-    _, naive = run(NaiveAccumulation, naive_modules, naive_encoders, naive_loss, inputs, chunk)
+    _, naive = run_strategy(NaiveAccumulation, naive_modules, naive_encoders, naive_loss, inputs, chunk)
     scale = max(w.abs().max().item() for w in want.values())
     assert max((naive[k] - want[k]).abs().max().item() for k in want) > 1e-3 * scale
 
@@ -211,7 +201,7 @@ def test_one_full_width_queue_pushed_once_per_call_equals_a_queue_kept_by_hand(n
     for step in range(STEPS):
         g = torch.Generator().manual_seed(10 + step)
         inputs = [x if isinstance(x, dict) else torch.randn(x.shape, generator=g, dtype=x.dtype) for x in first_inputs]
-        value, grads = run(strategy, modules, encoders, loss, inputs, chunk)
+        value, grads = run_strategy(strategy, modules, encoders, loss, inputs, chunk)
 
         values = []  # the reference: per call of the loss, the formula against the hand queue, then one push
         for call_inputs in calls_of(strategy, inputs, chunk):
@@ -223,7 +213,7 @@ def test_one_full_width_queue_pushed_once_per_call_equals_a_queue_kept_by_hand(n
             calls += 1
         torch.testing.assert_close(value, torch.stack(values).mean(), rtol=1e-10, atol=0)
         if strategy in (GradCache, CachedLoss):  # and the gradient is FullBatch's from the same queue state
-            _, want = run(FullBatch, full_modules, full_encoders, full_loss, inputs, None)
+            _, want = run_strategy(FullBatch, full_modules, full_encoders, full_loss, inputs, None)
             assert_grads_close(grads, want, 1e-9)
     for queue, rows in zip(queues_of(loss), by_hand):
         assert queue.rows.shape == (QUEUE, WIDTH)  # full width, not dims[-1]
@@ -233,7 +223,7 @@ def test_one_full_width_queue_pushed_once_per_call_equals_a_queue_kept_by_hand(n
 
 def test_evaluation_under_no_grad_leaves_the_queue_alone():
     modules, encoders, loss, inputs, chunk = setup("clip", None, queue_size=QUEUE)
-    run(GradCache, modules, encoders, loss, inputs, chunk)
+    run_strategy(GradCache, modules, encoders, loss, inputs, chunk)
     before = {k: v.clone() for k, v in loss.named_buffers()}
     with torch.no_grad():
         GradCache(encoders, loss, chunk).loss(*inputs)
@@ -277,7 +267,7 @@ def test_a_loss_that_pushes_other_tensors_than_its_inputs_is_refused():
 # --- bad input -------------------------------------------------------------------------------------------------
 def test_a_dim_wider_than_the_embedding_raises_before_any_gradient_or_queue_changes():
     modules, encoders, loss, inputs, chunk = setup("infonce_symmetric_hard", None, queue_size=QUEUE)
-    run(GradCache, modules, encoders, loss, inputs, chunk)  # a queue holding rows
+    run_strategy(GradCache, modules, encoders, loss, inputs, chunk)  # a queue holding rows
     before = {k: v.clone() for k, v in loss.named_buffers()}
     wide = Matryoshka(loss.loss, (8, 4))
     zero(*modules)

@@ -69,3 +69,35 @@ def test_a_version_1_checkpoint_resumes(tmp_path, tiny_args, killed_after_step):
     assert resumed["step"] == 4 and resumed["args"]["config_version"] == CONFIG_VERSION
     for name in whole["model"]:
         assert torch.equal(resumed["model"][name], whole["model"][name]), name
+
+
+# What each version's checkpoints lacked, and the values their runs trained under: written out here, apart from
+# the field metadata that RunConfig.from_dict reads, so a wrong `added` or `before` there fails this test.
+ADDED_IN = {
+    3: dict(pooling=None, max_length=128, separate_towers=False, query_key="query", positive_key="positive",
+            negative_keys=None, negatives_per_query=None, symmetric=False, pretrained=None),
+    4: dict(queue_size=0, queue_warmup=0),
+    5: dict(collective_timeout=1800.0),
+    6: dict(max_bad_share=1.0),
+    7: dict(memory_budget=None, chunk_tokens=None),
+}
+
+
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6])
+def test_each_older_version_gets_the_values_its_run_trained_under(version):
+    lacking = {name: value for added, names in ADDED_IN.items() if added > version for name, value in names.items()}
+    changed = RunConfig(mode="text", max_length=64, queue_size=5, collective_timeout=9.0, max_bad_share=0.5,
+                        memory_budget=100, pooling="cls")
+    stored = {k: v for k, v in changed.to_dict().items() if k not in lacking}
+    read = RunConfig.from_dict({**stored, "config_version": version})
+    for name, value in lacking.items():
+        assert getattr(read, name) == value, (version, name)
+    for name in stored.keys() - {"config_version"}:
+        assert getattr(read, name) == getattr(changed, name), (version, name)
+
+
+def test_the_fields_that_fix_the_parameters_shapes():
+    from gradcache.train.config import MODEL_FIELDS
+
+    assert set(MODEL_FIELDS) == {"mode", "model", "width", "norm", "image_size", "hidden_dim", "projection_dim",
+                                 "context_length", "text_width", "text_layers", "text_heads", "separate_towers"}

@@ -1,4 +1,4 @@
-"""`gradcache train text --memory-budget --chunk-tokens` (issue 13's options in text mode) and `--data world-hard`,
+"""`gradcache train text --memory-budget --chunk-tokens` (the library's memory_budget and chunk_tokens options in text mode) and `--data world-hard`,
 through main([...]) on a tiny BERT written by the test."""
 import json
 

@@ -34,7 +34,9 @@ def is_sharded_folder(path: str | os.PathLike) -> bool:
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: str | os.PathLike | None = None) -> Path:
     """Write `state` with its checksum to `path` atomically, first renaming an existing `path` to `previous`
-    (when given). A failure leaves both as they were and no temporary file behind.
+    (when given). A failure leaves both as they were and no temporary file behind: where the new file cannot be
+    renamed into place after `path` went to `previous`, `previous` is renamed back to `path`, and the file that
+    `previous` held is restored from where it was set aside.
 
     Raises:
         DiskFull: the file system ran out of space (or quota); it names the folder and the space needed.
@@ -49,8 +51,9 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: st
             handle.flush()
             os.fsync(handle.fileno())
         if previous is not None and path.exists():
-            os.replace(path, previous)  # a crash before the next rename leaves previous alone: it is read then
-        os.replace(handle.name, path)
+            _rotate_into_place(Path(handle.name), path, Path(previous))
+        else:
+            os.replace(handle.name, path)
     except OSError as error:
         Path(handle.name).unlink(missing_ok=True)
         if error.errno in NO_SPACE:
@@ -61,6 +64,30 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: st
         raise
     _fsync_directory(path.parent)  # make the renames themselves durable
     return path
+
+
+def _rotate_into_place(new: Path, path: Path, previous: Path) -> None:
+    """previous -> aside, path -> previous, new -> path; a failed rename undoes the ones before it, so `path` and
+    `previous` are as they were. A crash between the renames leaves the newest checkpoint whole, as `path` or, once
+    that has moved, as `previous` (which the resolver reads when `path` is missing); what was set aside is then a
+    stale temporary, removed by the next job (gradcache/train/run_folder/lock.py)."""
+    aside = None
+    if previous.exists():  # kept until the new file is in place: a failed save must not cost the older checkpoint
+        aside = previous.with_name(f".{previous.name}.aside.tmp")  # one job per folder: one name will do
+        os.replace(previous, aside)
+    try:
+        os.replace(path, previous)  # a crash before the next rename leaves previous alone: it is read then
+        try:
+            os.replace(new, path)
+        except BaseException:
+            os.replace(previous, path)
+            raise
+    except BaseException:
+        if aside is not None:
+            os.replace(aside, previous)
+        raise
+    if aside is not None:
+        aside.unlink()
 
 
 def _size_needed(state: dict[str, Any], path: Path) -> int:

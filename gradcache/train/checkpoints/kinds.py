@@ -54,12 +54,13 @@ class RunCheckpoint:
         """Everything but the tensors of the modules and the optimizer; the run's options under "args"."""
         raise NotImplementedError
 
-    def check_fits(self, trained: nn.ModuleDict) -> None:
-        """Raise CheckpointError unless the checkpoint holds `trained`'s parameters (reads, writes nothing)."""
-        raise NotImplementedError
-
     def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
-        """Put the saved tensors into `trained` (and `optimizer`, when given)."""
+        """Put the saved tensors into `trained` (and `optimizer`, when given).
+
+        Raises:
+            CheckpointError: the checkpoint does not hold `trained`'s parameters (another model); raised before
+                any tensor is copied.
+        """
         raise NotImplementedError
 
     def save(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
@@ -77,38 +78,59 @@ class RunCheckpoint:
 
 
 class FileCheckpoint(RunCheckpoint):
+    """`last.pt`. It keeps only its `meta` in memory (read by `check` or `meta`); the tensors of the modules and
+    the optimizer are read from the file when they are loaded, so a resume does not hold them from its checks on."""
+
     name, previous_name, sharded = "last.pt", "previous.pt", False
 
     def check(self) -> None:
-        self._state()
+        self._read()
 
     def meta(self) -> dict[str, Any]:
-        return {k: v for k, v in self._state().items() if k not in ("model", "loss", "optimizer")}
-
-    def check_fits(self, trained: nn.ModuleDict) -> None:
-        try:
-            trained["model"].load_state_dict(self._state()["model"])
-        except (RuntimeError, KeyError, ValueError, TypeError) as error:
-            raise CheckpointError(f"--resume {self.path} does not fit the model it names: {error}") from error
+        if "_meta" not in self.__dict__:
+            self._read()
+        return self._meta
 
     def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
-        state = self._state()
+        state = self._read()
+        _check_holds(self.path, state, trained)  # before any tensor is copied
         trained["model"].load_state_dict(state["model"])
         trained["loss"].load_state_dict(state["loss"])
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
-        self.__dict__.pop("_loaded", None)  # the modules hold the tensors now
 
     def save(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
         if distributed.rank() == 0:  # the ranks hold the same replicas
             save_checkpoint({**meta, "model": trained["model"].state_dict(), "loss": trained["loss"].state_dict(),
                              "optimizer": optimizer.state_dict()}, self.path, previous=self.previous_path)
-        self.__dict__.pop("_loaded", None)
+        self.__dict__.pop("_meta", None)
 
-    def _state(self) -> dict[str, Any]:
-        if "_loaded" not in self.__dict__:
-            self._loaded = load_checkpoint(self.path)
-        return self._loaded
+    def _read(self) -> dict[str, Any]:
+        """The whole checkpoint, checked; its meta kept, its tensors left to the caller."""
+        state = load_checkpoint(self.path)
+        self._meta = {k: v for k, v in state.items() if k not in TENSOR_ENTRIES}
+        return state
+
+
+TENSOR_ENTRIES = ("model", "loss", "optimizer")  # what a `last.pt` holds beside its meta
+
+
+def _check_holds(path: Path, state: dict[str, Any], trained: nn.ModuleDict) -> None:
+    """Raise CheckpointError unless `state` holds the tensors of `trained`'s model (each in its shape) and loss, and
+    no others: `load_state_dict` would refuse it too, but only after copying what did fit, and with a RuntimeError.
+    The loss's shapes are its own to adopt (a queue is sized on its first step)."""
+    for part in ("model", "loss"):
+        expected, stored = trained[part].state_dict(), state.get(part, {})
+        faults = [(what, names) for what, names in (
+            ("lacks", sorted(set(expected) - set(stored))), ("has unknown", sorted(set(stored) - set(expected))),
+            ("has other shapes for", [f"{key} {tuple(stored[key].shape)} (the model's: {tuple(value.shape)})"
+                                      for key, value in expected.items() if part == "model" and key in stored
+                                      and isinstance(value, torch.Tensor) and stored[key].shape != value.shape]))
+            if names]
+        if faults:
+            found = "; ".join(f"{what} {names[:5]}{' and more' if len(names) > 5 else ''}" for what, names in faults)
+            raise CheckpointError(f"checkpoint {path} does not fit the {part} its run's options build: it {found}; "
+                                  "it was saved from another model or by another version of the program")
 
 
 class ShardedCheckpoint(RunCheckpoint):
@@ -129,11 +151,6 @@ class ShardedCheckpoint(RunCheckpoint):
             raise CheckpointError(f"{self.path} is a sharded checkpoint without the run's options; it was not "
                                   "written by gradcache train")
         return meta
-
-    def check_fits(self, trained: nn.ModuleDict) -> None:
-        from gradcache.train.checkpoints.sharded import check_sharded_model
-
-        check_sharded_model(self.path, trained)
 
     def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
         from gradcache.train.checkpoints.sharded import load_sharded, load_sharded_model

@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from torch import nn
-
 from gradcache.train.checkpoints.kinds import (
     KINDS,
     Found,
@@ -24,10 +22,9 @@ from gradcache.train.checkpoints.kinds import (
     find_checkpoint,
     locate,
 )
+from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import MODEL_FIELDS, RunConfig
 from gradcache.train.errors import CheckpointError
-from gradcache.train.modes import MODES
-from gradcache.train.run import build_model
 from gradcache.train.run_folder.lock import decided_by_rank_zero
 
 # --cpu-offload only moves where the shards live, so a resumed run may turn it on or off.
@@ -60,17 +57,18 @@ def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> 
     from the command line.
 
     Raises:
-        CheckpointError: a checkpoint of another kind, mode or model, or an option that differs.
+        CheckpointError: a checkpoint of another kind or mode, or an option that differs. A checkpoint whose
+            tensors do not fit the model its options build is refused when the run loads it (`RunCheckpoint.load`),
+            before anything is written, so the model is built once.
     """
     if "fsdp" in explicit and not saved.sharded:
         raise CheckpointError(f"--resume {given.resume} is a single-file checkpoint (last.pt) of a run without "
                               "--fsdp; resume it without --fsdp, or start a new run with --fsdp")
-    meta = saved.meta()
-    stored_mode = meta["args"].get("mode")
+    stored_mode = saved.meta().get("args", {}).get("mode")
     if stored_mode != given.mode:
         raise CheckpointError(f"{given.resume} is a {stored_mode} checkpoint; resume it with "
                               f"`gradcache train {stored_mode} --resume ...`")
-    stored = RunConfig.from_dict(meta["args"])
+    stored = CheckpointMeta.from_dict(saved.meta(), saved).config
     for key in sorted(explicit - set(RUN_LOCAL) - set(LENGTH)):
         if getattr(stored, key) != getattr(given, key):
             kind = "a different model" if key in MODEL_FIELDS else "a run with different options"
@@ -85,14 +83,12 @@ def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> 
     if saved.sharded != merged.fsdp:
         raise CheckpointError(f"--resume {given.resume} is a sharded checkpoint but its run has no --fsdp; "
                               "it was not written by gradcache train")
-    mode = MODES[merged.mode]
-    saved.check_fits(nn.ModuleDict({"model": build_model(mode, merged), "loss": mode.build_loss(merged)}))
-    return merged
+    return merged  # whether it fits the model is checked where the run has built it, on loading (Run._resume)
 
 
 def check_length(config: RunConfig, saved: RunCheckpoint, train_size: int) -> None:
     """A resumed run may be made longer, not shorter than the run it continues."""
-    before = saved.meta()["total_steps"]
+    before = CheckpointMeta.from_dict(saved.meta(), saved).total_steps
     after = config.total_steps(train_size)
     if after < before:
         given = f"--steps {config.steps}" if config.steps is not None else f"--epochs {config.epochs}"

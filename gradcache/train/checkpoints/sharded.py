@@ -150,12 +150,6 @@ def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str,
     return _extra(folder)
 
 
-def check_sharded_model(folder: str | os.PathLike, model: nn.Module) -> None:
-    """Raise CheckpointError unless the sharded checkpoint `folder` holds every parameter of `model`."""
-    folder = _resolve_sharded(Path(folder))
-    _check_holds(folder, get_model_state_dict(model))
-
-
 def _check_holds(folder: Path, model_state: dict[str, Any]) -> None:
     stored = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
     missing = sorted(k for k in model_state if f"model.{k}" not in stored)

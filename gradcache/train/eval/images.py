@@ -11,7 +11,7 @@ All scores are percentages. Embeddings are L2-normalised, so a faiss inner-produ
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import faiss
 import numpy as np
@@ -19,26 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from gradcache.train.data.images.augment import to_model_input
-
-
-@torch.no_grad()
-def embed_images(encode: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, device: torch.device,
-                 batch_size: int = 512) -> np.ndarray:
-    """(N, D) float32 L2-normalised embeddings of uint8 (N, 3, H, W) images, encoded in batches."""
-    chunks = [encode(to_model_input(images[i:i + batch_size]).to(device)).float()
-              for i in range(0, len(images), batch_size)]
-    return F.normalize(torch.cat(chunks), dim=1).cpu().numpy()
-
-
-@torch.no_grad()
-def embed_texts(encode: Callable[..., torch.Tensor], tokenizer: Callable, texts: Sequence[str],
-                device: torch.device, batch_size: int = 512) -> np.ndarray:
-    """(N, D) float32 L2-normalised embeddings of `texts`, tokenised and encoded in batches."""
-    chunks = []
-    for i in range(0, len(texts), batch_size):
-        tokens = {k: v.to(device) for k, v in tokenizer(list(texts[i:i + batch_size])).items()}
-        chunks.append(encode(**tokens).float())
-    return F.normalize(torch.cat(chunks), dim=1).cpu().numpy()
 
 
 def pixel_features(train: torch.Tensor, test: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

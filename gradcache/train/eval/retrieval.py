@@ -10,14 +10,15 @@ hard negative is one candidate), so each query has exactly one relevant passage,
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import faiss
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.eval.dimensions import at_dim, evaluation_dims, truncated
+from gradcache.train.eval.embed import embed_texts
 
 RETRIEVAL_DEPTH = 10
 
@@ -59,26 +60,15 @@ def retrieval_metrics(query_embeddings: np.ndarray, corpus_embeddings: np.ndarra
     }
 
 
-@torch.no_grad()
-def embed_texts(encode: Callable[..., torch.Tensor], tokenizer: Callable, texts: list[str], device: torch.device,
-                batch_size: int = 256) -> np.ndarray:
-    """(N, D) float32 L2-normalised embeddings of `texts` in their order, encoded in batches of similar length
-    (sorted by characters, so a batch pads little)."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    chunks = []
-    for start in range(0, len(order), batch_size):
-        tokens = tokenizer([texts[i] for i in order[start:start + batch_size]])
-        chunks.append(encode(**{key: value.to(device) for key, value in tokens.items()}).float())
-    embeddings = torch.empty(len(texts), chunks[0].shape[1])
-    embeddings[torch.tensor(order)] = F.normalize(torch.cat(chunks), dim=1).cpu()
-    return embeddings.numpy()
-
-
 def evaluate_retrieval(encode_query: Callable[..., torch.Tensor], encode_passage: Callable[..., torch.Tensor],
                        tokenizer: Callable, pairs: TextPairs, device: torch.device,
-                       batch_size: int = 256) -> dict[str, float]:
-    """The held-out queries of `pairs` against their corpus, each text embedded by its tower (module docstring)."""
+                       batch_size: int = 256, dims: Sequence[int] | None = None) -> dict[str, float]:
+    """The held-out queries of `pairs` against their corpus, each text embedded by its tower (module docstring);
+    with `dims` (`--matryoshka-dims`), the same metrics at each narrower width d as `<metric>@<d>`."""
     corpus, relevant = retrieval_corpus(pairs)
     queries = embed_texts(encode_query, tokenizer, pairs.queries, device, batch_size)
     passages = embed_texts(encode_passage, tokenizer, corpus, device, batch_size)
-    return retrieval_metrics(queries, passages, relevant)
+    metrics = retrieval_metrics(queries, passages, relevant)
+    for dim in evaluation_dims(dims, queries.shape[1]):
+        metrics.update(at_dim(retrieval_metrics(truncated(queries, dim), truncated(passages, dim), relevant), dim))
+    return metrics

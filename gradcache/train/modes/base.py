@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from gradcache import losses
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.splits import Splits
@@ -71,8 +72,24 @@ class Mode:
     def build_loss(self, config: RunConfig) -> nn.Module:
         raise NotImplementedError
 
-    def encoders(self, model: nn.Module) -> nn.Module | list[nn.Module]:
-        """What the strategy encodes with: one module shared by every input, or one module per input."""
+    def embedding_width(self, config: RunConfig) -> int:
+        """The width of the embeddings the loss sees (`--matryoshka-dims` may not exceed it), read cheaply: from
+        the options or a model folder's configuration, before anything is built."""
+        raise NotImplementedError
+
+    def matryoshka(self, loss: nn.Module, dims: list[int]) -> nn.Module:
+        """`loss` (from `build_loss`) summed over the column prefixes `dims` of every embedding it reads
+        (`--matryoshka-dims`); `gradcache.train.matryoshka.unwrapped` reaches the mode's own loss inside."""
+        return losses.Matryoshka(loss, dims)
+
+    def build_guide(self, config: RunConfig) -> nn.Module | None:
+        """A frozen model whose embeddings the loss reads beside the trained ones (text's `--guide`), or None.
+        Built at every start (a resume too), kept in eval mode, never trained, never saved in a checkpoint."""
+        return None
+
+    def encoders(self, model: nn.Module, guide: nn.Module | None = None) -> nn.Module | list[nn.Module]:
+        """What the strategy encodes with: one module shared by every input, or one module per input; with the
+        `build_guide` model, the guide's inputs too (a frozen tower: encoded once, without a graph)."""
         raise NotImplementedError
 
     def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:

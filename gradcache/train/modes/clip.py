@@ -2,7 +2,9 @@
 temperature clamped after each step; scored by cross-modal recall@K and zero-shot classification.
 
 The towers are the built-in ones (an image encoder preset and a byte-level text Transformer), or with
-`--model open_clip:ARCH` any open_clip architecture with its own tokenizer (random init, or `--pretrained PATH`)."""
+`--model open_clip:ARCH` any open_clip architecture with its own tokenizer (random init, or `--pretrained PATH`).
+A SigLIP architecture (one whose open_clip config sets `init_logit_bias`) trains with its own loss, SigLIP's
+pairwise sigmoid loss with a learned temperature and bias."""
 from __future__ import annotations
 
 import math
@@ -28,12 +30,10 @@ from gradcache.train.data.images.files import load_caption_table
 from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.order import StepSampler, training_batches
 from gradcache.train.errors import DataError, UsageError
-from gradcache.train.eval.images import (
-    embed_images,
-    embed_texts,
-    retrieval_recall,
-    zero_shot_top1,
-)
+from gradcache.train.eval.dimensions import at_dim, evaluation_dims, truncated
+from gradcache.train.eval.embed import embed_images, embed_texts
+from gradcache.train.eval.images import retrieval_recall, zero_shot_top1
+from gradcache.train.matryoshka import unwrapped
 from gradcache.train.modes.backbone import BACKBONE_HELP, build_backbone, check_backbone
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.image import ImageMode
@@ -47,7 +47,8 @@ class CLIP(ImageMode):
     defaults = dict(temperature=0.07, lr=2e-3, batch_size=256, chunk_size=64)
     default_epochs = 4
     trim_padding = True  # TextEncoder ignores masked positions, so trimming is exact (open_clip's tokens have no mask)
-    model_help = f"{BACKBONE_HELP}, or open_clip:ARCH for both towers of an open_clip architecture (random init)"
+    model_help = (f"{BACKBONE_HELP}, or open_clip:ARCH for both towers of an open_clip architecture (random init; "
+                  "a SigLIP architecture trains with the sigmoid loss and a learned bias)")
 
     def add_image_mode_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         data, model, run = groups.data, groups.model, groups.run
@@ -64,7 +65,8 @@ class CLIP(ImageMode):
         model.add_argument("--text-heads", type=int, default=default("text_heads"),
                            help="text transformer attention heads")
         model.add_argument("--pretrained", default=default("pretrained"), help="with --model open_clip:ARCH: a local "
-                           "open_clip checkpoint file whose weights (and temperature) a new run starts from (default: random weights)")
+                           "open_clip checkpoint file whose weights and temperature (and a SigLIP model's bias) a "
+                           "new run starts from (default: random weights)")
         run.add_argument("--max-logit-scale", type=float, default=default("max_logit_scale"),
                          help="clamp of 1/temperature after each step")
 
@@ -111,37 +113,76 @@ class CLIP(ImageMode):
         return ClipModel(build_backbone(config), text, embed_dim=config.projection_dim)
 
     def build_loss(self, config: RunConfig) -> nn.Module:
-        return losses.ClipLoss(temperature=config.temperature, learnable=True, tile_size=config.tile_size,
-                               queue_size=config.queue_size, queue_warmup=config.queue_warmup)
+        """ClipLoss at --temperature, learnable; for an open_clip architecture its own loss (`open_clip_loss`):
+        SigLipLoss at the architecture's initial bias for a SigLIP one."""
+        options = dict(tile_size=config.tile_size, queue_size=config.queue_size, queue_warmup=config.queue_warmup)
+        architecture = open_clip_architecture(config.model)
+        if architecture is None:
+            return losses.ClipLoss(temperature=config.temperature, learnable=True, **options)
+        from gradcache.integrations.open_clip import open_clip_loss  # the open-clip extra, only when asked
+
+        return open_clip_loss(architecture, config.temperature, **options)
 
     def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
-        if config.pretrained is not None:  # the checkpoint's weights and its learned temperature
-            temperature = model.load_pretrained(config.pretrained)
+        if config.pretrained is not None:  # the checkpoint's weights, its learned temperature (and SigLIP's bias)
+            pretrained = model.load_pretrained(config.pretrained)
             with torch.no_grad():
-                loss.logit_scale.fill_(math.log(1.0 / temperature))
+                own = unwrapped(loss)  # the mode's loss, inside a Matryoshka with --matryoshka-dims
+                own.logit_scale.copy_(pretrained.logit_scale)
+                if isinstance(own, losses.SigLipLoss):
+                    own.bias.copy_(pretrained.bias)
 
-    def encoders(self, model: nn.Module) -> list[nn.Module]:
+    def embedding_width(self, config: RunConfig) -> int:
+        architecture = open_clip_architecture(config.model)
+        if architecture is None:
+            return config.projection_dim
+        import open_clip  # check_model has found it and the architecture
+
+        return open_clip.get_model_config(architecture)["embed_dim"]
+
+    def encoders(self, model: nn.Module, guide: nn.Module | None = None) -> list[nn.Module]:
         return [model.image_tower, model.text_tower]
 
     def after_step(self, config: RunConfig, loss: nn.Module) -> None:
-        loss.clamp_logit_scale(config.max_logit_scale)
+        with torch.no_grad():  # 1 / temperature <= --max-logit-scale, in ClipLoss and SigLipLoss alike
+            unwrapped(loss).logit_scale.clamp_(max=math.log(config.max_logit_scale))
 
     def metrics(self, config: RunConfig, model: nn.Module, data: DataSplits,
                 device: torch.device) -> dict[str, float]:
-        """Recall@1/5/10 both ways with their chance levels, and zero-shot top-1 where the data has classes."""
+        """Recall@1/5/10 both ways with their chance levels, and zero-shot top-1 where the data has classes; with
+        `--matryoshka-dims`, both again at each narrower width (`<metric>@<d>`; the chance levels do not change)."""
         tokenizer = _tokenizer(config)
         images = embed_images(model.encode_image, data.test.images, device)
         texts = embed_texts(model.encode_text, tokenizer, data.test.captions, device)
-        metrics = retrieval_recall(images, texts, data.test.captions)
+        prompts = None
         if data.test.labels is not None and data.test.class_names:
-            prompts = data.test.class_prompts or [[f"a photo of a {name}"] for name in data.test.class_names]
-            classes = np.stack([embed_texts(model.encode_text, tokenizer, p, device).mean(0) for p in prompts])
-            classes /= np.linalg.norm(classes, axis=1, keepdims=True)
-            metrics["zero_shot_top1"] = zero_shot_top1(images, data.test.labels, classes)
+            prompt_texts = data.test.class_prompts or [[f"a photo of a {name}"] for name in data.test.class_names]
+            prompts = [embed_texts(model.encode_text, tokenizer, p, device) for p in prompt_texts]  # (P_c, D) each
+        metrics = _scores(images, texts, prompts, data)
+        for dim in evaluation_dims(config.matryoshka_dims, images.shape[1]):
+            cut = _scores(truncated(images, dim), truncated(texts, dim),
+                          None if prompts is None else [truncated(p, dim) for p in prompts], data)
+            metrics.update(at_dim({k: v for k, v in cut.items() if not k.startswith("chance_")}, dim))
         return metrics
 
     def summary(self, loss: nn.Module) -> dict[str, Any]:
-        return {"temperature": loss.temperature}
+        """The learned temperature, and a SigLIP loss's learned bias."""
+        own = unwrapped(loss)
+        if isinstance(own, losses.SigLipLoss):
+            return {"temperature": own.temperature, "bias": float(own.bias.detach())}
+        return {"temperature": own.temperature}
+
+
+def _scores(images: np.ndarray, texts: np.ndarray, prompts: list[np.ndarray] | None,
+            data: DataSplits) -> dict[str, float]:
+    """Recall both ways of (N, D) unit image and caption embeddings, and zero-shot top-1 from each class's
+    (P_c, D) unit prompt embeddings (their mean, normalised) where the data has classes."""
+    scores = retrieval_recall(images, texts, data.test.captions)
+    if prompts is not None:
+        classes = np.stack([p.mean(0) for p in prompts])  # (C, D)
+        classes /= np.linalg.norm(classes, axis=1, keepdims=True)
+        scores["zero_shot_top1"] = zero_shot_top1(images, data.test.labels, classes)
+    return scores
 
 
 def _tokenizer(config: RunConfig) -> ByteTokenizer | OpenClipTokenizer:

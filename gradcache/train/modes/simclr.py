@@ -17,7 +17,9 @@ from gradcache.train.data.images.files import load_image_folder
 from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.order import StepSampler, training_batches
 from gradcache.train.errors import UsageError
-from gradcache.train.eval.images import embed_images, knn_top1, pixel_features
+from gradcache.train.eval.dimensions import truncated
+from gradcache.train.eval.embed import embed_image_outputs
+from gradcache.train.eval.images import knn_top1, pixel_features
 from gradcache.train.modes.backbone import build_backbone
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.image import ImageMode
@@ -74,20 +76,39 @@ class SimCLR(ImageMode):
         return losses.NTXent(temperature=config.temperature, tile_size=config.tile_size,
                              queue_size=config.queue_size, queue_warmup=config.queue_warmup)
 
-    def encoders(self, model: nn.Module) -> nn.Module:
+    def embedding_width(self, config: RunConfig) -> int:
+        return config.projection_dim
+
+    def encoders(self, model: nn.Module, guide: nn.Module | None = None) -> nn.Module:
         return model  # one network shared by both views
 
     def metrics(self, config: RunConfig, model: nn.Module, data: DataSplits,
                 device: torch.device) -> dict[str, float]:
-        train = embed_images(model.embed, data.train.images, device)
-        test = embed_images(model.embed, data.test.images, device)
-        return {"knn_top1": _knn(config, train, test, data)}
+        """kNN on the backbone features h; with `--matryoshka-dims`, also on the first d columns of the projection
+        z = g(h), which the loss trains at every d (h is no prefix of anything): `knn_top1@<d>` for every d."""
+        dims = config.matryoshka_dims or []
+        encode = _features_and_projection(model) if dims else lambda images: (model.embed(images),)
+        train, *train_z = embed_image_outputs(encode, data.train.images, device)
+        test, *test_z = embed_image_outputs(encode, data.test.images, device)
+        metrics = {"knn_top1": _knn(config, train, test, data)}
+        for dim in dims:
+            metrics[f"knn_top1@{dim}"] = _knn(config, truncated(train_z[0], dim), truncated(test_z[0], dim), data)
+        return metrics
 
     def baselines(self, config: RunConfig, data: DataSplits, initial: dict[str, float]) -> dict[str, float]:
         """kNN on raw pixels, and on the network as initialised (the model at step 0)."""
         train, test = pixel_features(data.train.images, data.test.images)
         return {"knn_top1_raw_pixels": _knn(config, train, test, data),
                 "knn_top1_random_init": initial["knn_top1"]}
+
+
+def _features_and_projection(model: nn.Module) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """images -> (features h, projection z = g(h)), one backbone pass for both."""
+    def encode(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = model.embed(images)
+        return features, model.head(features)
+
+    return encode
 
 
 def _knn(config: RunConfig, train, test, data: DataSplits) -> float:

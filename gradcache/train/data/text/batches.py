@@ -35,16 +35,21 @@ class QueryPassages(Dataset):
 
 
 class TokenizeGroups:
-    """Tokenises a batch of items into [query tokens (n, L), passage tokens (n (1 + h), L')] (a class, not a
-    lambda, so worker processes can pickle it)."""
+    """Tokenises a batch of items into [query tokens (n, L), passage tokens (n (1 + h), L')], and with a guide's
+    tokenizer the same texts again in the guide's tokens (a class, not a lambda, so worker processes can pickle
+    it)."""
 
-    def __init__(self, tokenizer: Callable[[list[str]], dict[str, torch.Tensor]]) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Callable[[list[str]], dict[str, torch.Tensor]],
+                 guide_tokenizer: Callable[[list[str]], dict[str, torch.Tensor]] | None = None) -> None:
+        self.tokenizer, self.guide_tokenizer = tokenizer, guide_tokenizer
 
     def __call__(self, items: list[tuple[str, list[str]]]) -> list[dict[str, torch.Tensor]]:
         queries = [query for query, _ in items]
         passages = [passage for _, group in items for passage in group]
-        return [self.tokenizer(queries), self.tokenizer(passages)]
+        tokens = [self.tokenizer(queries), self.tokenizer(passages)]
+        if self.guide_tokenizer is not None:
+            tokens += [self.guide_tokenizer(queries), self.guide_tokenizer(passages)]
+        return tokens
 
 
 def split_groups(passages: torch.Tensor, negatives_per_query: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -56,30 +61,45 @@ def split_groups(passages: torch.Tensor, negatives_per_query: int) -> tuple[torc
 
 class GroupedInfoNCE(nn.Module):
     """InfoNCE(query (n, D), passages (n (1 + h), D) grouped by query, positive first): every query against every
-    positive and hard negative of the batch, over all ranks when the strategy gathers them."""
+    positive and hard negative of the batch, over all ranks when the strategy gathers them.
+
+    With a guide (GISTEmbed, `--guide`): `guide_query` (n, D') and `guide_passages` (n (1 + h), D'), the guide
+    model's embeddings of the same texts, drop from each query's softmax the candidates the guide scores above
+    g(q_i, p_i) - margin (`margin_strategy` "absolute") or g(q_i, p_i) - |g(q_i, p_i)| margin ("relative").
+    `infonce` is the InfoNCE, or a `Matryoshka` around it (`--matryoshka-dims`)."""
 
     def __init__(self, negatives_per_query: int, temperature: float, symmetric: bool = False,
-                 tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0) -> None:
+                 tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0, *,
+                 margin_strategy: str = "absolute", margin: float = 0.0) -> None:
         super().__init__()
         self.negatives_per_query = negatives_per_query
         self.infonce = losses.InfoNCE(temperature=temperature, symmetric=symmetric, tile_size=tile_size,
-                                      queue_size=queue_size, queue_warmup=queue_warmup)
+                                      queue_size=queue_size, queue_warmup=queue_warmup,
+                                      margin_strategy=margin_strategy, margin=margin)
 
     @property
     def temperature(self) -> float:
-        return self.infonce.temperature
+        inner = self.infonce.loss if isinstance(self.infonce, losses.Matryoshka) else self.infonce
+        return inner.temperature
 
-    def forward(self, query: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
+    def forward(self, query: torch.Tensor, passages: torch.Tensor, guide_query: torch.Tensor | None = None,
+                guide_passages: torch.Tensor | None = None) -> torch.Tensor:
         if passages.shape[0] != query.shape[0] * (1 + self.negatives_per_query):
             raise ValueError(f"passages must hold {1 + self.negatives_per_query} rows per query (positive and "
                              f"{self.negatives_per_query} hard negatives), got {passages.shape[0]} for "
                              f"{query.shape[0]} queries")
         positive, negatives = split_groups(passages, self.negatives_per_query)  # (n, D), (n h, D) or None
-        return self.infonce(query, positive, negatives)
+        if guide_query is None:
+            return self.infonce(query, positive, negatives)
+        guide_positive, guide_negatives = split_groups(guide_passages, self.negatives_per_query)  # (n, D'), ...
+        guide = (guide_query, guide_positive) + (() if guide_negatives is None else (guide_negatives,))
+        return self.infonce(query, positive, negatives, guide=guide)
 
 
-def text_batches(pairs: TextPairs, sampler: StepSampler, tokenizer: Callable, workers: int) -> DataLoader:
-    """A loader of [query tokens, passage tokens] per step, in the order `sampler` gives."""
+def text_batches(pairs: TextPairs, sampler: StepSampler, tokenizer: Callable, workers: int,
+                 guide_tokenizer: Callable | None = None) -> DataLoader:
+    """A loader of [query tokens, passage tokens] per step (and the guide's tokens of both, given
+    `guide_tokenizer`), in the order `sampler` gives."""
     return DataLoader(QueryPassages(pairs), batch_sampler=sampler, num_workers=workers,
-                      collate_fn=TokenizeGroups(tokenizer), persistent_workers=False,
+                      collate_fn=TokenizeGroups(tokenizer, guide_tokenizer), persistent_workers=False,
                       prefetch_factor=2 if workers else None, worker_init_fn=ignore_stop_signals)

@@ -1,19 +1,44 @@
 """One import name, `gradcache`: the library imports with torch alone, the encoders live at gradcache.models,
 and a user's own `models` package neither shadows nor is shadowed by them. (.ci/run checks the other half in a
-fresh virtual environment: `pip install .` brings torch and none of the program's packages.)"""
+fresh virtual environment: `pip install .` brings torch and none of the program's packages, and the wheel with
+[train] trains from a folder whose own models/ raises on import.)"""
 from __future__ import annotations
 
+import ast
+import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-USER_MODELS = "raise ImportError('the user\\'s own models package was imported')\n"
+
+# One fresh interpreter, started in a folder that holds a `models` package of its own: what importing gradcache
+# brings beyond torch, and which file each of the two `models` names comes from.
+FRESH = """
+import json, sys, torch
+before = set(sys.modules)
+import gradcache
+new = {m.split('.')[0] for m in set(sys.modules) - before}
+library = sorted(new - {'gradcache'} - set(sys.stdlib_module_names))
+import models
+import gradcache.models, gradcache.train.loop
+print(json.dumps({"library_imports": library, "mine": models.MINE, "user_models": models.__file__,
+                  "gradcache_models": gradcache.models.__file__,
+                  "presets": sorted(gradcache.models.IMAGE_ENCODER_PRESETS)}))
+"""
 
 
-def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> tuple[dict, Path]:
+    folder = tmp_path_factory.mktemp("project")
+    (folder / "models").mkdir()
+    (folder / "models" / "__init__.py").write_text("MINE = True\n")
+    result = subprocess.run([sys.executable, "-c", FRESH], cwd=folder, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1]), folder
 
 
 def test_every_package_folder_is_listed_in_pyproject():
@@ -26,29 +51,37 @@ def test_every_package_folder_is_listed_in_pyproject():
     assert setuptools["package-dir"] == {"gradcache.models": "models"}
 
 
-def test_the_library_imports_nothing_beyond_torch(tmp_path):
-    result = _python("import sys, torch\nbefore = set(sys.modules)\nimport gradcache\n"
-                     "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
-                     "print(sorted(new - {'gradcache'} - set(sys.stdlib_module_names)))", tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+def test_the_library_imports_nothing_beyond_torch(fresh):
+    assert fresh[0]["library_imports"] == []  # a user's `models` on the path was not imported either
 
 
-def test_a_folder_with_its_own_models_package(tmp_path):
-    """`python -m gradcache train` from a project with a `models/` of its own, and a script that imports both."""
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "__init__.py").write_text("MINE = True\n")
-    script = ("import models\nimport gradcache.models, gradcache.train.loop\n"
-              "assert models.MINE and gradcache.models.IMAGE_ENCODER_PRESETS\n"
-              f"assert models.__file__.startswith({str(tmp_path)!r})\n"
-              f"assert not gradcache.models.__file__.startswith({str(tmp_path)!r}), gradcache.models.__file__\n")
-    result = _python(script, tmp_path)
-    assert result.returncode == 0, result.stderr
-    (tmp_path / "models" / "__init__.py").write_text(USER_MODELS)  # any import of it now fails loudly
-    run = subprocess.run(
-        [sys.executable, "-m", "gradcache", "train", "simclr", "--steps", "1", "--train-size", "32", "--test-size",
-         "16", "--image-size", "16", "--batch-size", "8", "--chunk-size", "4", "--width", "8", "--hidden-dim", "16",
-         "--projection-dim", "8", "--knn-k", "3", "--warmup", "0", "--quiet", "--workers", "0",
-         "--output-dir", str(tmp_path / "run")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert (tmp_path / "run" / "last.pt").is_file()
+def test_a_folder_with_its_own_models_package(fresh):
+    """A script in a project with a `models/` of its own imports both: its own, and the encoders."""
+    found, folder = fresh
+    assert found["mine"] is True and found["presets"]
+    assert Path(found["user_models"]).is_relative_to(folder)
+    assert not Path(found["gradcache_models"]).is_relative_to(folder), found["gradcache_models"]
+
+
+def _imported_names(path: Path) -> list[str]:
+    """Every absolute module name an import statement of `path` names, wherever it sits (functions included)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def test_no_source_file_imports_a_top_level_models_package():
+    """The program (every mode, every lazy import) reaches the encoders as gradcache.models only, so a user's
+    `models` is never imported: checked on every import statement of the sources, in place of a training run
+    from such a folder (.ci/run trains the installed wheel from one, whose models/ raises on import)."""
+    sources = [*(ROOT / "gradcache").rglob("*.py"), *(ROOT / "models").rglob("*.py")]
+    assert len(sources) > 20
+    offending = [f"{path.relative_to(ROOT)}: import {name}" for path in sources for name in _imported_names(path)
+                 if name == "models" or name.startswith("models.")]
+    dynamic = [str(path.relative_to(ROOT)) for path in sources
+               if any(f"import_module({quote}models" in path.read_text() for quote in "'\"")]
+    assert offending == [] and dynamic == []

@@ -12,8 +12,9 @@ from gradcache.losses import checks
 
 from .cases import CASE_IDS, CASES
 
-# N is nine tiles; D small, so that every (N, D) input stays below N x TILE_SIZE and a strip would stand out.
-N, D, TILE_SIZE = 288, 8, 32
+# N is five tiles; D small, so that every (N, D) input stays below N x TILE_SIZE and a strip would stand out
+# (and above a tile, TILE_SIZE^2, so that a tile is not taken for an (N, D) tensor).
+N, D, TILE_SIZE = 160, 8, 32
 STRIPS = 10 * N  # columns per tile: more than any loss's column count here, i.e. strips of TILE_SIZE rows
 
 

@@ -11,17 +11,36 @@ import time
 
 import pytest
 
+from gradcache.cli import main
 from gradcache.train import errors
 from gradcache.train.checkpoints.atomic import load_checkpoint
 from tests.train.conftest import TINY
 
-STEPS = 30  # enough that a run signalled after its first logged step is still training
+STEPS = 6  # more than the step a run is held at (GATED), across an epoch (4 steps of 16 of 64 images)
 ARGS = [*TINY["simclr"], "--steps", str(STEPS), "--checkpoint-every", "10", "--threads", "1"]
+# `python -m gradcache ARGS` whose run, once it has logged step `held_after`, waits until the file `gate` exists:
+# the test signals a run that is certainly still training, however slow or fast the machine, then opens the gate.
+GATED = """
+import sys, time
+from pathlib import Path
+from gradcache.cli import main
+from gradcache.train.run_folder.log import RunLog
+
+gate_step, gate, original = int(sys.argv[1]), Path(sys.argv[2]), RunLog.log_step
+
+def log_step(self, row):
+    original(self, row)
+    while row["step"] == gate_step and not gate.exists():
+        time.sleep(0.01)
+
+RunLog.log_step = log_step
+sys.exit(main(sys.argv[3:]))
+"""
 
 
-def _gradcache(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gradcache", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _gradcache(*args: str, held_after: int, gate) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", GATED, str(held_after), str(gate), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _losses(folder) -> list[str]:
@@ -49,9 +68,9 @@ def _finish(process: subprocess.Popen, timeout: float = 120.0) -> tuple[int, str
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
+    """In this process (the same code and --threads 1 give the same float sums as a subprocess's run)."""
     folder = tmp_path_factory.mktemp("uninterrupted")
-    status, stderr = _finish(_gradcache("train", "simclr", *ARGS, "--output-dir", str(folder)))
-    assert status == errors.OK, stderr
+    assert main(["train", "simclr", *ARGS, "--output-dir", str(folder)]) == errors.OK
     return _losses(folder)
 
 
@@ -59,29 +78,31 @@ def uninterrupted(tmp_path_factory):
                          ids=["SIGTERM-alone", "SIGINT-to-the-group-with-2-workers"])
 def test_a_signal_saves_exits_preempted_and_the_resume_logs_the_uninterrupted_losses(
         tmp_path, uninterrupted, signum, group, workers):
-    folder = tmp_path / "run"
-    process = _gradcache("train", "simclr", *ARGS, "--workers", workers, "--output-dir", str(folder))
+    folder, gate = tmp_path / "run", tmp_path / "gate"
+    process = _gradcache("train", "simclr", *ARGS, "--workers", workers, "--output-dir", str(folder),
+                         held_after=1, gate=gate)
     _wait_for_step(folder, 1, process)
     (os.killpg if group else os.kill)(process.pid, signum)
+    gate.touch()
     status, stderr = _finish(process)
 
     assert status == errors.PREEMPTED, stderr
     saved = load_checkpoint(folder)
     assert 1 <= saved["step"] < STEPS and saved["step"] == len(_losses(folder))  # the step in progress, finished
     assert f"gradcache train simclr --resume {folder}" in stderr and f"step {saved['step']}" in stderr
-    status, stderr = _finish(_gradcache("train", "simclr", "--resume", str(folder), "--workers", "0",
-                                         "--threads", "1", "--quiet"))  # threads: the same float sums
-    assert status == errors.OK, stderr
+    # resumed in this process, --threads 1 as before: the same float sums
+    assert main(["train", "simclr", "--resume", str(folder), "--workers", "0", "--threads", "1", "--quiet"]) == 0
     assert _losses(folder) == uninterrupted
 
 
 def test_a_second_signal_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path):
-    folder = tmp_path / "run"
+    folder, gate = tmp_path / "run", tmp_path / "gate"
     process = _gradcache("train", "simclr", *ARGS, "--checkpoint-every", "1", "--workers", "1", "--output-dir",
-                         str(folder))
+                         str(folder), held_after=2, gate=gate)
     _wait_for_step(folder, 2, process)
     os.killpg(process.pid, signal.SIGTERM)
     os.killpg(process.pid, signal.SIGINT)  # another signal number: two handler calls, not one coalesced
+    gate.touch()
     status, stderr = _finish(process)
 
     assert status == errors.INTERRUPTED, stderr

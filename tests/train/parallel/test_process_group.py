@@ -38,7 +38,10 @@ def _rank(rank: int, port: int, folder: str, argv: list[str], rank_zero_dies: bo
 
 def _launch(tmp_path: Path, argv: list[str], rank_zero_dies: bool = False) -> list[tuple[int, list | None, str]]:
     """Each rank's exit code, what it recorded after `main` returned (None if it never did) and its stderr."""
-    context = multiprocessing.get_context("fork")  # the ranks inherit the imported modules (fast to start)
+    # forked from a fork server that imported this module once (fast to start), not from pytest: a fork of a
+    # process that has run FSDP with CPU offload (tests/train/parallel/test_cli_fsdp.py) hangs in the ranks
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
     port = _free_port()
     ranks = [context.Process(target=_rank, args=(r, port, str(tmp_path), argv, rank_zero_dies)) for r in (0, 1)]
     for process in ranks:
@@ -55,7 +58,8 @@ def _launch(tmp_path: Path, argv: list[str], rank_zero_dies: bool = False) -> li
     return results
 
 
-pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="forks the ranks")
+pytestmark = pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(),
+                                reason="forks the ranks from a fork server")
 
 
 def test_a_run_ends_the_group_it_joined(tmp_path):

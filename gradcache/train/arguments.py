@@ -29,8 +29,19 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
-    """Every option of `gradcache train <mode>`; the help states each default once."""
+    """Every option of `gradcache train <mode>`, group by group, then the mode's own; the help states each default
+    once."""
     default: Callable[[str], Any] = lambda name: mode.defaults.get(name, _FIELD_DEFAULTS[name])  # noqa: E731
+    data = _data_options(parser, mode, default)
+    model = _model_options(parser, mode, default)
+    run = _optimisation_options(parser, mode, default)
+    _sharding_options(parser, mode, default)
+    output = _output_options(parser, mode, default)
+    mode.add_options(OptionGroups(data, model, run, output), default)
+
+
+def _data_options(parser: argparse.ArgumentParser, mode: Mode, default: Callable[[str], Any]) -> argparse._ArgumentGroup:
+    """Where the examples come from and how they are read."""
     data = parser.add_argument_group("data")
     data.add_argument("--data", default=default("data"), help=f"{mode.built_in_help} or {mode.path_data}")
     data.add_argument("--train-size", type=int, default=default("train_size"),
@@ -45,10 +56,16 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                       "used (files that fail to decode, rows without a field); fewer are skipped and counted")
     data.add_argument("--threads", type=int, default=None, help="torch threads of the training process on CPU "
                       "(default: CPU cores minus --workers, at least 1)")
+    return data
 
+def _model_options(parser: argparse.ArgumentParser, mode: Mode, default: Callable[[str], Any]) -> argparse._ArgumentGroup:
+    """What every mode's model takes (the mode adds its own)."""
     model = parser.add_argument_group("model")
     model.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    return model
 
+def _optimisation_options(parser: argparse.ArgumentParser, mode: Mode, default: Callable[[str], Any]) -> argparse._ArgumentGroup:
+    """The strategy, the batch, the loss's shared options and the optimizer."""
     run = parser.add_argument_group("optimisation")
     run.add_argument("--strategy", default=default("strategy"), choices=list(STRATEGIES),
                      help="gradcache: exact full-batch gradient in chunks; naive: accumulation (negatives only "
@@ -91,7 +108,10 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
     run.add_argument("--device", default=default("device"), help="cpu, cuda or cuda:N")
     run.add_argument("--seed", type=int, default=default("seed"),
                      help="seed of initialisation, data order and augmentation")
+    return run
 
+def _sharding_options(parser: argparse.ArgumentParser, mode: Mode, default: Callable[[str], Any]) -> argparse._ArgumentGroup:
+    """FSDP2 and the collectives, under torchrun."""
     shard = parser.add_argument_group("sharding (torchrun)")
     shard.add_argument("--fsdp", action="store_true", help="shard each encoder block by block with FSDP2 instead "
                        "of DDP; checkpoints become last.dcp (one shard per rank, resumable on any number of ranks); "
@@ -104,7 +124,10 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
     shard.add_argument("--collective-timeout", type=float, default=default("collective_timeout"),
                        help="seconds a collective waits for the other ranks before the step fails (a rank that "
                        "died or froze); longer than the slowest evaluation or save, which the others wait for")
+    return shard
 
+def _output_options(parser: argparse.ArgumentParser, mode: Mode, default: Callable[[str], Any]) -> argparse._ArgumentGroup:
+    """The run folder, checkpoints, evaluation and logging."""
     output = parser.add_argument_group("output")
     output.add_argument("--output-dir", default=None, help="run folder (default: runs/<mode>-<time>; "
                         "on --resume: the checkpoint's folder)")
@@ -124,8 +147,7 @@ def add_train_options(parser: argparse.ArgumentParser, mode: Mode) -> None:
                         "pip install tensorboard); wandb an offline W&B run in <output-dir>/wandb/ (upload: wandb "
                         "sync; WANDB_MODE=online logs it live; needs pip install wandb); rank 0 alone; a resume "
                         "continues them (default: none, the CSV logs only)")
-    mode.add_options(OptionGroups(data, model, run, output), default)
-
+    return output
 
 def explicit_options(mode: Mode, argv: list[str]) -> set[str]:
     """The field of every option that `argv` spells out (abbreviations are disabled, so this is exact)."""

@@ -31,6 +31,7 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import TrainingDiverged
 from gradcache.train.modes import MODES, Mode
+from gradcache.train.modes.assembly import build_loss, build_model
 from gradcache.train.optim.optimizers import build_optimizer, scaled_learning_rate
 from gradcache.train.optim.schedule import warmup_cosine
 from gradcache.train.parallel.placement import Placement, device_of
@@ -184,20 +185,6 @@ class Run:
                               initial=self.progress.initial)
         self.checkpoint.save(self.trained, self.optimizer, meta.to_dict())
         self.last_saved = self.checkpoint
-
-
-def build_model(mode: Mode, config: RunConfig) -> nn.Module:
-    """The mode's freshly initialised model, with gradient checkpointing when asked."""
-    model = mode.build_model(config)
-    if config.grad_checkpointing:
-        model.set_grad_checkpointing(True)
-    return model
-
-
-def build_loss(mode: Mode, config: RunConfig) -> nn.Module:
-    """The mode's loss, summed over `--matryoshka-dims` where given (`Mode.matryoshka`)."""
-    loss = mode.build_loss(config)
-    return loss if config.matryoshka_dims is None else mode.matryoshka(loss, config.matryoshka_dims)
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -101,7 +101,7 @@ def load_run(path: str | os.PathLike, device: str = "cpu") -> tuple[RunConfig, n
         CheckpointError: no checkpoint, or none that passes its checks (exit status 2).
     """
     from gradcache.train.modes import MODES
-    from gradcache.train.run import build_loss, build_model
+    from gradcache.train.modes.assembly import build_loss, build_model
 
     saved = open_checkpoint(path)
     meta = CheckpointMeta.from_dict(saved.meta(), saved)

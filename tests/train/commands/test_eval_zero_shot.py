@@ -27,6 +27,7 @@ def image_folder(root, per_class=3, seed=0):
 
 def test_zero_shot_top1_equals_a_brute_force_argmax(tmp_path, tiny_args, capsys):
     from gradcache.models import ByteTokenizer
+
     from gradcache.train.commands.model import load_run
     from gradcache.train.data.images.augment import to_model_input
     from gradcache.train.data.images.files import decode_image

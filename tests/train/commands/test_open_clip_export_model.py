@@ -11,7 +11,7 @@ from tests.train.commands.test_eval_zero_shot import image_folder
 
 open_clip = pytest.importorskip("open_clip")
 
-from tests.train.test_open_clip_mode import RUN, tiny_architecture  # noqa: E402,F401  (the one-block architecture)
+from tests.train.test_open_clip_mode import RUN, tiny_architecture  # noqa: F401  (the one-block architecture)
 
 
 def test_encode_and_zero_shot_of_the_export_equal_the_run_folders(tmp_path, capsys, tiny_architecture):  # noqa: F811

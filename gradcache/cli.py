@@ -135,7 +135,7 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
 
     model = load_model(args.model, args.device, args.max_length, args.pooling)
     metrics = evaluate(model, args.data, args.output, args.corpus, args.query_key, args.positive_key,
-                       args.negative_keys, args.test_size, args.batch_size)
+                       args.negative_keys, args.test_size, args.batch_size, args.classes)
     print(json.dumps(metrics, indent=2, sort_keys=True))
     return 0
 

@@ -60,6 +60,10 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
     add_pairs_options(parser)
     parser.add_argument("--test-size", type=int, default=None,
                         help="images held out of an image --data (default: the run's --test-size)")
+    parser.add_argument("--classes", default=None, help="a CLIP model's zero-shot top-1 (zero_shot_top1, %%) of the "
+                        "ImageFolder --data (labels: class folder names) against this file's classes: one a line, "
+                        "'name' or 'name<TAB>template with {}' (more templates: more tabs; default template: "
+                        "'a photo of a {}.')")
     parser.add_argument("--output", "--output-json", dest="output", default=None,
                         help="also write the metrics to this JSON file, one flat object (default: stdout only)")
 

@@ -9,6 +9,8 @@
   options): the run's own metrics on the held-out split of `--test-size` items of it (image-to-text and
   text-to-image recall@k, zero-shot top-1 where the data has classes; kNN top-1 of the held-out images against
   the rest).
+- A CLIP model (a run, its `model/` export, built-in or open_clip) with `--classes FILE` on an ImageFolder
+  `--data`: zero-shot top-1 of every image against FILE's classes (gradcache/train/commands/zero_shot.py).
 - A run without `--data`: its own held-out split, as `gradcache eval RUN` always scored it, with its baselines
   and `steps`.
 """
@@ -81,16 +83,22 @@ def run_metrics(model: LoadedModel, data: str | None, test_size: int | None = No
 
 def evaluate(model: LoadedModel, data: str | None, output: str | None = None, corpus: str | None = None,
              query_key: str = "query", positive_key: str = "positive", negative_keys: list[str] | None = None,
-             test_size: int | None = None, batch_size: int = 256) -> dict[str, float]:
+             test_size: int | None = None, batch_size: int = 256, classes: str | None = None) -> dict[str, float]:
     """The metrics of `model` on `data` (module docstring), written to `output` as one flat JSON object.
 
     Raises:
-        UsageError: no `data` for a model folder; `corpus` for an image model; a bad output path.
-        DataError: unusable data (the readers' messages).
+        UsageError: no `data` for a model folder; `corpus` for an image model; `classes` for a model that is not
+            CLIP or without `data`; a bad output path.
+        DataError: unusable data (the readers' messages), a class folder of `data` missing from `classes`.
     """
     path = None if output is None else check_output(output, OUTPUT_SUFFIXES)
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    if classes is not None:
+        metrics = _zero_shot(model, data, classes, corpus, test_size, batch_size)
+        if path is not None:
+            _write_metrics(path, metrics)
+        return metrics
     if model.kind != "text" and corpus is not None:
         raise UsageError(f"--corpus ranks passages for a text model; MODEL ({model.source}) is a {model.kind} model")
     if data is None and model.config is None:
@@ -107,6 +115,26 @@ def evaluate(model: LoadedModel, data: str | None, output: str | None = None, co
             raise UsageError("--corpus needs --data, the file whose rows query it")
         metrics = run_metrics(model, data, test_size)
     if path is not None:
-        write_atomically(path, lambda temporary: temporary.write_text(json.dumps(metrics, indent=2, sort_keys=True)
-                                                                      + "\n"))
+        _write_metrics(path, metrics)
     return metrics
+
+
+def _write_metrics(path, metrics: dict[str, float]) -> None:
+    write_atomically(path, lambda temporary: temporary.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n"))
+
+
+def _zero_shot(model: LoadedModel, data: str | None, classes: str, corpus: str | None, test_size: int | None,
+               batch_size: int) -> dict[str, float]:
+    """`--classes`: zero-shot top-1 of the ImageFolder `data`, after refusing what does not go with it."""
+    from gradcache.train.commands.zero_shot import zero_shot_metrics
+
+    if model.kind != "clip":
+        raise UsageError(f"--classes scores a CLIP model's zero-shot accuracy; MODEL ({model.source}) is a "
+                         f"{model.kind} model (drop --classes)")
+    if data is None:
+        raise UsageError("--classes needs --data, an ImageFolder (one sub-folder of images per class) to classify")
+    for value, option in ((corpus, "--corpus"), (test_size, "--test-size")):
+        if value is not None:
+            raise UsageError(f"{option} does not apply with --classes, which classifies every image of --data "
+                             f"(drop {option})")
+    return zero_shot_metrics(model, data, classes, batch_size)

@@ -9,9 +9,13 @@ MODEL is, in the order it is recognised:
   reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with its own tokenizer;
 - a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
   query tower from the first, the passage tower from the second, the tokenizer of `query/`;
-- an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`).
+- an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`);
+- an exported open_clip model (`open_clip_model.safetensors` + `open_clip_config.json`): loaded as its README says,
+  `open_clip.create_model("local-dir:FOLDER")` (the architecture at the trained image size), with its tokenizer
+  (`open_clip.get_tokenizer("local-dir:FOLDER")`); images are decoded at the trained size as training decodes
+  them and normalised with the folder's own mean and std, as the run's image tower does.
 Folders are told apart by gradcache/train/export/kinds.py's `model_folder_kind`, the one place that knows the
-kinds `gradcache export` writes; an exported open_clip model is not loaded yet (give its run folder).
+kinds `gradcache export` writes.
 Anything else is refused (UsageError, exit status 2) before anything is written.
 
 Every model comes back in eval mode on the device asked for, as a `LoadedModel`: what it embeds (`kind`: "text",
@@ -197,8 +201,10 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
         return _from_text_folder(name, path / QUERY_FOLDER, torch_device, max_length, pooling, path / PASSAGE_FOLDER)
     if kind == ModelFolderKind.BUILT_IN:
         return _from_built_in(name, path, torch_device, max_length, pooling)
-    raise UsageError(f"MODEL {name!r} is an exported open_clip model, which these commands do not load yet; give "
-                     "the run folder it was exported from (its checkpoint holds the same weights)")
+    if kind == ModelFolderKind.OPEN_CLIP:
+        return _from_open_clip(name, path, torch_device, max_length, pooling)
+    raise UsageError(f"MODEL {name!r} is a {kind.value} folder, which these commands cannot load; give a run "
+                     "folder or its model/ export")
 
 
 def _from_built_in(name: str, folder: Path, device: torch.device, max_length: int | None,
@@ -220,3 +226,47 @@ def _from_built_in(name: str, folder: Path, device: torch.device, max_length: in
         return LoadedModel("clip", tokenizer=config.tokenizer(), encode_query=model.encode_text,
                            encode_passage=model.encode_text, encode_image=model.encode_image, **common)
     return LoadedModel("simclr", encode_image=model.embed, **common)
+
+
+def _from_open_clip(name: str, folder: Path, device: torch.device, max_length: int | None,
+                    pooling: str | None) -> LoadedModel:
+    """An exported open_clip model (gradcache/train/export/open_clip.py), loaded by open_clip from the folder.
+
+    The image side takes the program's images in [-1, 1] (B, 3, S, S) and applies open_clip's normalisation,
+    (x / 2 + 1 / 2 - mean) / std with the folder's `preprocess_cfg` mean and std: the run's image tower exactly.
+    """
+    import json
+
+    from gradcache.models.open_clip import OpenClipTokenizer
+    from gradcache.train.export.kinds import OPEN_CLIP_CONFIG
+
+    if max_length is not None or pooling is not None:
+        raise UsageError(f"--max-length and --pooling apply to text models; MODEL {name} is an open_clip model that "
+                         "tokenises as it was trained (drop them)")
+    try:
+        import open_clip
+
+        location = f"local-dir:{folder}"
+        values = json.loads((folder / OPEN_CLIP_CONFIG).read_text(encoding="utf-8"))
+        image_size = int(values.get("gradcache", {}).get("image_size")
+                         or values["model_cfg"]["vision_cfg"]["image_size"])
+        model = open_clip.create_model(location).to(device).eval()
+        tokenizer = OpenClipTokenizer(location)
+    except ImportError as error:
+        raise UsageError(f"MODEL {name} is an open_clip model: pip install \"gradcache[open-clip]\"") from error
+    except (ValueError, OSError, KeyError, TypeError, RuntimeError) as error:
+        raise UsageError(f"MODEL {name}: open_clip cannot load it ({error}); give the folder gradcache export "
+                         "wrote, unchanged") from error
+    preprocess = getattr(model.visual, "preprocess_cfg", {})
+    mean = torch.tensor(preprocess.get("mean", model.visual.image_mean), device=device).view(3, 1, 1)
+    std = torch.tensor(preprocess.get("std", model.visual.image_std), device=device).view(3, 1, 1)
+
+    def encode_image(images: torch.Tensor) -> torch.Tensor:  # (B, 3, S, S) in [-1, 1] -> (B, D)
+        return model.encode_image((images * 0.5 + 0.5 - mean) / std)
+
+    def encode_text(input_ids: torch.Tensor) -> torch.Tensor:  # (B, context length) -> (B, D)
+        return model.encode_text(input_ids)
+
+    return LoadedModel("clip", source=f"exported open_clip model {folder}", module=model, device=device,
+                       tokenizer=tokenizer, encode_query=encode_text, encode_passage=encode_text,
+                       encode_image=encode_image, image_size=image_size)

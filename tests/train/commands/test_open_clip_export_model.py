@@ -1,0 +1,36 @@
+"""An exported open_clip folder (RUN/model) as MODEL of `gradcache encode` and `gradcache eval --classes`: loaded by
+open_clip itself, it embeds images and texts as the run folder does (float32 rounding) and scores the same
+zero-shot accuracy."""
+import json
+
+import numpy as np
+import pytest
+
+from gradcache.cli import main
+from tests.train.commands.test_eval_zero_shot import image_folder
+
+open_clip = pytest.importorskip("open_clip")
+
+from tests.train.test_open_clip_mode import RUN, tiny_architecture  # noqa: F401  (the one-block architecture)
+
+
+def test_encode_and_zero_shot_of_the_export_equal_the_run_folders(tmp_path, capsys, tiny_architecture):  # noqa: F811
+    run = tmp_path / "run"
+    assert main([*RUN[:3], f"open_clip:{tiny_architecture}", *RUN[4:], "--output-dir", str(run)]) == 0
+    assert (run / "model" / "open_clip_model.safetensors").is_file()
+    folder = image_folder(tmp_path / "images", per_class=2)
+    (tmp_path / "texts.txt").write_text("a red square\na small blue circle\ngreen\n")
+    (tmp_path / "classes.txt").write_text("red\ngreen\tthe {}\nblue\n")
+    for source in (run, run / "model"):
+        name = source.name
+        assert main(["encode", str(source), "--data", str(folder), "--output", str(tmp_path / f"{name}_i.npy")]) == 0
+        assert main(["encode", str(source), "--data", str(tmp_path / "texts.txt"),
+                     "--output", str(tmp_path / f"{name}_t.npy")]) == 0
+        capsys.readouterr()
+        assert main(["eval", str(source), "--data", str(folder), "--classes", str(tmp_path / "classes.txt")]) == 0
+        (tmp_path / f"{name}.json").write_text(capsys.readouterr().out)
+    for suffix in ("_i.npy", "_t.npy"):
+        want, got = np.load(tmp_path / f"run{suffix}"), np.load(tmp_path / f"model{suffix}")
+        assert got.shape == want.shape and got.shape[0] in (3, 6)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert json.loads((tmp_path / "model.json").read_text()) == json.loads((tmp_path / "run.json").read_text())

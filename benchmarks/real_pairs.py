@@ -13,6 +13,7 @@ before and after fine-tuning are printed. No download: the file is read from dis
 
     python -m benchmarks.real_pairs                              # 2000 pairs, the default run on them
     python -m benchmarks.real_pairs --pairs 3000 -- --threads 2
+    python -m benchmarks.real_pairs --pairs-only --output-dir wordnet   # the TSV alone (for mined_negatives)
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wordnet", default=str(WORDNET), help="folder holding WordNet's data.noun")
     parser.add_argument("--pairs", type=int, default=2000, help="pairs sampled into the TSV")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample")
+    parser.add_argument("--pairs-only", action="store_true", help="write the pairs' TSV and stop (no training)")
     parser.add_argument("train_options", nargs="*", help="after --: more options of gradcache train text")
     add_output_options(parser, "real_pairs")
     return parser
@@ -85,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tsv = folder / "wordnet_nouns.tsv"
     write_pairs(tsv, pairs)
     print(f"wrote {len(pairs)} pairs of {len(every)} single-meaning WordNet nouns to {tsv}", flush=True)
+    if args.pairs_only:
+        return 0
     run = folder / "run"
     argv = ["train", "text", "--data", str(tsv), "--output-dir", str(run), *args.train_options]
     started = time.perf_counter()

@@ -2,12 +2,20 @@
 and the frontier's text_outliers and clip_frozen workloads."""
 from __future__ import annotations
 
+import csv
+import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import frontier, real_pairs, st_trainer_speed, text_quality
+from benchmarks import (
+    frontier,
+    mined_negatives,
+    real_pairs,
+    st_trainer_speed,
+    text_quality,
+)
 from benchmarks.fresh_process import LIVE_TENSORS_ENV
 from benchmarks.frontier_workloads import build_steps, sentences
 
@@ -65,6 +73,33 @@ def test_real_pairs_without_wordnet_exits_2(tmp_path: Path, capsys) -> None:
     assert real_pairs.main(["--wordnet", str(tmp_path), "--output-dir", str(tmp_path / "out")]) == 2
     assert "apt-get install wordnet-base" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_real_pairs_only_writes_the_sampled_pairs_and_trains_nothing(tmp_path: Path) -> None:
+    (tmp_path / "data.noun").write_text(DATA_NOUN)
+    out = tmp_path / "out"
+    assert real_pairs.main(["--wordnet", str(tmp_path), "--pairs", "2", "--seed", "3", "--pairs-only",
+                            "--output-dir", str(out)]) == 0
+    with open(out / "wordnet_nouns.tsv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle, delimiter="\t"))
+    every = real_pairs.noun_definitions(tmp_path / "data.noun")
+    assert rows[0] == ["query", "positive"]
+    assert [tuple(row) for row in rows[1:]] == random.Random(3).sample(every, 2)
+    assert sorted(path.name for path in out.iterdir()) == ["wordnet_nouns.tsv"]
+
+
+def test_mined_negatives_splits_a_pairs_file_into_a_seeded_disjoint_sample(tmp_path: Path) -> None:
+    rows = [(f"word {i}", f"its definition number {i}") for i in range(30)]
+    lines = ["query\tpositive", *(f"{q}\t{p}" for q, p in rows), f"{rows[0][0]}\t{rows[0][1]}"]  # one repeat
+    (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n")
+    args = mined_negatives.get_args_parser().parse_args(["--data", str(tmp_path / "pairs.tsv"), "--train-size",
+                                                         "20", "--test-size", "10", "--data-seed", "4"])
+    train, test = mined_negatives._file_pairs(args)
+    assert len(train) == 20 and len(test) == 10  # all 30 distinct rows, the repeat counted once
+    assert [tuple(row) for row in test + train] == random.Random(4).sample(rows, 30)
+    args.train_size = 21
+    with pytest.raises(SystemExit, match="30 distinct rows"):
+        mined_negatives._file_pairs(args)
 
 
 def test_text_outliers_have_one_long_row_in_ten() -> None:

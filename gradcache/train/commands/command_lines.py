@@ -38,8 +38,10 @@ def add_pairs_options(parser: argparse.ArgumentParser) -> None:
 def add_encode_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser)
     parser.add_argument("--data", required=True, help="texts: a .txt file (one text per line) or a .tsv, .csv or "
-                        ".jsonl table with --key; images: a folder (every image under it, sorted by path) or a "
-                        "table of image paths with --image-key")
+                        ".jsonl table with --key; images: a folder (every image under it, sorted by path), a "
+                        "table of image paths with --image-key, or webdataset shards (a .tar, a folder of them, a "
+                        "glob or brace pattern: rows in shard order then member order; a member that does not "
+                        "decode is skipped and counted on stderr)")
     parser.add_argument("--output", required=True, help="FILE.npy (an (N, D) float32 array, row i = input row i) "
                         "or FILE.faiss (an exact inner-product index whose ids are the row numbers)")
     parser.add_argument("--key", default=None, help="the table column (JSONL field) of the texts")

@@ -1,6 +1,8 @@
 """`gradcache encode MODEL --data FILE --output FILE.npy|FILE.faiss`: embeddings of texts or images, in input order.
 
-Row i of the output is row i of the input (a text's line or table row, an image's sorted path or table row).
+Row i of the output is row i of the input (a text's line or table row, an image's sorted path or table row, a
+shard sample in shard order then member order). Shards only: a member that does not decode is skipped, as
+training skips it, and stderr says how many and which (its row is absent, the others keep their order).
 The embeddings are L2-normalised float32, as the program scores them: every mode trains and ranks by cosine
 similarity, and all-MiniLM-L6-v2 normalises itself (for a folder without a `Normalize` module, the direction of
 its pooled output, which is all that cosine ranking reads). `.npy`: an (N, D) array (`numpy.load`).
@@ -18,7 +20,13 @@ import torch
 from tqdm import tqdm
 
 from gradcache.train.commands.files import check_output, write_atomically
-from gradcache.train.commands.inputs import decode_images, read_image_paths, read_texts
+from gradcache.train.commands.inputs import (
+    decode_images,
+    holds_shards,
+    read_image_paths,
+    read_shard_images,
+    read_texts,
+)
 from gradcache.train.commands.model import LoadedModel
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.embed import embed_images, embed_texts
@@ -57,7 +65,8 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
     """Embed every row of `data` with `model` and write them to `output` (module docstring); return them.
 
     Args:
-        data: a .txt file or a table (with `key`) of texts; a folder or a table (with `image_key`) of images.
+        data: a .txt file or a table (with `key`) of texts; a folder or a table (with `image_key`) of images, or
+            webdataset shards (a .tar, a folder of them, a glob or brace pattern).
         tower: "query" or "passage": the side that embeds texts (the same for one shared tower and for CLIP).
 
     Raises:
@@ -71,7 +80,8 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     if key is not None and image_key is not None:
         raise UsageError("--key (texts) and --image-key (images) name what to embed: give one of them")
-    images = image_key is not None or Path(data).is_dir()
+    shards = image_key is None and holds_shards(data)
+    images = shards or image_key is not None or Path(data).is_dir()
     if images and not model.embeds_images:
         raise UsageError(f"--data {data} holds images, but MODEL ({model.source}) embeds {model.kind} texts only; "
                          "give texts (a .txt file, or a table with --key)")
@@ -79,13 +89,25 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
         raise UsageError(f"--data {data}: MODEL ({model.source}) embeds images only; give a folder of images or a "
                          "table with --image-key")
     with torch.inference_mode():
-        if images:
+        if shards:
+            embeddings = embed_image_rows(model, _shard_images(data, model.image_size), batch_size)
+        elif images:
             embeddings = embed_image_rows(model, decode_images(read_image_paths(data, image_key),
                                                                model.image_size), batch_size)
         else:
             embeddings = embed_text_rows(model, read_texts(data, key), tower, batch_size, f"encode {tower}s")
     write_atomically(path, lambda temporary: _write(embeddings, temporary, path.suffix.lower()))
     return embeddings
+
+
+def _shard_images(data: str, image_size: int) -> torch.Tensor:
+    """The decoding samples of shards `data`; the skipped ones counted and named (the first ten) on stderr."""
+    read = read_shard_images(data, image_size)
+    if read.skipped:
+        shown = "; ".join(read.skipped[:10]) + (" ..." if len(read.skipped) > 10 else "")
+        print(f"encode: skipped {len(read.skipped)} shard samples that do not decode (no row for them; the "
+              f"{len(read.images)} others keep shard then member order): {shown}", file=sys.stderr)
+    return read.images
 
 
 def _write(embeddings: np.ndarray, temporary: Path, suffix: str) -> None:

@@ -4,14 +4,21 @@
   `.tsv`, `.csv` or `.jsonl` table (gradcache/train/data/text/pairs.py's reader);
 - images to embed: a folder (every image file under it, sorted by path) or one column (`--image-key`) of a table
   of image paths (relative paths are relative to the table's folder), decoded as training decodes them
-  (gradcache/train/data/images/files.py: shorter side resized, centre crop);
+  (gradcache/train/data/images/files.py: shorter side resized, centre crop); or webdataset shards (a `.tar`, a
+  folder of them, a glob or brace pattern: gradcache/train/data/images/shards.py's reader), their samples in
+  shard order (the shard paths sorted) then member order (the order of the samples in each tar);
 - a corpus (`--corpus`): a `.tsv`, `.csv` or `.jsonl` table of `id` and `text` rows, ids distinct.
 Rows keep their order and are never skipped (row i of the output is row i of the input): an empty file, a
-missing column, an empty corpus text or an image that does not decode raises DataError (exit status 2).
+missing column, an empty corpus text or an image that does not decode raises DataError (exit status 2). Shards
+are the exception, as in training: a member that does not decode (or a truncated shard's tail) is skipped and
+counted, and `read_shard_images` names it, so that the caller can say so; the rows are then the samples that
+decode, still in shard and member order.
 """
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +28,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.images.files import IMAGE_EXTENSIONS, decode_image
+from gradcache.train.data.images.shards import decode_head, find_shards, is_shard_spec
 from gradcache.train.data.text.pairs import read_records
 from gradcache.train.errors import DataError
 
@@ -102,6 +110,36 @@ def decode_images(paths: Sequence[Path], image_size: int) -> torch.Tensor:
             raise DataError(f"image {path} does not decode ({error}); every row is embedded in order, so repair "
                             "or remove it") from error
     return torch.stack(images)
+
+
+def holds_shards(data: str | os.PathLike) -> bool:
+    """Whether `--data` names webdataset shards (a `.tar`, a folder of `.tar` files only, a glob or brace pattern),
+    by training's own test (shards.py's `is_shard_spec`)."""
+    return is_shard_spec(str(data))
+
+
+@dataclass
+class ShardImages:
+    """The samples of shards that decode: `images` (N, 3, S, S) uint8 in shard then member order; `skipped` names
+    each member that did not decode and each truncated shard (`shard:key (error)`), in the order met."""
+
+    images: torch.Tensor
+    skipped: list[str]
+
+
+def read_shard_images(spec: str | os.PathLike, image_size: int) -> ShardImages:
+    """Every sample of the shards `spec` names, decoded as training decodes them, in shard order (the paths
+    sorted, as `find_shards` lists them) then member order; a member that does not decode is skipped and named.
+
+    Raises:
+        DataError: no shard matches `spec`, or no sample of them decodes.
+    """
+    shards = find_shards(str(spec))
+    skipped: list[str] = []
+    with warnings.catch_warnings():  # the caller reports the skipped members itself (one message, with the count)
+        warnings.simplefilter("ignore")
+        data = decode_head(shards, sys.maxsize, image_size, False, "--data", skipped)
+    return ShardImages(images=data.images, skipped=skipped)
 
 
 @dataclass

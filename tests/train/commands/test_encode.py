@@ -1,5 +1,7 @@
 """`gradcache encode`: rows in input order, L2-normalised, equal to a one-at-a-time reference; .npy and .faiss."""
+import io
 import json
+import tarfile
 
 import numpy as np
 import pytest
@@ -67,8 +69,66 @@ def test_images_of_a_simclr_run_in_path_order(tmp_path, tiny_args):
     assert main(["eval", str(tmp_path / "run" / "model"), "--data", str(folder)]) == errors.USAGE  # needs the run
 
 
+def _png(pixels: np.ndarray) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _write_shard(path, samples):
+    """A webdataset shard: `samples` is (key, {extension: bytes}), written in this member order."""
+    with tarfile.open(path, "w") as tar:
+        for key, members in samples:
+            for extension, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_shards_embed_as_the_same_images_in_a_folder_in_shard_then_member_order(tmp_path, tiny_args, capsys):
+    assert main(tiny_args("simclr", tmp_path / "run")) == 0
+    generator = np.random.default_rng(1)
+    # keys out of alphabetical order inside each shard: the rows must follow the members, not the keys
+    layout = {"part-000.tar": ["z", "a", "m"], "part-001.tar": ["q", "BAD", "c", "b"]}
+    shards, folder = tmp_path / "shards", tmp_path / "images"
+    shards.mkdir()
+    folder.mkdir()
+    row = 0
+    for shard, keys in layout.items():
+        samples = []
+        for key in keys:
+            if key == "BAD":
+                samples.append((key, {"png": b"not a png", "cls": b"0"}))
+                continue
+            png = _png(generator.integers(0, 256, (20, 24, 3), dtype=np.uint8))
+            samples.append((key, {"png": png, "cls": b"1"}))
+            (folder / f"{row:02d}.png").write_bytes(png)  # the folder's sorted order = shard then member order
+            row += 1
+        _write_shard(shards / shard, samples)
+    assert main(["encode", str(tmp_path / "run"), "--data", str(folder), "--output", str(tmp_path / "f.npy")]) == 0
+    want = np.load(tmp_path / "f.npy")
+    assert want.shape[0] == 6
+    for name, spec in [("folder", shards), ("brace", shards / "part-{000..001}.tar"), ("glob", shards / "*.tar")]:
+        capsys.readouterr()
+        assert main(["encode", str(tmp_path / "run"), "--data", str(spec), "--output", str(tmp_path / f"{name}.npy"),
+                     "--batch-size", "4"]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npy"), want)
+        err = capsys.readouterr().err
+        assert "skipped 1 shard samples" in err and "part-001.tar:BAD" in err, name
+    assert main(["encode", str(tmp_path / "run"), "--data", str(shards / "part-001.tar"), "--output",
+                 str(tmp_path / "one.npy")]) == 0
+    err = capsys.readouterr().err
+    assert "skipped 1 shard samples" in err and "part-001.tar:BAD" in err
+    np.testing.assert_array_equal(np.load(tmp_path / "one.npy"), want[3:])
+    assert main(["encode", str(tmp_path / "run"), "--data", str(shards / "part-9*.tar"), "--output",
+                 str(tmp_path / "none.npy")]) == errors.USAGE
+    assert "matches no shard" in capsys.readouterr().err and not (tmp_path / "none.npy").exists()
+
+
 @pytest.mark.parametrize("case", ["empty file", "table without key", "missing key", "images for a text model",
-                                  "bad output"])
+                                  "shards for a text model", "bad output"])
 def test_bad_input_exits_2_naming_it_and_writes_nothing(capsys, tmp_path, tiny_bert, case):
     out = tmp_path / "out"
     out.mkdir()
@@ -80,6 +140,7 @@ def test_bad_input_exits_2_naming_it_and_writes_nothing(capsys, tmp_path, tiny_b
         "table without key": (["--data", str(tmp_path / "rows.csv")], "--key"),
         "missing key": (["--data", str(tmp_path / "rows.csv"), "--key", "text"], "no column 'text'"),
         "images for a text model": (["--data", str(tmp_path / "images")], "holds images"),
+        "shards for a text model": (["--data", str(tmp_path / "part-{000..001}.tar")], "holds images"),
         "bad output": (["--data", str(tmp_path / "rows.csv"), "--key", "body", "--output", str(out / "e.pt")],
                        "unknown extension"),
     }[case]

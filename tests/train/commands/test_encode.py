@@ -1,7 +1,6 @@
 """`gradcache encode`: rows in input order, L2-normalised, equal to a one-at-a-time reference; .npy and .faiss."""
 import io
 import json
-import tarfile
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from gradcache.cli import main
 from gradcache.train import errors
 from gradcache.train.checkpoints.atomic import load_checkpoint
 from tests.train.commands.conftest import Reference
+from tests.train.shard_files import write_shard
 
 # lengths out of order, so the length-sorted batches must be put back in the input's order
 TEXTS = ["a much longer text that pads every other one in its batch", "short", "a middling text here", "x",
@@ -77,14 +77,6 @@ def _png(pixels: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def _write_shard(path, samples):
-    """A webdataset shard: `samples` is (key, {extension: bytes}), written in this member order."""
-    with tarfile.open(path, "w") as tar:
-        for key, members in samples:
-            for extension, data in members.items():
-                info = tarfile.TarInfo(f"{key}.{extension}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
 
 
 def test_shards_embed_as_the_same_images_in_a_folder_in_shard_then_member_order(tmp_path, tiny_args, capsys):
@@ -106,7 +98,7 @@ def test_shards_embed_as_the_same_images_in_a_folder_in_shard_then_member_order(
             samples.append((key, {"png": png, "cls": b"1"}))
             (folder / f"{row:02d}.png").write_bytes(png)  # the folder's sorted order = shard then member order
             row += 1
-        _write_shard(shards / shard, samples)
+        write_shard(shards / shard, samples)
     assert main(["encode", str(tmp_path / "run"), "--data", str(folder), "--output", str(tmp_path / "f.npy")]) == 0
     want = np.load(tmp_path / "f.npy")
     assert want.shape[0] == 6

@@ -3,7 +3,6 @@ once per epoch across 2 ranks x 2 workers, a corrupt member and a truncated shar
 from the step, the held-out head, and bad input."""
 import io
 import json
-import tarfile
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +22,7 @@ from gradcache.train.data.images.shards import (
     load_shards,
 )
 from gradcache.train.errors import DataError
+from tests.train.shard_files import write_shard
 
 
 def _png(colour, fmt="PNG") -> bytes:
@@ -31,14 +31,6 @@ def _png(colour, fmt="PNG") -> bytes:
     return out.getvalue()
 
 
-def _write_shard(path, samples):
-    """samples: (key, {extension: bytes})."""
-    with tarfile.open(path, "w") as tar:
-        for key, members in samples:
-            for extension, data in members.items():
-                info = tarfile.TarInfo(f"{key}.{extension}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
 
 
 def _shards(folder, count: int, per_shard: int, captions=True, fmt="PNG"):
@@ -51,7 +43,7 @@ def _shards(folder, count: int, per_shard: int, captions=True, fmt="PNG"):
             if captions:
                 members["txt"] = f"sample {shard}-{index}".encode()
             samples.append((f"{shard:02d}{index:03d}", members))
-        _write_shard(folder / f"part-{shard:03d}.tar", samples)
+        write_shard(folder / f"part-{shard:03d}.tar", samples)
     return folder
 
 
@@ -116,7 +108,7 @@ def test_resume_from_a_step_continues_with_the_uninterrupted_batches(tmp_path):
 
 def test_a_corrupt_member_and_a_truncated_shard_are_skipped_and_counted(tmp_path):
     folder = _shards(tmp_path / "s", 2, 6)
-    _write_shard(folder / "part-002.tar", [("bad00", {"png": b"not a png", "txt": b"broken"}),
+    write_shard(folder / "part-002.tar", [("bad00", {"png": b"not a png", "txt": b"broken"}),
                                           *[(f"ok{i}", {"png": _png((i, 0, 0)), "txt": f"ok {i}".encode()})
                                             for i in range(5)]])
     whole = (folder / "part-001.tar").read_bytes()

@@ -22,7 +22,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.held_out import held_out_order
-from gradcache.train.data.images.sets import DataSplits, ImageSet
+from gradcache.train.data.images.sets import DataSplits, ImageSet, check_descriptions
 from gradcache.train.errors import DataError, TooMuchBadData
 
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
@@ -68,11 +68,7 @@ class LazyImageSet:
     skipped: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        count = len(self.paths)
-        if self.labels is not None and self.labels.shape != (count,):
-            raise ValueError(f"labels must have shape ({count},), got {tuple(self.labels.shape)}")
-        if self.captions is not None and len(self.captions) != count:
-            raise ValueError(f"captions must hold {count} strings, got {len(self.captions)}")
+        check_descriptions(len(self.paths), self.labels, self.captions)
 
     def __len__(self) -> int:
         return len(self.paths)

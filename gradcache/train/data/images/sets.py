@@ -18,6 +18,14 @@ if TYPE_CHECKING:
     from gradcache.train.data.images.lazy import LazyImageSet
 
 
+def check_descriptions(count: int, labels: torch.Tensor | None, captions: list[str] | None) -> None:
+    """Raise ValueError unless `labels` and `captions` (each optional) describe `count` images, one entry each."""
+    if labels is not None and labels.shape != (count,):
+        raise ValueError(f"labels must have shape ({count},), got {tuple(labels.shape)}")
+    if captions is not None and len(captions) != count:
+        raise ValueError(f"captions must hold {count} strings, got {len(captions)}")
+
+
 @dataclass
 class ImageSet:
     """N images with what describes them.
@@ -44,11 +52,7 @@ class ImageSet:
             raise ValueError(
                 f"images must be a (N, 3, H, W) uint8 tensor, got {tuple(self.images.shape)} {self.images.dtype}"
             )
-        count = self.images.shape[0]
-        if self.labels is not None and self.labels.shape != (count,):
-            raise ValueError(f"labels must have shape ({count},), got {tuple(self.labels.shape)}")
-        if self.captions is not None and len(self.captions) != count:
-            raise ValueError(f"captions must hold {count} strings, got {len(self.captions)}")
+        check_descriptions(self.images.shape[0], self.labels, self.captions)
 
     def __len__(self) -> int:
         return self.images.shape[0]

@@ -7,7 +7,9 @@ the same int64 array as for text files, 8 bytes a kept row.
 - A Parquet file is compressed by row group, so reading one row decodes the columns of its row group; each
   process keeps the last row group it decoded (one per file). Small row groups (a few thousand rows,
   `row_group_size` of pyarrow's writer) keep a shuffled epoch's reads cheap.
-The indexing pass reads record batches of the named columns only (`COLUMNAR_BATCH` rows at a time).
+The indexing pass reads record batches of the named columns only (`COLUMNAR_BATCH` rows at a time). Parquet is
+read without pre-buffering and on one thread: pyarrow's default reads ahead whole column chunks, which held
++700 MB of anonymous memory at the peak of indexing 1M rows (570 MB of Parquet) against +120 MB without.
 """
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ def columnar_records(path: Path, text_format: str, columns: list[str]) -> Iterat
         from pyarrow import parquet
 
         try:
-            batches = parquet.ParquetFile(path).iter_batches(batch_size=COLUMNAR_BATCH, columns=columns)
+            batches = parquet.ParquetFile(path, pre_buffer=False).iter_batches(
+                batch_size=COLUMNAR_BATCH, columns=columns, use_threads=False)
         except (OSError, ValueError) as error:
             raise DataError(f"cannot read {path}: {error}") from error
     else:
@@ -82,7 +85,7 @@ class ColumnarReader:
         if text_format == PARQUET:
             from pyarrow import parquet
 
-            self.file = parquet.ParquetFile(path)
+            self.file = parquet.ParquetFile(path, pre_buffer=False)
             rows = [self.file.metadata.row_group(group).num_rows for group in range(self.file.num_row_groups)]
             self.group_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
             self.group, self.group_number = None, -1
@@ -94,5 +97,6 @@ class ColumnarReader:
             return self.dataset[number]
         group = int(np.searchsorted(self.group_starts, number, side="right")) - 1
         if group != self.group_number:
-            self.group, self.group_number = self.file.read_row_group(group, columns=self.columns), group
+            self.group = self.file.read_row_group(group, columns=self.columns, use_threads=False)
+            self.group_number = group
         return self.group.slice(number - int(self.group_starts[group]), 1).to_pylist()[0]

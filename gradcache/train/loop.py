@@ -79,13 +79,17 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
     signals.defer()  # until here a signal stopped at once; from here it lets the step in progress finish and save
     loss = None  # a resume of a finished run trains no step
     waited_from = run.elapsed()  # samples_per_s counts the wait for each batch too, not the step alone
+    waited = stepped = 0.0  # seconds waiting for batches and seconds of whole steps (wait included), this run
     for step, inputs in enumerate(run.mode.batches(config, data, sampler), start=progress.start_step):
+        wait = run.elapsed() - waited_from  # the loader had no batch ready: decoding or tokenising is behind
         queued = queued_negatives(run.loss)  # the queue this step reads (as it starts)
         result = run.step(inputs, step, stop_requested=signals.received is not None)
         loss = result.loss
+        seconds = run.elapsed() - waited_from
+        waited, stepped = waited + wait, stepped + seconds
         row = {"step": step + 1, "epoch": sampler.position(step)[0], "loss": f"{loss.item():.6f}",
-               "lr": f"{result.learning_rate:.6g}",
-               "samples_per_s": f"{config.batch_size / (run.elapsed() - waited_from):.1f}",
+               "lr": f"{result.learning_rate:.6g}", "samples_per_s": f"{config.batch_size / seconds:.1f}",
+               "data_wait_s": f"{wait:.4f}",
                "negatives_per_anchor": negatives + queued, "temperature": f"{unwrapped(run.loss).temperature:.5g}",
                "elapsed_s": f"{run.elapsed():.2f}", "skipped": int(result.skipped)}
         log.log_step(row)
@@ -120,6 +124,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
                "batch_size": config.batch_size, "strategy": config.strategy,
                "negatives_per_anchor": negatives + queued_negatives(run.loss),  # the queue as the run ended
                "final_loss": None if loss is None else float(loss), "skipped_steps": log.skipped_steps(),
+               "data_wait_share": round(waited / stepped, 4) if stepped else None,
                "data": data.name, **run.mode.summary(run.loss)}
     log.write_metrics(summary)
     log.plot()

@@ -55,6 +55,31 @@ def test_smoke_every_mode_strategy_and_precision(tmp_path, tiny_args, mode, stra
         assert metrics["step0"]["knn_top1"] == metrics["knn_top1_random_init"]
 
 
+def test_the_log_says_how_long_each_step_waited_for_its_batch(tmp_path, tiny_args, monkeypatch):
+    """data_wait_s is the wait for the batch alone: a loader that sleeps 0.3 s before each batch shows it, within
+    the step's own time (1 / samples_per_s of the batch), and metrics.json's data_wait_share is its share."""
+    import time
+
+    from gradcache.train.modes.simclr import SimCLR
+
+    batches = SimCLR.batches
+
+    def slow(self, *args):
+        for batch in batches(self, *args):
+            time.sleep(0.3)
+            yield batch
+
+    monkeypatch.setattr(SimCLR, "batches", slow)
+    assert main(tiny_args("simclr", tmp_path, "--steps", "3")) == 0
+    with open(tmp_path / "train_log.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    waits = [float(row["data_wait_s"]) for row in rows]
+    steps = [16 / float(row["samples_per_s"]) for row in rows]  # the batch of TINY, over the step's seconds
+    assert all(0.3 <= wait <= step * 1.01 for wait, step in zip(waits, steps)), (waits, steps)
+    share = json.loads((tmp_path / "metrics.json").read_text())["data_wait_share"]
+    assert share == pytest.approx(sum(waits) / sum(steps), rel=0.05, abs=1e-3)
+
+
 def test_gradcache_and_full_batch_train_the_same_model(tmp_path, tiny_args):
     """GradCache's gradient is the full batch's, so a few steps give the same weights (fp32, GroupNorm)."""
     for strategy in ("gradcache", "full"):

@@ -20,7 +20,7 @@ from typing import Any
 from gradcache.train.run_folder.reporters import Reporter, open_reporters
 
 TRAIN_COLUMNS = ["step", "epoch", "loss", "lr", "samples_per_s", "negatives_per_anchor", "temperature",
-                 "elapsed_s", "skipped"]
+                 "elapsed_s", "skipped", "data_wait_s"]
 
 
 def _truncate_csv(path: Path, last_step: int, columns: list[str] | None = None) -> None:

@@ -36,6 +36,12 @@ class TooMuchBadData(DataError):
     exit_status = DATA_ERROR
 
 
+class DataTooLarge(DataError):
+    """Loading or indexing the data ran out of memory; nothing was written (the message says what to do)."""
+
+    exit_status = DATA_ERROR
+
+
 class CheckpointError(ValueError):
     """A checkpoint cannot be read, fails its checksum, or does not belong to the run that tries to use it."""
 
@@ -70,6 +76,15 @@ class DiskFull(OSError):
         super().__init__(errno.ENOSPC, f"no space left to save a checkpoint in {folder}: it needs about "
                          f"{_megabytes(needed_bytes)} free, {_megabytes(free_bytes)} is free; the checkpoints "
                          f"already there are kept. Free space, then continue with --resume {folder}")
+
+
+class DataDiskFull(OSError):
+    """The disk filled while the data was read or its index written; no partial file is left."""
+
+    exit_status = DISK_FULL
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 class Preempted(Exception):

@@ -26,6 +26,7 @@ from gradcache.train.checkpoints.resume import (
 )
 from gradcache.train.config import LOWER_BOUNDS, RunConfig, with_absolute_paths
 from gradcache.train.data.images.files import check_bad_share
+from gradcache.train.data.resources import reading_data
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.matryoshka import check_dims
@@ -96,7 +97,8 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
         raise UsageError(f"--output-dir {output} already holds a run; pass --resume {output} to continue it, "
                          "--resume auto to continue it or, if it saved no checkpoint, start it afresh there, or "
                          "choose another --output-dir")
-    data = mode.load_data(config)
+    with reading_data(config.data, config.eval_data):
+        data = mode.load_data(config)
     check_bad_share(data.train.skipped, len(data.train) + len(data.test), config.max_bad_share, mode.items)
     config = mode.resolve(config, data)
     if len(data.train) < config.batch_size:
@@ -104,8 +106,10 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
                          "pass a smaller --batch-size or use more data")
     if saved is not None:
         check_length(config, saved, len(data.train))
-        if distributed.rank() == 0:
-            found.set_aside()  # every check passed: the damaged newest goes aside, the next save keeps `saved`
+    if distributed.rank() == 0:  # every check passed
+        if saved is not None:
+            found.set_aside()  # the damaged newest goes aside, the next save keeps `saved`
+        mode.save_data_index(config, data)  # a disk too full for it fails here: the lock discards a new folder
     return config, saved, data
 
 

@@ -26,6 +26,7 @@ from gradcache.train.commands.encode import embed_text_rows
 from gradcache.train.commands.files import check_output, write_atomically
 from gradcache.train.commands.inputs import Corpus, read_corpus
 from gradcache.train.commands.model import LoadedModel
+from gradcache.train.data.resources import reading_data
 from gradcache.train.data.text.pairs import TextPairs, read_text_pairs
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.retrieval import retrieval_corpus, retrieval_metrics
@@ -73,12 +74,16 @@ def run_metrics(model: LoadedModel, data: str | None, test_size: int | None = No
     config = model.config
     mode = MODES[config.mode]
     if data is None:
-        metrics = mode.evaluate(config, model.module, mode.load_data(config), model.device)
+        with reading_data(config.data, config.eval_data):
+            splits = mode.load_data(config)
+        metrics = mode.evaluate(config, model.module, splits, model.device)
         return {**metrics, **model.meta.baselines, "steps": model.meta.step}
     if test_size is not None and test_size < 1:
         raise UsageError(f"--test-size must be at least 1, got {test_size}")
     config = dataclasses.replace(config, data=str(data), test_size=test_size or config.test_size)
-    return mode.evaluate(config, model.module, mode.load_data(config), model.device)
+    with reading_data(config.data, config.eval_data):
+        splits = mode.load_data(config)
+    return mode.evaluate(config, model.module, splits, model.device)
 
 
 def evaluate(model: LoadedModel, data: str | None, output: str | None = None, corpus: str | None = None,

@@ -62,6 +62,10 @@ class Mode:
         """The run's training and held-out data, from `--data` (UsageError or DataError if it cannot be used)."""
         raise NotImplementedError
 
+    def save_data_index(self, config: RunConfig, data: Splits) -> None:
+        """Write into the run folder what loading the data computed that a resume reuses (text: the row index),
+        on rank 0 once every check has passed. DataDiskFull when the disk is full (no partial file left)."""
+
     def batches(self, config: RunConfig, data: Splits, sampler: StepSampler) -> DataLoader:
         """One batch of strategy inputs per step, in the order `sampler` gives."""
         raise NotImplementedError

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gradcache import distributed, losses
+from gradcache import losses
 from gradcache.losses.guided import MARGIN_STRATEGIES
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
 from gradcache.models.huggingface import HF_POOLINGS
@@ -201,9 +201,12 @@ class Text(Mode):
         # the held-out rows, embedded whole
         return dataclasses.replace(splits, test=splits.test.materialize(), corpus=corpus, test_positions=positions)
 
+    def save_data_index(self, config: RunConfig, data: TextSplits) -> None:
+        """RUN/data_index.npz, unless it was read from there."""
+        if isinstance(data.train, IndexedPairs):
+            _save_index(data.train.index, config)
+
     def batches(self, config: RunConfig, data: TextSplits, sampler: StepSampler) -> DataLoader:
-        if isinstance(data.train, IndexedPairs) and distributed.rank() == 0:
-            _save_index(data.train.index, config)  # after every check passed: a refused run leaves no file
         guide_tokenizer = None if config.guide is None else _tokenizer(config, config.guide)
         return text_batches(data.train, sampler, _tokenizer(config), config.workers, guide_tokenizer)
 

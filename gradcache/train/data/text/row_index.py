@@ -20,6 +20,7 @@ alone, so a data-loader worker reads and tokenises only the rows of its batches.
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import warnings
@@ -38,7 +39,7 @@ from gradcache.train.data.text.columnar import (
     columnar_names,
     columnar_records,
 )
-from gradcache.train.errors import DataError
+from gradcache.train.errors import DataDiskFull, DataError
 
 if TYPE_CHECKING:
     from gradcache.train.data.text.corpus import PassageCorpus
@@ -155,11 +156,19 @@ class RowIndex:
                 "skipped": self.skipped.count, "skip_reasons": self.skipped.reasons, "rows_read": self.rows_read,
                 "stamps": self.stamps, "first_rows": FIRST_ROWS}
         partial = path.with_name(path.name + ".partial")
-        with open(partial, "wb") as handle:
-            np.savez(handle, offsets=self.offsets, file_ends=self.file_ends, meta=np.array(json.dumps(meta)))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
+        try:
+            with open(partial, "wb") as handle:
+                np.savez(handle, offsets=self.offsets, file_ends=self.file_ends, meta=np.array(json.dumps(meta)))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, path)
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            if error.errno == errno.ENOSPC:
+                raise DataDiskFull(errno.ENOSPC, f"no space left to save the data's row index {path} "
+                                   f"({self.offsets.nbytes / 2**20:.1f} MiB); nothing was trained and no partial "
+                                   "file is left. Free space, then run the same command again") from None
+            raise
         self.saved_at = path
 
 

@@ -82,3 +82,35 @@ def test_gradcache_gradient_equals_the_full_batch_on_every_parameter(tmp_path, s
         torch.testing.assert_close(gradients["gradcache"][key] / scale, full / scale, rtol=0, atol=1e-5, msg=key)
     differs = any(not torch.allclose(gradients["naive"][k], g, atol=1e-6) for k, g in gradients["full"].items())
     assert differs, "naive accumulation sees only its micro-batch's negatives and should differ"
+
+
+def _queries_drawn(rank, world_size, data, workers, steps):
+    """The queries of each step of this rank, drawn through the loader with `workers` worker processes."""
+    from gradcache.train.data.text.files import data_files
+    from gradcache.train.data.text.indexed import IndexedPairs
+    from gradcache.train.data.text.row_index import build_row_index
+
+    rows = IndexedPairs(build_row_index(*data_files(data), negative_keys=["negative"]))
+    sampler = StepSampler(len(rows), 8, seed=3, start_step=0, total_steps=steps, rank=rank, world_size=world_size)
+    return [queries for queries, _ in text_batches(rows, sampler, list, workers)]
+
+
+def test_two_ranks_of_two_workers_see_every_row_once_an_epoch_in_the_one_process_order(tmp_path):
+    """2 gloo ranks (spawned on loopback), each reading a JSONL through 2 loader workers: within an epoch no row
+    repeats and every row is drawn but the partial batch's; the global batches are those of one process
+    without workers, so the order depends on neither the ranks nor the workers."""
+    import json
+
+    from tests.multiprocess import run_on_ranks
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"query": f"q{i}", "positive": f"p{i}", "negative": f"n{i}"}) + "\n"
+                            for i in range(37)))  # 4 steps of 8 an epoch, 5 rows left over
+    ranks = run_on_ranks(_queries_drawn, 2, str(data), 2, 8)
+    alone = _queries_drawn(0, 1, str(data), 0, 8)
+    global_batches = [first + second for first, second in zip(*ranks)]
+    assert global_batches == alone
+    for epoch in range(2):
+        drawn = [query for batch in global_batches[4 * epoch:4 * epoch + 4] for query in batch]
+        assert len(drawn) == len(set(drawn)) == 32 and set(drawn) <= {f"q{i}" for i in range(37)}
+    assert global_batches[:4] != global_batches[4:]  # each epoch its own permutation

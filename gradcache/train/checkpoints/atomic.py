@@ -53,7 +53,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: st
             os.fsync(handle.fileno())
         as_if_created(handle.name)  # tempfile made it 0600; the run's other files are 0644 under umask 022
         if previous is not None and path.exists():
-            _rotate_into_place(Path(handle.name), path, Path(previous))
+            rotate_into_place(Path(handle.name), path, Path(previous))
         else:
             os.replace(handle.name, path)
     except OSError as error:
@@ -68,11 +68,12 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: st
     return path
 
 
-def _rotate_into_place(new: Path, path: Path, previous: Path) -> None:
-    """previous -> aside, path -> previous, new -> path; a failed rename undoes the ones before it, so `path` and
-    `previous` are as they were. A crash between the renames leaves the newest checkpoint whole, as `path` or, once
-    that has moved, as `previous` (which the resolver reads when `path` is missing); what was set aside is then a
-    stale temporary, removed by the next job (gradcache/train/run_folder/lock.py)."""
+def rotate_into_place(new: Path, path: Path, previous: Path) -> None:
+    """previous -> aside, path -> previous, new -> path (files, or the folders of a sharded checkpoint); a failed
+    rename undoes the ones before it, so `path` and `previous` are as they were. A crash between the renames
+    leaves the newest checkpoint whole, as `path` or, once that has moved, as `previous` (which the resolver reads
+    when `path` is missing); what was set aside is then a stale temporary, removed by the next job
+    (gradcache/train/run_folder/lock.py)."""
     aside = None
     if previous.exists():  # kept until the new file is in place: a failed save must not cost the older checkpoint
         aside = previous.with_name(f".{previous.name}.aside.tmp")  # one job per folder: one name will do
@@ -89,7 +90,7 @@ def _rotate_into_place(new: Path, path: Path, previous: Path) -> None:
             os.replace(aside, previous)
         raise
     if aside is not None:
-        aside.unlink()
+        shutil.rmtree(aside) if aside.is_dir() else aside.unlink()
 
 
 def _size_needed(state: dict[str, Any], path: Path) -> int:

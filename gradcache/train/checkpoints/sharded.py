@@ -24,6 +24,7 @@ from gradcache.train.checkpoints.atomic import (
     NO_SPACE,
     is_sharded_folder,
     read_checked,
+    rotate_into_place,
     save_checkpoint,
 )
 from gradcache.train.checkpoints.checksum import files_sha256
@@ -70,10 +71,14 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
             raise DiskFull(folder.parent, _folder_size(folder), shutil.disk_usage(folder.parent).free) from error
         raise
     if leader:
-        if folder.exists():
-            shutil.rmtree(replaced, ignore_errors=True)
-            os.replace(folder, replaced)  # until the next rename the run folder's resolver reads `previous`
-        os.replace(partial, folder)
+        try:
+            if folder.exists():  # until the last rename the run folder's resolver reads `previous`
+                rotate_into_place(partial, folder, replaced)
+            else:
+                os.replace(partial, folder)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)  # `folder` and `previous` are as they were
+            raise
         if previous is None:
             shutil.rmtree(replaced, ignore_errors=True)
     if grouped:

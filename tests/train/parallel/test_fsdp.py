@@ -155,6 +155,37 @@ def test_a_save_replaces_the_previous_checkpoint_whole(tmp_path):
     assert train(fresh, fresh_optimizer, [2]) == pytest.approx(train(model, optimizer, [2]), rel=1e-6)
 
 
+@pytest.mark.parametrize("failing_call", [1, 2, 3, 4])
+def test_a_failed_rename_leaves_both_sharded_checkpoints_as_they_were(tmp_path, monkeypatch, failing_call):
+    """The four renames of a save over two checkpoints (extra.pt into the partial folder, the older previous
+    aside, last to previous, the new folder to last) fail one at a time: last and previous hold what they held,
+    and no partial folder is left."""
+    import os
+
+    from gradcache.train.checkpoints import atomic
+
+    folder, previous = tmp_path / "last", tmp_path / "previous"
+    model = build(seed=0)
+    optimizer = optimizer_for(model)
+    for step in (1, 2):
+        save_sharded(folder, model, optimizer, extra={"step": step}, previous=previous)
+    real_replace, calls = os.replace, []
+
+    def replace(source, target):
+        calls.append((source, target))
+        if len(calls) == failing_call:
+            raise OSError(5, "Input/output error")
+        real_replace(source, target)
+
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    with pytest.raises(OSError, match="Input/output error"):
+        save_sharded(folder, model, optimizer, extra={"step": 3}, previous=previous)
+    monkeypatch.setattr(atomic.os, "replace", real_replace)
+    assert len(calls) >= failing_call  # the undoing renames come after the failed one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last", "previous"]
+    assert sharded_extra(folder)["step"] == 2 and sharded_extra(previous)["step"] == 1
+
+
 def test_sharding_needs_a_process_group():
     with pytest.raises(ValueError, match="torchrun"):
         shard_encoder(nn.Linear(2, 2))

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from benchmarks import first_step, image_data
-from benchmarks.flags import HelpFormatter, add_shared_options, integer_list, output_folder
+from benchmarks.flags import DATA_DIR, HelpFormatter, add_shared_options, integer_list, output_folder
 
 PARTS = ("simclr-folder", "clip-table", "simclr-shards", "clip-shards")
 MODEL = {
@@ -56,15 +56,16 @@ def one_step_argv(part: str, data: Path, run_folder: Path, args: argparse.Namesp
             "--device", args.device, "--checkpoint-every", "1000", "--quiet", *MODEL[mode]]
 
 
-def add_data_options(parser: argparse.ArgumentParser, workers: int = 2) -> None:
-    """`--data-dir --image-size --shard-size --test-size --workers`, shared with the data-wait and torchrun
-    benchmarks (the same generated data sets)."""
-    parser.add_argument("--data-dir", default="runs/benchmarks/data",
+def add_data_options(parser: argparse.ArgumentParser, workers: int | None = 2) -> None:
+    """`--data-dir --image-size --shard-size --test-size` and, unless `workers` is None, `--workers`: shared with
+    the data-wait and torchrun benchmarks (the same generated data sets)."""
+    parser.add_argument("--data-dir", default=DATA_DIR,
                         help="where the generated data sets are written (and reused) and the runs go")
     parser.add_argument("--image-size", type=int, default=64, help="side of the generated images")
     parser.add_argument("--shard-size", type=int, default=1000, help="samples per webdataset shard")
     parser.add_argument("--test-size", type=int, default=256, help="held-out images (--test-size of the runs)")
-    parser.add_argument("--workers", type=int, default=workers, help="data-loader worker processes of the runs")
+    if workers is not None:
+        parser.add_argument("--workers", type=int, default=workers, help="data-loader worker processes of the runs")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks.flags import (
+    DATA_DIR,
     HelpFormatter,
     add_output_options,
     integer_list,
@@ -43,7 +44,6 @@ from benchmarks.anon_memory import PeakAnon
 from benchmarks.fresh_process import report, run_point
 
 FORMATS = ("jsonl", "tsv", "csv", "parquet")
-DATA_DIR = "runs/benchmarks/data"  # shared with the image benchmarks and torchrun_memory: one copy of each data set
 PROGRAM = ["--negative-keys", "negative", "--max-length", "32", "--batch-size", "16", "--chunk-size", "8",
            "--steps", "1", "--warmup", "1", "--test-size", "64", "--checkpoint-every", "1000", "--quiet"]
 

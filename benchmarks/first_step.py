@@ -4,8 +4,9 @@ process tree until then, the run and its data-loader workers, above the process'
 
 The data scaling and torchrun benchmarks launch it; under `torchrun` each rank measures its own tree:
 
-    python -m benchmarks.first_step -- train clip --data shards/ --steps 1 ...      # one JSON line per process
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.first_step -- train clip ...
+    FIRST_STEP_RESULTS=out/ python -m benchmarks.first_step -- train clip --data shards/ --steps 1 ...
+    FIRST_STEP_RESULTS=out/ python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        -m benchmarks.first_step -- train clip ...                      # out/rank-<rank>.json, one per process
 
 Nothing but the standard library and `benchmarks.anon_memory` is imported before the baseline, so the figures
 include importing torch and the program (the same at every data size).
@@ -16,13 +17,13 @@ import json
 import os
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from benchmarks.anon_memory import PeakAnon
 
-RESULT_PREFIX = "FIRST_STEP_RESULT "
+RESULTS_ENV = "FIRST_STEP_RESULTS"  # the folder each process writes its rank-<rank>.json into (ranks share stdout)
 CHECKOUT = Path(__file__).resolve().parents[1]  # the folder that holds the benchmarks package
 
 
@@ -80,10 +81,11 @@ def run(argv: list[str], ranks: int = 1, timeout_s: float | None = None,
     module = ["-m", "benchmarks.first_step", "--", *argv]
     command = [sys.executable, *module] if ranks == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *module]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=CHECKOUT,
-                          env={**os.environ, **(env or {})})
-    results = sorted((json.loads(line[len(RESULT_PREFIX):]) for line in done.stdout.splitlines()
-                      if line.startswith(RESULT_PREFIX)), key=lambda result: result["rank"])
+    with tempfile.TemporaryDirectory(prefix="first_step-") as folder:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=CHECKOUT,
+                              env={**os.environ, **(env or {}), RESULTS_ENV: folder})
+        results = sorted((json.loads(path.read_text()) for path in Path(folder).glob("rank-*.json")),
+                         key=lambda result: result["rank"])
     if done.returncode != 0 or len(results) != ranks or any(r["status"] != 0 for r in results):
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-5:])
         raise RuntimeError(f"gradcache {' '.join(argv[:2])} on {ranks} rank(s) exited {done.returncode} with "
@@ -94,5 +96,10 @@ def run(argv: list[str], ranks: int = 1, timeout_s: float | None = None,
 if __name__ == "__main__":
     arguments = sys.argv[1:]
     result = measure(arguments[1:] if arguments[:1] == ["--"] else arguments)
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    if RESULTS_ENV not in os.environ:  # run by hand
+        print(json.dumps(result))
+    else:
+        target = Path(os.environ[RESULTS_ENV]) / f"rank-{result['rank']}.json"
+        target.with_suffix(".partial").write_text(json.dumps(result))
+        os.replace(target.with_suffix(".partial"), target)  # whole or absent, whenever the parent reads it
     raise SystemExit(0)

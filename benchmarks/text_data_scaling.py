@@ -44,8 +44,8 @@ from benchmarks.anon_memory import PeakAnon
 from benchmarks.fresh_process import report, run_point
 
 FORMATS = ("jsonl", "tsv", "csv", "parquet")
-PROGRAM = ["--negative-keys", "negative", "--max-length", "32", "--batch-size", "16", "--chunk-size", "8",
-           "--steps", "1", "--warmup", "1", "--test-size", "64", "--checkpoint-every", "1000", "--quiet"]
+PROGRAM = ["--negative-keys", "negative", "--max-length", "32", "--chunk-size", "8", "--steps", "1", "--warmup", "1",
+           "--test-size", "64", "--checkpoint-every", "1000", "--quiet"]
 
 
 
@@ -100,10 +100,10 @@ def rows_file(data_dir: Path, rows: int, text_format: str) -> Path:
     return path
 
 
-def program_argv(data: Path, run_folder: Path, threads: int) -> list[str]:
-    """`gradcache train text` for one cheap step on `data` (the default model, 32 tokens, batch 16)."""
+def program_argv(data: Path, run_folder: Path, threads: int, batch_size: int = 16, workers: int = 0) -> list[str]:
+    """`gradcache train text` for one cheap step on `data` (the default model, 32 tokens, batch 16, chunks of 8)."""
     return ["train", "text", "--data", str(Path(data).resolve()), "--output-dir", str(Path(run_folder).resolve()),
-            "--threads", str(threads), *PROGRAM]
+            "--threads", str(threads), "--batch-size", str(batch_size), "--workers", str(workers), *PROGRAM]
 
 
 def first_batch_seconds(data: Path, run_folder: Path) -> float:

@@ -10,7 +10,7 @@ from benchmarks import torchrun_memory
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="RssAnon needs Linux's /proc")
 TINY = ["--parts", "clip", "--clip-size", "200", "--shard-size", "40", "--image-size", "16", "--test-size", "16",
-        "--workers", "1"]
+        "--workers", "0"]
 
 
 def test_each_rank_of_a_torchrun_group_reports_its_tree(tmp_path: Path, read_csv) -> None:

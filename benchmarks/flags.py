@@ -11,6 +11,10 @@ from pathlib import Path
 
 from benchmarks.report import RESULTS_DIR
 
+# The data benchmarks' generated data sets and their runs (text_data_scaling, image_data_scaling, data_wait,
+# torchrun_memory: one copy of each data set, reused), kept apart from the output folder and benchmarks/results.
+DATA_DIR = "runs/benchmarks/data"
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each option's default once: appended where the help does not state it and the default says something

@@ -1,101 +1,103 @@
-"""Do memory and the time to the first step stay flat as the data grows? Per mode and format, a generated data set
-of each size, and `gradcache train` on it for one step in a fresh process per point, reading that process's peak
-anonymous memory (RssAnon sampled every 5 ms: the pixels and indexes a run holds, not the file cache) and the
-seconds from the process's start to the end of step 1.
+"""Do memory and the time to the first step stay flat as the image data grows? Per mode and format, a generated
+data set of each size, and `gradcache train` on it for one step in a fresh process per point
+(`benchmarks.first_step`): the peak anonymous memory of the process tree (RssAnon of the run and its `--workers`
+data-loader processes, sampled every 5 ms: the indexes and pixels a run holds, not the file cache) above the
+process's start and absolute, and the seconds from the process's start to the end of step 1.
 
-    python -m benchmarks.image_data_scaling                            # images: an ImageFolder of 4,000 and 32,000
-    python -m benchmarks.image_data_scaling --parts images --sizes 500,4000
+    python -m benchmarks.image_data_scaling                                      # every part at 4,000 and 32,000
+    python -m benchmarks.image_data_scaling --parts clip-shards --sizes 4000,32000 --workers 0
 
-Parts: `images` (simclr on an ImageFolder of 32 x 32 PNGs in 8 classes, decoded when drawn; `--workers 0`, so
-the decoding is in the measured process). Time depends on the machine's load: report figures of an idle machine
-only. Writes image_data_scaling.csv (part, size, peak_rss_anon_mb, first_step_s) to the output folder.
+Parts: `simclr-folder` (an ImageFolder of JPEGs, 8 classes), `clip-table` (a caption CSV of the same files),
+`simclr-shards` and `clip-shards` (webdataset tars of `--shard-size` samples), all at `--image-size`
+(`benchmarks.image_data`, written once per size into `--data-dir`). Small models (a convnet of width 8, a
+1-layer text transformer), so the data dominates. The run folders go to `--data-dir` and are removed after
+each point. Time depends on the machine's load: report figures of an idle machine only. Writes
+image_data_scaling.csv (one row per part and size) to the output folder.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import json
-import subprocess
-import sys
-import time
+import shutil
 from pathlib import Path
 
-from benchmarks.anon_memory import PeakAnon
-from benchmarks.flags import HelpFormatter, add_shared_options, output_folder
+from benchmarks import first_step, image_data
+from benchmarks.flags import DATA_DIR, HelpFormatter, add_shared_options, integer_list, output_folder
 
-RUN = ["--image-size", "32", "--batch-size", "64", "--chunk-size", "32", "--steps", "1", "--test-size", "256",
-       "--eval-reference-size", "512", "--workers", "0", "--quiet", "--checkpoint-every", "1000"]
-
-
-def generate_image_folder(folder: Path, size: int) -> Path:
-    """`size` 32 x 32 PNGs in 8 class folders (written once; reused when the folder holds them already)."""
-    import numpy as np
-    from PIL import Image
-
-    marker = folder / f".complete-{size}"
-    if marker.exists():
-        return folder
-    generator = np.random.default_rng(0)
-    for index in range(size):
-        target = folder / f"class{index % 8}" / f"{index:06d}.png"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(generator.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(target)
-    marker.touch()
-    return folder
+PARTS = ("simclr-folder", "clip-table", "simclr-shards", "clip-shards")
+MODEL = {
+    "simclr": ["--model", "convnet", "--width", "8", "--hidden-dim", "32", "--projection-dim", "16",
+               "--eval-reference-size", "512"],
+    "clip": ["--model", "convnet", "--width", "8", "--projection-dim", "16", "--text-width", "16",
+             "--text-layers", "1", "--text-heads", "2"],
+}
+COLUMNS = ["part", "size", "image_size", "workers", "first_step_s", "peak_rss_anon_mb", "peak_rss_anon_abs_mb"]
 
 
+def part_data(part: str, data_dir: Path, size: int, image_size: int, shard_size: int) -> Path:
+    """The generated data set `part` trains on: an ImageFolder root, a caption table or a folder of shards."""
+    if part == "simclr-folder":
+        return image_data.image_folder(data_dir, size, image_size)
+    if part == "clip-table":
+        return image_data.caption_table(data_dir, size, image_size)
+    return image_data.shards(data_dir, size, image_size, shard_size)
 
 
-def measure_point(part: str, data: str, output: str, threads: int) -> dict[str, float]:
-    """In this (fresh) process: one step of the part's run on `data`; peak RssAnon and seconds to step 1."""
-    started = time.monotonic()
-    peak = PeakAnon()
-    from gradcache.cli import main as gradcache
-    from gradcache.train.run_folder.log import RunLog
+def one_step_argv(part: str, data: Path, run_folder: Path, args: argparse.Namespace, batch_size: int = 64,
+                  steps: int = 1) -> list[str]:
+    """`gradcache train <mode>` on `data` for `steps` steps with the small models and `args`' image size,
+    held-out size, workers and threads."""
+    mode = part.split("-")[0]
+    return ["train", mode, "--data", str(Path(data).resolve()), "--output-dir", str(Path(run_folder).resolve()),
+            "--image-size", str(args.image_size), "--batch-size", str(batch_size),
+            "--chunk-size", str(batch_size // 2), "--steps", str(steps), "--warmup", "1",
+            "--test-size", str(args.test_size), "--workers", str(args.workers), "--threads", str(args.threads),
+            "--device", args.device, "--checkpoint-every", "1000", "--quiet", *MODEL[mode]]
 
-    first_step: list[float] = []
-    log_step = RunLog.log_step
 
-    def logged(self, row):
-        log_step(self, row)
-        if not first_step:
-            first_step.append(time.monotonic() - started)
-
-    RunLog.log_step = logged
-    mode = {"images": "simclr"}[part]
-    status = gradcache(["train", mode, "--data", data, "--output-dir", output, "--threads", str(threads), *RUN])
-    peak_mb = peak.stop(absolute=True) / 2**20
-    if status != 0 or not first_step:
-        raise SystemExit(f"the {part} run on {data} failed with status {status}")
-    return {"peak_rss_anon_mb": round(peak_mb, 1), "first_step_s": round(first_step[0], 2)}
+def add_data_options(parser: argparse.ArgumentParser, workers: int | None = 2) -> None:
+    """`--data-dir --image-size --shard-size --test-size` and, unless `workers` is None, `--workers`: shared with
+    the data-wait and torchrun benchmarks (the same generated data sets)."""
+    parser.add_argument("--data-dir", default=DATA_DIR,
+                        help="where the generated data sets are written (and reused) and the runs go")
+    parser.add_argument("--image-size", type=int, default=64, help="side of the generated images")
+    parser.add_argument("--shard-size", type=int, default=1000, help="samples per webdataset shard")
+    parser.add_argument("--test-size", type=int, default=256, help="held-out images (--test-size of the runs)")
+    if workers is not None:
+        parser.add_argument("--workers", type=int, default=workers, help="data-loader worker processes of the runs")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    parser.add_argument("--parts", default="images", help="comma-separated: images")
-    parser.add_argument("--sizes", default="4000,32000", help="comma-separated data set sizes")
-    parser.add_argument("--data-dir", default="runs/benchmarks/image_data_scaling_data",
-                        help="where the generated data sets are written (and reused)")
-    parser.add_argument("--point", nargs=3, metavar=("PART", "DATA", "OUTPUT"), help=argparse.SUPPRESS)
-    add_shared_options(parser, "image_data_scaling")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    parser.add_argument("--sizes", default="4000,32000", help="comma-separated data set sizes (images)")
+    add_data_options(parser)
+    parser.add_argument("--time-budget-s", type=float, default=900.0, help="a point longer than this fails")
+    add_shared_options(parser, "image_data_scaling", threads_help="--threads of the runs")
     args = parser.parse_args(argv)
-    if args.point:
-        print(json.dumps(measure_point(*args.point, threads=args.threads)))
-        return 0
+    parts = [part.strip() for part in args.parts.split(",") if part.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"--parts {args.parts!r}: unknown {unknown}; choose from {', '.join(PARTS)}")
     folder = output_folder(args)
+    data_dir = Path(args.data_dir)
     rows = []
-    for part in args.parts.split(","):
-        for size in [int(s) for s in args.sizes.split(",")]:
-            data = generate_image_folder(Path(args.data_dir) / f"{part}-{size}", size)
-            result = subprocess.run([sys.executable, "-m", "benchmarks.image_data_scaling", "--threads", str(args.threads),
-                                     "--point", part, str(data), str(folder / f"run-{part}-{size}")],
-                                    capture_output=True, text=True, check=True)
-            rows.append({"part": part, "size": size, **json.loads(result.stdout.strip().splitlines()[-1])})
-            print(rows[-1], flush=True)
-    with open(folder / "image_data_scaling.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+    for part in parts:
+        for size in integer_list(args.sizes, "--sizes"):
+            data = part_data(part, data_dir, size, args.image_size, args.shard_size)
+            run_folder = data_dir / "runs" / f"{part}-{size}"
+            shutil.rmtree(run_folder, ignore_errors=True)
+            [result] = first_step.run(one_step_argv(part, data, run_folder, args), timeout_s=args.time_budget_s)
+            shutil.rmtree(run_folder, ignore_errors=True)
+            rows.append({"part": part, "size": size, "image_size": args.image_size, "workers": args.workers,
+                         **{key: result[key] for key in COLUMNS[4:]}})
+            print(json.dumps(rows[-1]), flush=True)
+    with open(folder / f"{args.name}.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
+    print(f"wrote {folder / (args.name + '.csv')}")
     return 0
 
 

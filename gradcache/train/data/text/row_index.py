@@ -13,7 +13,8 @@ alone, so a data-loader worker reads and tokenises only the rows of its batches.
 - Usable rows as `read_text_pairs` has always kept them: a query, a positive and at least h non-empty hard
   negatives (the first h kept; `RowFields.unusable`, which the `.jsonl.gz` stream applies too). h is
   `negatives_per_query`, or else the count most of the first `FIRST_ROWS` (1,000) rows with a query and a
-  positive have (all of them in a smaller file: the old rule; `most_rows_have`). Unusable rows are skipped and counted as they are met (`SkippedRows`: the count and the first ten reasons).
+  positive have (all of them in a smaller file: the old rule; `most_rows_have`). Unusable rows are skipped and
+  counted as they are met (`SkippedRows`: the count and the first ten reasons).
 - `.jsonl.gz` is not indexed (a gzip file has no offsets to seek to): it is streamed (`gzip_rows.py`).
 - `save` / `load_row_index`: the index as .npz with the files' sizes and modification times and the options
   it was built under; a load that finds any of them changed returns None (the caller builds it again).

@@ -68,8 +68,8 @@ def test_more_bad_rows_than_max_bad_share_allows_stop_the_run_with_exit_4(tmp_pa
 
 
 def test_bad_gzip_input_exits_2_and_writes_nothing(tmp_path, tiny_bert, capsys):
-    data = _gzip(tmp_path / "rows.jsonl.gz", [{"query": f"q{i}", "positive_id": f"d{i % 4}", "negative_ids": [f"d{(i + 1) % 3}"]}
-                                              for i in range(24)])
+    data = _gzip(tmp_path / "rows.jsonl.gz", [{"query": f"q{i}", "positive_id": f"d{i % 4}",
+                                               "negative_ids": [f"d{(i + 1) % 3}"]} for i in range(24)])
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(_lines([{"id": f"d{i}", "text": f"passage {i}"} for i in range(3)]))  # no d3
     mixed = tmp_path / "mixed"

@@ -52,8 +52,8 @@ class RunConfig:
     max_bad_share: float = option(0.05, added=6, before=1.0)  # older runs trained on whatever share decoded
     eval_data: str | None = option(None, added=9, path=True)  # a held-out set apart; None: --test-size of --data
     eval_reference_size: int | None = option(2048, modes=SIMCLR, at_least=1, added=9, before=None)  # None: all
-    shuffle_buffer: int = option(1000, modes=IMAGES, at_least=1, added=9)  # tar shards: samples per worker buffer
-    train_num_samples: int | None = option(None, modes=IMAGES, at_least=1, added=9)  # tar shards; None: counted
+    shuffle_buffer: int = option(1000, at_least=1, added=9)  # tar shards, .jsonl.gz: items per worker buffer
+    train_num_samples: int | None = option(None, at_least=1, added=9)  # tar shards, .jsonl.gz; None: counted
     threads: int | None = option(None, at_least=1)  # None: CPU cores minus workers, at least 1
     # model
     model: str = option("convnet", model=True, path=True)  # an image preset, open_clip:ARCH (clip) or a model folder (text)

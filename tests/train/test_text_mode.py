@@ -1,5 +1,6 @@
 """`gradcache train text` through main([...]) on a tiny BERT written by the test: no download, seconds per run."""
 import csv
+import gzip
 import json
 import random
 import string
@@ -79,7 +80,17 @@ RESUMES = {
     # the packaged model (dropout 0.1) at its smallest: its second step resumed from the checkpoint of its first
     "minilm": ("all-MiniLM-L6-v2", ["--negative-keys", "negative", "--steps", "2", "--checkpoint-every", "1",
                                     "--batch-size", "4", "--chunk-size", "4", "--max-length", "8", "--test-size", "4"], 2),
+    # the same rows gzipped and streamed (data/streams.py): resumed in the middle of epoch 0, crossing into 1
+    "jsonl.gz": ("dropout", ["--negative-keys", "negative", "--steps", "3", "--checkpoint-every", "1"], 2),
 }
+GZIPPED = ("jsonl.gz",)  # the cases whose data is pairs.jsonl.gz
+
+
+def _gzipped(path):
+    """`path` compressed beside it as PATH.gz."""
+    gzipped = path.with_name(path.name + ".gz")
+    gzipped.write_bytes(gzip.compress(path.read_bytes()))
+    return gzipped
 
 
 @pytest.mark.parametrize("case", RESUMES)
@@ -89,6 +100,7 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, dropout_b
     model, options, killed = RESUMES[case]
     model = str(dropout_bert) if model == "dropout" else model
     data = _random_pairs(tmp_path / "pairs.jsonl", 32)
+    data = _gzipped(data) if case in GZIPPED else data
     argv = ["train", "text", *TINY["text"], "--max-length", "16", "--model", model, "--data", str(data), *options]
     assert main([*argv, "--output-dir", str(tmp_path / "whole")]) == 0
 

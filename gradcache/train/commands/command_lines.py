@@ -56,9 +56,9 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
                       "works (a run folder: its newest good checkpoint, a damaged last.pt falling back to "
                       "previous.pt with a warning)")
     parser.add_argument("--data", default=None, help="a file to score MODEL on, in a format train reads: text: a "
-                        ".tsv, .csv or .jsonl of (query, positive, hard negatives) rows, every row scored; a clip or "
-                        "simclr run: its --data kinds, scored on a held-out split of --test-size (default: a run's "
-                        "own held-out split)")
+                        ".tsv, .csv, .jsonl or .jsonl.gz of (query, positive, hard negatives) rows, every row scored; "
+                        "a clip or simclr run: its --data kinds, scored on a held-out split of --test-size (default: "
+                        "a run's own held-out split)")
     add_pairs_options(parser)
     parser.add_argument("--test-size", type=int, default=None,
                         help="images held out of an image --data (default: the run's --test-size)")

@@ -1,9 +1,10 @@
 """`gradcache eval MODEL [--data FILE] [--output metrics.json]`: a model's metrics on any held-out file.
 
-- A text model on a pairs file (`.tsv`, `.csv`, `.jsonl`, read as `gradcache train text --data` reads it, every
-  usable row a query): each query ranks a corpus by cosine similarity (gradcache/train/eval/retrieval.py), the
-  corpus being every distinct passage of the file (positives and hard negatives) or the `--corpus` id/text rows,
-  the relevant passage being the row's positive (found in the corpus by its text, else by its id). Metrics:
+- A text model on a pairs file (`.tsv`, `.csv`, `.jsonl`, `.jsonl.gz`, read as `gradcache train text --data` reads
+  it, every usable row a query; a `.jsonl.gz` read whole): each query ranks a corpus by cosine similarity
+  (gradcache/train/eval/retrieval.py), the corpus being every distinct passage of the file (positives and hard
+  negatives) or the `--corpus` id/text rows, the relevant passage being the row's positive (found in the corpus
+  by its text, else by its id). Metrics:
   `recall@1`, `recall@10`, `mrr@10`, `ndcg@10` in percent, with `queries` and `corpus_size`.
 - A CLIP or SimCLR run on an image file or folder (read as `gradcache train --data` reads it, with the run's
   options): the run's own metrics on the held-out split of `--test-size` items of it (image-to-text and

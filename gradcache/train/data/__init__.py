@@ -1,6 +1,7 @@
 """The training data of every mode: where examples come from and in what order a run sees them.
 
-`order.py` is the order (a pure function of seed, epoch and step, which makes resume exact); `images/` the
+`order.py` is the order of indexed data (a pure function of seed, epoch and step, which makes resume exact);
+`streams.py` that of files read in order through a shuffle buffer (webdataset shards, `.jsonl.gz`); `images/` the
 image sources (built-in shapes, digits, image folders, caption tables), their in-memory sets and SimCLR's
 views; `text/` the (query, positive, hard negatives) rows, the built-in world and the tokenised batches.
 May import: the library, torch, torchvision, numpy, PIL, and `gradcache.train.config` / `errors`; never the

@@ -23,7 +23,7 @@ from gradcache.models.sentence_transformers_folder import (
 )
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
-from gradcache.train.data.text.batches import GroupedInfoNCE, text_batches
+from gradcache.train.data.text.batches import GroupedInfoNCE, TokenizeGroups, text_batches
 from gradcache.train.data.text.corpus import (
     NEGATIVE_IDS_KEY,
     POSITIVE_ID_KEY,
@@ -31,6 +31,14 @@ from gradcache.train.data.text.corpus import (
     read_corpus,
 )
 from gradcache.train.data.text.files import data_files
+from gradcache.train.data.text.gzip_rows import (
+    GZIP,
+    GzipRows,
+    RowList,
+    gzip_batches,
+    load_gzip_rows,
+    read_rows,
+)
 from gradcache.train.data.text.indexed import IndexedPairs
 from gradcache.train.data.text.pairs import (
     TextSplits,
@@ -85,8 +93,9 @@ class Text(Mode):
     name = "text"
     help = "text retrieval: fine-tune a Hugging Face encoder on (query, passage, hard negatives) rows, InfoNCE"
     loss_kind = "infonce"
-    path_data = ("a .tsv, .csv, .jsonl or .parquet file, a folder or pattern of them ('part-{000..099}.jsonl'), or a "
-                 "datasets save_to_disk folder, of (query, positive, hard negatives) rows")
+    path_data = ("a .tsv, .csv, .jsonl, .jsonl.gz or .parquet file, a folder or pattern of them "
+                 "('part-{000..099}.jsonl'), or a datasets save_to_disk folder, of (query, positive, hard negatives) "
+                 "rows; indexed at start, a .jsonl.gz streamed through --shuffle-buffer")
     # the default run: all-MiniLM-L6-v2 on the built-in world, one epoch of 24 steps, a few CPU minutes
     defaults = dict(data=BUILT_IN_TEXT, model=PACKAGED_MODEL, train_size=768, test_size=300, batch_size=32,
                     chunk_size=16, lr=1e-4, base_batch_size=32, warmup=3, weight_decay=0.01, temperature=0.05,
@@ -112,6 +121,11 @@ class Text(Mode):
         data.add_argument("--corpus", default=default("corpus"), help="passages as (id, text) rows (.jsonl, .tsv, "
                           "or .csv; fields id and text) that --data rows name by id: positive_id and negative_ids (or "
                           "--positive-key / --negative-keys); also the retrieval corpus of the evaluation")
+        data.add_argument("--shuffle-buffer", type=int, default=default("shuffle_buffer"),
+                          help=".jsonl.gz --data: parsed rows each loader worker shuffles among")
+        data.add_argument("--train-num-samples", type=int, default=default("train_num_samples"),
+                          help=".jsonl.gz --data: training rows per epoch (default: counted once at start, in one "
+                          "pass over the files, and recorded in the run)")
         data.add_argument("--negatives-per-query", type=int, default=default("negatives_per_query"),
                           help="hard negatives h per query: a --data file's rows with fewer are skipped (default: "
                           "the count most rows have); the built-in world generates h (default: 1)")
@@ -175,7 +189,12 @@ class Text(Mode):
 
     # --- data -------------------------------------------------------------------------------------------
     def load_data(self, config: RunConfig) -> TextSplits:
-        if config.data in (BUILT_IN_TEXT, BUILT_IN_HARD):
+        built_in = config.data in (BUILT_IN_TEXT, BUILT_IN_HARD)
+        if config.train_num_samples is not None and (built_in or data_files(config.data)[1] != GZIP):
+            raise UsageError(f"--train-num-samples sets the epoch length of streamed .jsonl.gz rows; --data "
+                             f"{config.data} is not .jsonl.gz (its epoch is every training row): drop "
+                             "--train-num-samples")
+        if built_in:
             if config.corpus is not None:
                 raise UsageError(f"--corpus names the passages of --data rows, but --data {config.data} is built in; "
                                  "give --data a file whose rows name passages by id, or drop --corpus")
@@ -188,15 +207,26 @@ class Text(Mode):
                 raise DataError(f"--train-size and --test-size: {error}") from error
             if config.eval_data is None:
                 return split_pairs(pairs, config.test_size, config.data_seed, name=config.data)
-            test = IndexedPairs(_row_index(config, config.eval_data, None, "--eval-data")).materialize()
+            test = IndexedPairs(_whole_rows(config, config.eval_data, None, "--eval-data")).materialize()
             return TextSplits(train=pairs, test=test, name=config.data)
         corpus = None if config.corpus is None else read_corpus(*data_files(config.corpus, "--corpus"), config.corpus)
-        rows = IndexedPairs(_row_index(config, config.data, corpus), corpus=corpus)
-        if config.eval_data is None:
-            splits = split_pairs(rows, config.test_size, config.data_seed, name=f"pairs:{config.data}")
+        files, text_format = data_files(config.data)
+        name = f"pairs:{config.data}"
+        if text_format == GZIP:
+            train, held = load_gzip_rows(files, _keys(config, corpus), config.negatives_per_query, corpus,
+                                         config.shuffle_buffer, config.train_num_samples,
+                                         None if config.eval_data is not None else config.test_size,
+                                         config.data_seed, config.data)
+            if held is None:
+                held = _whole_rows(config, config.eval_data, corpus, "--eval-data")
+            splits = TextSplits(train=train, test=IndexedPairs(held, corpus=corpus), name=name)
         else:
-            held_out = IndexedPairs(_row_index(config, config.eval_data, corpus, "--eval-data"), corpus=corpus)
-            splits = TextSplits(train=rows, test=held_out, name=f"pairs:{config.data}")
+            rows = IndexedPairs(_row_index(config, config.data, corpus), corpus=corpus)
+            if config.eval_data is None:
+                splits = split_pairs(rows, config.test_size, config.data_seed, name=name)
+            else:
+                held_out = IndexedPairs(_whole_rows(config, config.eval_data, corpus, "--eval-data"), corpus=corpus)
+                splits = TextSplits(train=rows, test=held_out, name=name)
         positions = None if corpus is None else splits.test.positive_positions()
         # the held-out rows, embedded whole
         return dataclasses.replace(splits, test=splits.test.materialize(), corpus=corpus, test_positions=positions)
@@ -208,11 +238,18 @@ class Text(Mode):
 
     def batches(self, config: RunConfig, data: TextSplits, sampler: StepSampler) -> DataLoader:
         guide_tokenizer = None if config.guide is None else _tokenizer(config, config.guide)
+        if isinstance(data.train, GzipRows):
+            return gzip_batches(data.train, sampler, TokenizeGroups(_tokenizer(config), guide_tokenizer),
+                                config.workers, config.max_bad_share)
         return text_batches(data.train, sampler, _tokenizer(config), config.workers, guide_tokenizer)
 
     def resolve(self, config: RunConfig, data: TextSplits) -> RunConfig:
-        """h, as the data has it: the loss and the chunk sizes read it from the configuration."""
-        return dataclasses.replace(config, negatives_per_query=data.train.negatives_per_query)
+        """h, as the data has it: the loss and the chunk sizes read it from the configuration; `.jsonl.gz`: the
+        epoch length counted at start, recorded so that a resume does not count again."""
+        config = dataclasses.replace(config, negatives_per_query=data.train.negatives_per_query)
+        if isinstance(data.train, GzipRows) and config.train_num_samples is None:
+            config = dataclasses.replace(config, train_num_samples=len(data.train))
+        return config
 
     def hard_negatives(self, config: RunConfig) -> int:
         return config.negatives_per_query or 0
@@ -283,10 +320,13 @@ class Text(Mode):
         return {f"{key}_initial": value for key, value in initial.items()}
 
 
-def _row_index(config: RunConfig, data: str, corpus: PassageCorpus | None = None, option: str = "--data") -> RowIndex:
-    """The row index of `data` (`option`): for --data, the run folder's saved one when it indexes the same files,
-    unchanged, under the same options (a resume reads no row to find its place), else built in one streamed pass.
-    With a corpus the positive and negative fields hold ids: `positive_id` and `negative_ids` unless named."""
+def _keys(config: RunConfig, corpus: PassageCorpus | None) -> tuple[str, str, tuple[str, ...]]:
+    """(query key, positive key, negative keys) of the rows: with a corpus the positive and negative fields hold
+    ids, `positive_id` and `negative_ids` unless named.
+
+    Raises:
+        UsageError: --negatives-per-query without --negative-keys.
+    """
     positive_key, negative_keys = config.positive_key, config.negative_keys
     if corpus is not None:
         positive_key = POSITIVE_ID_KEY if positive_key == RunConfig.positive_key else positive_key
@@ -296,8 +336,14 @@ def _row_index(config: RunConfig, data: str, corpus: PassageCorpus | None = None
         check_negative_options(negative_keys, config.negatives_per_query)
     except ValueError as error:
         raise UsageError(str(error)) from error
+    return config.query_key, positive_key, negative_keys
+
+
+def _row_index(config: RunConfig, data: str, corpus: PassageCorpus | None = None, option: str = "--data") -> RowIndex:
+    """The row index of `data` (`option`): for --data, the run folder's saved one when it indexes the same files,
+    unchanged, under the same options (a resume reads no row to find its place), else built in one streamed pass."""
+    keys = _keys(config, corpus)
     files, text_format = data_files(data, option)
-    keys = (config.query_key, positive_key, negative_keys)
     saved = None
     if config.output_dir is not None and option == "--data":
         saved = load_row_index(Path(config.output_dir) / DATA_INDEX, files, keys, config.negatives_per_query)
@@ -305,6 +351,14 @@ def _row_index(config: RunConfig, data: str, corpus: PassageCorpus | None = None
         return saved
     return build_row_index(files, text_format, *keys, negatives_per_query=config.negatives_per_query, corpus=corpus,
                            option=option)
+
+
+def _whole_rows(config: RunConfig, data: str, corpus: PassageCorpus | None, option: str) -> RowIndex | RowList:
+    """The rows of `data` (`option`, e.g. --eval-data) to read whole: indexed, or a `.jsonl.gz` read into memory."""
+    files, text_format = data_files(data, option)
+    if text_format == GZIP:
+        return read_rows(files, _keys(config, corpus), config.negatives_per_query, corpus, option)
+    return _row_index(config, data, corpus, option)
 
 
 def _save_index(index: RowIndex, config: RunConfig) -> None:

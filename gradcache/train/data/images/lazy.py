@@ -26,7 +26,7 @@ from gradcache.train.data.images.sets import DataSplits, ImageSet, check_descrip
 from gradcache.train.errors import DataError, TooMuchBadData
 
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
-BAD_SHARE_MIN_READS = 1_000  # --max-bad-share is checked once at least this many images were read
+BAD_SHARE_MIN_READS = 1_000  # --max-bad-share is checked once at least this many images (rows) were read
 
 
 def decode_image(path: str | Path, image_size: int) -> torch.Tensor:
@@ -129,29 +129,34 @@ class LazyImageSet:
 
 
 class BadShare:
-    """The images read by a run so far and the names of those that failed; refuses more than `max_share` bad
-    among them once at least `min_reads` were read (--max-bad-share, counted as the run goes)."""
+    """The `items` (images, rows) read by a run so far and the names of those that could not be used (`failure`
+    says how: images "failed to decode"); refuses more than `max_share` bad among them once at least `min_reads`
+    were read (--max-bad-share, counted as the run goes). `skipped` is the run's list (or `SkippedRows`)."""
 
-    def __init__(self, max_share: float, skipped: list[str], min_reads: int | None = None) -> None:
-        self.max_share, self.skipped = max_share, skipped
+    def __init__(self, max_share: float, skipped: list[str], min_reads: int | None = None, items: str = "images",
+                 failure: str = "failed to decode") -> None:
+        self.max_share, self.skipped, self.items, self.failure = max_share, skipped, items, failure
         self.min_reads = BAD_SHARE_MIN_READS if min_reads is None else min_reads
         self.read = self.bad = 0
+        self.last = ""
 
     def add(self, read: int, failed: list[str]) -> None:
-        """Count `read` files of which `failed` did not decode (their names go to `skipped`).
+        """Count `read` items of which `failed` could not be used (their names go to `skipped`).
 
         Raises:
             TooMuchBadData: at least `min_reads` read, and more than `max_share` of them bad.
         """
         if failed and self.bad < 10:
-            warnings.warn(f"skipped images that failed to decode: {', '.join(failed[:10 - self.bad])}", stacklevel=2)
+            warnings.warn(f"skipped {self.items} that {self.failure}: {', '.join(failed[:10 - self.bad])}",
+                          stacklevel=2)
         self.read += read
         self.bad += len(failed)
         self.skipped.extend(failed)
+        self.last = failed[-1] if failed else self.last
         if self.read >= self.min_reads and self.bad > self.max_share * self.read:
-            raise TooMuchBadData(f"{self.bad} of the {self.read} images read so far ({self.bad / self.read:.1%}) "
-                                 f"failed to decode, more than --max-bad-share {self.max_share:g} allows (last: "
-                                 f"{self.skipped[-1]}); repair the data, or raise --max-bad-share to train on the rest")
+            raise TooMuchBadData(f"{self.bad} of the {self.read} {self.items} read so far ({self.bad / self.read:.1%}) "
+                                 f"{self.failure}, more than --max-bad-share {self.max_share:g} allows (last: "
+                                 f"{self.last}); repair the data, or raise --max-bad-share to train on the rest")
 
 
 def lazy_split(data: LazyImageSet, test_size: int, seed: int, name: str) -> DataSplits:

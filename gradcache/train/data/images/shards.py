@@ -11,18 +11,8 @@ What a run keeps in memory: per shard its path and sample count; per worker a sh
 - Held out: without `--eval-data`, the shards in a permutation seeded by `--data-seed` are taken from its head
   until they hold `--test-size` samples; the first `--test-size` samples of those shards, in that order, are the
   held-out set, and those shards are not trained on (the rest of the last one is left out, too).
-- Order: epoch e permutes the training shards (seeded by --seed and e) and deals them to the `ranks x workers`
-  slots in turn (slot = rank x workers + worker; a run needs at least as many training shards as slots). Step t
-  of a rank is made by slot `rank x workers + t mod workers`, from that slot's stream: its shards one after the
-  other through a shuffle buffer of `--shuffle-buffer` samples (seeded by seed, epoch, slot). Every rank makes
-  the same number of steps per epoch, train_num_samples // batch_size; a slot whose shards run out before its
-  share of the epoch reads them again, in a new seeded order (resampled), and what is left at the epoch's end
-  is dropped.
-- Resume: the streams are functions of (seed, epoch, slot), so a resumed run skips what its slots had drawn by
-  reading headers only (`local batch x steps` samples per slot), then continues with the next unseen samples:
-  the same batches as the uninterrupted run when `--workers` is the same and no bad sample was met earlier in
-  that epoch (each one shifted its slot's stream by one, which the skip does not know); with another `--workers`
-  the epoch's remaining steps come from the new slots' streams from their start (samples may repeat within it).
+- Order and resume: data/streams.py, each slot's stream of samples by their headers (a resume skips by headers
+  only); a sample that fails to decode is found only when its batch is made, the case whose resume it names.
 - Bad data: a member that fails to decode (and in CLIP a sample without a caption) is skipped and counted, and
   the next sample takes its place; a truncated shard is read up to its damage, counted once, and the stream goes
   on with the next shard. Both count in `skipped_images` and --max-bad-share (`BadShare`).
@@ -31,7 +21,6 @@ from __future__ import annotations
 
 import glob
 import io
-import random
 import re
 import tarfile
 import warnings
@@ -40,16 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import get_worker_info
 
 from gradcache.train.data.images.augment import to_model_input
 from gradcache.train.data.images.lazy import DECODE_ERRORS, decode_image
 from gradcache.train.data.images.sets import DataSplits, ImageSet
+from gradcache.train.data.streams import SEED_STRIDE, Damaged, StreamBatches, stream_loader
 from gradcache.train.errors import DataError
-from gradcache.train.preemption import ignore_stop_signals
 
 SHARD_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
-_SEED_STRIDE = 1_000_003
+shard_loader = stream_loader  # the loader of `ShardBatches`
 
 
 def is_shard_spec(spec: str) -> bool:
@@ -106,16 +95,9 @@ class _Sample:
     members: dict[str, tarfile.TarInfo]
 
 
-class _Truncated:
-    """A shard that ended inside a member or a header: counted once as bad."""
-
-    def __init__(self, shard: str, after: int) -> None:
-        self.name = f"{shard} (truncated after {after} samples)"
-
-
-def _samples(shard: str) -> Iterator[_Sample | _Truncated]:
+def _samples(shard: str) -> Iterator[_Sample | Damaged]:
     """The samples of `shard` in file order (consecutive members sharing a key, webdataset's convention), from
-    its headers only; a `_Truncated` last when the file ends early."""
+    its headers only; a `Damaged` last when the file ends early (inside a member or a header)."""
     count, current = 0, None
     try:
         with tarfile.open(shard, "r:") as tar:
@@ -140,7 +122,7 @@ def _samples(shard: str) -> Iterator[_Sample | _Truncated]:
         if current is not None:
             count += 1
             yield current
-        yield _Truncated(shard, count)
+        yield Damaged(f"{shard} (truncated after {count} samples)")
         return
     if current is not None:
         yield current
@@ -195,7 +177,8 @@ def decode_sample(sample: _Sample, image_size: int, captions: bool) -> tuple[tor
 
 @dataclass
 class ShardSet:
-    """Training shards streamed by `shard_batches`; `len` is the epoch length in samples."""
+    """Training shards streamed by `ShardBatches` (data/streams.py's `StreamedFiles`); `len` is the epoch length
+    in samples."""
 
     shards: list[str]
     num_samples: int
@@ -203,9 +186,20 @@ class ShardSet:
     captions: bool
     shuffle_buffer: int
     skipped: list[str] = field(default_factory=list)
+    items = "samples"
 
     def __len__(self) -> int:
         return self.num_samples
+
+    @property
+    def files(self) -> list[str]:
+        return self.shards
+
+    def units(self, shard: str) -> Iterator[_Sample | Damaged]:
+        return _samples(shard)
+
+    def item(self, sample: _Sample) -> _Sample:
+        return sample  # decoded when its batch is made
 
     def head(self, count: int, seed: int, what: str) -> ImageSet:
         """The first `count` samples that decode of the shards in a permutation seeded by `seed`, in memory."""
@@ -222,7 +216,7 @@ def decode_head(shards: list[str], count: int, image_size: int, captions: bool, 
         for sample in _samples(shard):
             if len(images) == count:
                 break
-            if isinstance(sample, _Truncated):
+            if isinstance(sample, Damaged):
                 failed.append(sample.name)
                 continue
             try:
@@ -270,119 +264,37 @@ def load_shards(spec: str, image_size: int, test_size: int, data_seed: int, capt
     return DataSplits(train=train, test=test, name=f"shards:{spec}")
 
 
-class _SlotStream:
-    """The samples of one slot in one epoch: its shards, pass after pass, through a seeded shuffle buffer."""
-
-    def __init__(self, data: ShardSet, seed: int, epoch: int, slot: int, slots: int) -> None:
-        order = torch.randperm(len(data.shards),
-                               generator=torch.Generator().manual_seed(seed * _SEED_STRIDE + epoch)).tolist()
-        self.shards = [data.shards[i] for i in order[slot::slots]]
-        self.random = random.Random(f"{seed}:{epoch}:{slot}")
-        self.size = data.shuffle_buffer
-        self.items = self._shuffled()
-
-    def _shuffled(self) -> Iterator[_Sample | _Truncated]:
-        """Pass after pass over the slot's shards (a slot that runs out reads them again, in a new seeded order),
-        each pass through the buffer and drained at its end, so a pass yields each of its samples once."""
-        for number in range(1 << 30):
-            shards = list(self.shards)
-            if number:
-                self.random.shuffle(shards)
-            buffer: list = []
-            samples = 0
-            for shard in shards:
-                for item in _samples(shard):
-                    if isinstance(item, _Truncated):
-                        yield item  # counted at once, not buffered
-                        continue
-                    samples += 1
-                    if len(buffer) < self.size:
-                        buffer.append(item)
-                        continue
-                    index = self.random.randrange(self.size)
-                    yield buffer[index]
-                    buffer[index] = item
-            self.random.shuffle(buffer)
-            yield from buffer
-            if not samples:
-                raise DataError(f"the shards {', '.join(shards)} hold no sample; check the shards")
-
-    def skip(self, count: int) -> None:
-        """Pass `count` samples by their headers (a resume)."""
-        passed = 0
-        while passed < count:
-            passed += isinstance(next(self.items), _Sample)
-
-
-class ShardBatches(IterableDataset):
-    """Each worker makes the steps t (from `start_step`) with t - start_step = its id mod workers, every one from
-    slot rank x workers + t mod workers; yields (batch, samples read, names that failed)."""
+class ShardBatches(StreamBatches):
+    """The batches of `data` (data/streams.py's order): SimCLR view pairs (`tokenizer` None) or CLIP (images,
+    tokens), each sample decoded when its batch takes it."""
 
     def __init__(self, data: ShardSet, seed: int, batch_size: int, start_step: int, total_steps: int, rank: int,
                  world_size: int, workers: int, augmentation, tokenizer) -> None:
-        self.data, self.seed, self.local = data, seed, batch_size // world_size
-        self.start_step, self.total_steps, self.rank, self.world_size = start_step, total_steps, rank, world_size
-        self.workers, self.augmentation, self.tokenizer = max(workers, 1), augmentation, tokenizer
-        self.steps_per_epoch = data.num_samples // batch_size
-        slots = world_size * self.workers
-        if len(data.shards) < slots:
-            raise DataError(f"{len(data.shards)} training shards cannot feed {world_size} ranks x {self.workers} "
-                            "workers (each needs one at least); use fewer --workers or split the data into more "
-                            "shards")
+        super().__init__(data, seed, batch_size, start_step, total_steps, rank, world_size, workers)
+        self.augmentation, self.tokenizer = augmentation, tokenizer
 
     def __iter__(self):
-        info = get_worker_info()
-        worker = 0 if info is None else info.id
-        streams: dict[int, _SlotStream] = {}
-        for step in range(self.start_step + worker, self.total_steps, self.workers):
-            epoch, within = divmod(step, self.steps_per_epoch)
-            lane = step % self.workers
-            if epoch not in streams:
-                streams = {epoch: _SlotStream(self.data, self.seed, epoch, self.rank * self.workers + lane,
-                                              self.world_size * self.workers)}
-                epoch_start = epoch * self.steps_per_epoch
-                streams[epoch].skip(self.local * sum(1 for t in range(epoch_start, step) if t % self.workers == lane))
-            yield self._batch(streams[epoch], epoch, within)
+        info = get_worker_info()  # looked up here, where the shard tests stand in for a loader's workers
+        return self.worker_batches(0 if info is None else info.id)
 
-    def _batch(self, stream: _SlotStream, epoch: int, within: int):
-        items, read, failed = [], 0, []
-        while len(items) < self.local:
-            sample = next(stream.items)
-            read += 1
-            if isinstance(sample, _Truncated):
-                failed.append(sample.name)
-                continue
-            try:
-                image, caption, _ = decode_sample(sample, self.data.image_size, self.data.captions)
-            except (*DECODE_ERRORS, UnicodeDecodeError) as error:
-                failed.append(f"{sample.shard}:{sample.key} ({error})")
-                continue
-            position = within * self.local * self.world_size + self.rank * self.local + len(items)
-            items.append(self._example(image, caption, epoch, position))
-        if self.tokenizer is not None:
-            images, captions = zip(*items)
-            return (torch.stack(images), self.tokenizer(list(captions))), read, failed
-        first, second = zip(*items)
-        return (torch.stack(first), torch.stack(second)), read, failed
-
-    def _example(self, image: torch.Tensor, caption: str | None, epoch: int, position: int):
+    def example(self, sample: _Sample, epoch: int, position: int):
+        try:
+            image, caption, _ = decode_sample(sample, self.data.image_size, self.data.captions)
+        except (*DECODE_ERRORS, UnicodeDecodeError) as error:
+            return Damaged(f"{sample.shard}:{sample.key} ({error})")
         if self.tokenizer is not None:
             return to_model_input(image), caption
         generator = torch.default_generator
         outer = generator.get_state()
-        generator.manual_seed((self.seed * _SEED_STRIDE + epoch) * 10_000_019 + position)
+        generator.manual_seed((self.seed * SEED_STRIDE + epoch) * 10_000_019 + position)
         try:
             return self.augmentation(image), self.augmentation(image)
         finally:
             generator.set_state(outer)
 
-
-def _as_is(batch):
-    return batch
-
-
-def shard_loader(batches: ShardBatches, workers: int) -> DataLoader:
-    """The loader of `batches`: its workers' batches in turn (step order), drawing nothing from the global state."""
-    return DataLoader(batches, batch_size=None, num_workers=workers, collate_fn=_as_is,
-                      prefetch_factor=2 if workers else None, worker_init_fn=ignore_stop_signals,
-                      generator=torch.Generator().manual_seed(batches.seed))
+    def collate(self, examples: list):
+        if self.tokenizer is not None:
+            images, captions = zip(*examples)
+            return torch.stack(images), self.tokenizer(list(captions))
+        first, second = zip(*examples)
+        return torch.stack(first), torch.stack(second)

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gradcache.train.data.text.gzip_rows import GZIP
 from gradcache.train.data.text.row_index import RowIndex, build_row_index, clean_text
+from gradcache.train.errors import DataError
 
 CORPUS_ID_KEY, CORPUS_TEXT_KEY = "id", "text"
 POSITIVE_ID_KEY, NEGATIVE_IDS_KEY = "positive_id", "negative_ids"
@@ -69,7 +71,11 @@ class PassageCorpus:
 
 
 def read_corpus(files: Sequence[Path], text_format: str, name: str) -> PassageCorpus:
-    """Index the (id, text) rows of `files` in one pass (`DataError` as `build_row_index` raises it)."""
+    """Index the (id, text) rows of `files` in one pass (`DataError` as `build_row_index` raises it; a `.jsonl.gz`
+    corpus is refused: a passage is read by offset when a batch needs it, and a gzip file has no offsets)."""
+    if text_format == GZIP:
+        raise DataError(f"--corpus {name}: a .jsonl.gz corpus cannot be read by offset, as a corpus is (each passage "
+                        "looked up by id when a batch needs it); decompress it (gunzip) and give the .jsonl")
     hashes = array("q")  # 8 bytes a passage while indexing too
     rows = build_row_index(files, text_format, CORPUS_ID_KEY, CORPUS_TEXT_KEY, (), negatives_per_query=0,
                            on_kept=lambda record: hashes.append(id_hash(clean_text(record.get(CORPUS_ID_KEY)))),

@@ -1,7 +1,8 @@
 """Rows of (query, positive passage, hard negatives) read from TSV, CSV or JSONL files, and their held-out split.
 
-- The format comes from the extension: `.tsv` (tab), `.csv` (comma), `.jsonl` (one JSON object a line); one
-  file, or a folder or pattern of them (`files.py`), read through a row index (`row_index.py`).
+- The format comes from the extension: `.tsv` (tab), `.csv` (comma), `.jsonl` (one JSON object a line), `.jsonl.gz`
+  (the same, gzipped); one file, or a folder or pattern of them (`files.py`), read through a row index
+  (`row_index.py`), a `.jsonl.gz` streamed (`gzip_rows.py`).
 - Columns are named by `query_key`, `positive_key` and `negative_keys` (zero or more). In JSONL a negative field
   may hold a list of passages; every row's negatives are its named columns' passages, in order.
 - Every query needs the same number h of hard negatives (the loss groups them by query): h is
@@ -83,19 +84,26 @@ def split_pairs(pairs: TextPairs, test_size: int, seed: int, name: str) -> TextS
 def read_text_pairs(path: str | os.PathLike, query_key: str = "query", positive_key: str = "positive",
                     negative_keys: list[str] | tuple[str, ...] = (),
                     negatives_per_query: int | None = None) -> TextPairs:
-    """Every usable row of a TSV, CSV or JSONL file (or a folder or pattern of them: `files.py`), in memory, as
-    the module docstring says; training reads rows on demand instead (`row_index.py`, `indexed.py`)."""
+    """Every usable row of a TSV, CSV, JSONL or JSONL.gz file (or a folder or pattern of them: `files.py`), in
+    memory, as the module docstring says; training reads rows on demand instead (`row_index.py`, `indexed.py`)
+    or streams them (`gzip_rows.py`)."""
     from gradcache.train.data.text.files import data_files
+    from gradcache.train.data.text.gzip_rows import GZIP, read_rows
     from gradcache.train.data.text.indexed import IndexedPairs
     from gradcache.train.data.text.row_index import build_row_index
 
     check_negative_options(negative_keys, negatives_per_query)
     files, text_format = data_files(path)
-    index = build_row_index(files, text_format, query_key, positive_key, negative_keys, negatives_per_query,
-                            skip_reasons=None)
-    pairs = IndexedPairs(index).materialize()
-    index.close()
-    pairs.skipped = list(index.skipped)
+    if text_format == GZIP:  # no offsets to index: read whole
+        rows = read_rows(files, (query_key, positive_key, tuple(negative_keys)), negatives_per_query,
+                         skip_reasons=None)
+        pairs = IndexedPairs(rows).materialize()
+    else:
+        index = build_row_index(files, text_format, query_key, positive_key, negative_keys, negatives_per_query,
+                                skip_reasons=None)
+        pairs = IndexedPairs(index).materialize()
+        index.close()
+    pairs.skipped = list(pairs.skipped)
     return pairs
 
 

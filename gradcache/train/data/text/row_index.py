@@ -11,9 +11,11 @@ alone, so a data-loader worker reads and tokenises only the rows of its batches.
 - `.parquet` and a `datasets` folder (save_to_disk): the offset is the row's number (`columnar.py`: memory-mapped
   Arrow, Parquet decoded a row group at a time).
 - Usable rows as `read_text_pairs` has always kept them: a query, a positive and at least h non-empty hard
-  negatives (the first h kept). h is `negatives_per_query`, or else the count most of the first
-  `FIRST_ROWS` (1,000) rows with a query and a positive have (all of them in a smaller file: the old rule).
-  Unusable rows are skipped and counted as they are met (`SkippedRows`: the count and the first ten reasons).
+  negatives (the first h kept; `RowFields.unusable`, which the `.jsonl.gz` stream applies too). h is
+  `negatives_per_query`, or else the count most of the first `FIRST_ROWS` (1,000) rows with a query and a
+  positive have (all of them in a smaller file: the old rule; `most_rows_have`). Unusable rows are skipped and
+  counted as they are met (`SkippedRows`: the count and the first ten reasons).
+- `.jsonl.gz` is not indexed (a gzip file has no offsets to seek to): it is streamed (`gzip_rows.py`).
 - `save` / `load_row_index`: the index as .npz with the files' sizes and modification times and the options
   it was built under; a load that finds any of them changed returns None (the caller builds it again).
 """
@@ -28,7 +30,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -63,6 +65,10 @@ class SkippedRows(Sequence[str]):
         if self.keep is None or len(self.reasons) < self.keep:
             self.reasons.append(reason)
 
+    def extend(self, reasons: list[str]) -> None:
+        for reason in reasons:
+            self.add(reason)
+
     def __len__(self) -> int:
         return self.count
 
@@ -85,6 +91,51 @@ def record_negatives(record: dict, keys: Sequence[str]) -> list[str]:
         values = value if isinstance(value, list) else [value]
         passages.extend(text for text in map(clean_text, values) if text)
     return passages
+
+
+class RowFields(NamedTuple):
+    """A record's query, positive and every non-empty hard negative, cleaned: what decides if the row is usable."""
+
+    query: str
+    positive: str
+    negatives: list[str]
+
+    @property
+    def empty(self) -> str:
+        """The field a row cannot do without that is empty ("query" or "positive"), else ""."""
+        return "query" if not self.query else "positive" if not self.positive else ""
+
+    def unusable(self, h: int) -> str | None:
+        """Why the row cannot train with `h` hard negatives (an empty query or positive, fewer than h non-empty
+        negatives), or None: it is usable, and keeps its first h."""
+        if self.empty:
+            return f"empty {self.empty}"
+        if len(self.negatives) < h:
+            return f"{len(self.negatives)} of {h} hard negatives"
+        return None
+
+
+def row_fields(record: dict, keys: tuple[str, str, Sequence[str]]) -> RowFields:
+    """The fields of `record` that `keys` (query key, positive key, negative keys) name."""
+    query_key, positive_key, negative_keys = keys
+    return RowFields(clean_text(record.get(query_key)), clean_text(record.get(positive_key)),
+                     record_negatives(record, negative_keys))
+
+
+def most_rows_have(counts: Counter) -> int:
+    """The default h, from `counts` (hard negatives -> rows) of the first FIRST_ROWS rows with a query and a
+    positive (all of them in fewer): the count most of them have, the first met on a tie; 0 for no row."""
+    return counts.most_common(1)[0][0] if counts else 0
+
+
+def check_columns(names: set, keys: tuple[str, str, Sequence[str]], where: str, option: str) -> None:
+    """Refuse a key that names no column (field) of `names`, those of the rows `where` says, naming its option."""
+    query_key, positive_key, negative_keys = keys
+    for flag, key in [("--query-key", query_key), ("--positive-key", positive_key),
+                      *[("--negative-keys", key) for key in negative_keys]]:
+        if key not in names:
+            fix = f"name it with {flag}" if option == "--data" else f"a {option} file needs the fields {keys[:2]}"
+            raise DataError(f"{where} has no column {key!r} (columns: {sorted(names, key=str)}); {fix}")
 
 
 class RowIndex:
@@ -276,16 +327,15 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
     kept = [0] * len(files)  # usable rows of each file
     headers, names = [], set()
     skipped = SkippedRows(keep=skip_reasons)
-    pending: list[tuple[int, int, str, int | None, str, dict]] = []  # place()'s arguments until h is decided
+    pending: list[tuple[int, int, str, RowFields, dict]] = []  # place()'s arguments until h is decided
     counts: Counter = Counter()
     h = negatives_per_query
     rows_read = 0
 
-    def place(file_number: int, offset: int, where: str, found: int | None, empty: str, record: dict) -> None:
-        if found is None:
-            skipped.add(f"{where}: empty {empty}")
-        elif found < h:
-            skipped.add(f"{where}: {found} of {h} hard negatives")
+    def place(file_number: int, offset: int, where: str, fields: RowFields, record: dict) -> None:
+        reason = fields.unusable(h)
+        if reason is not None:
+            skipped.add(f"{where}: {reason}")
         else:
             offsets.append(offset)
             kept[file_number] += 1
@@ -309,22 +359,20 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
                     names.update(record)
                 unit = "row" if text_format in COLUMNAR else "line"
                 where = f"{file.name} {unit} {line}" if prefix else f"{unit} {line}"
-                query, positive = clean_text(record.get(query_key)), clean_text(record.get(positive_key))
-                empty = "query" if not query else "positive" if not positive else ""
-                found = None if empty else len(record_negatives(record, negative_keys))
-                if corpus is not None and not empty:
-                    _check_ids(corpus, [positive, *record_negatives(record, negative_keys)], file, line)
+                fields = row_fields(record, keys)
+                if corpus is not None and not fields.empty:
+                    check_ids(corpus, [fields.positive, *fields.negatives], file, line)
                 if h is None:
-                    pending.append((file_number, offset, where, found, empty, record))
-                    if found is not None:
-                        counts[found] += 1
+                    pending.append((file_number, offset, where, fields, record))
+                    if not fields.empty:
+                        counts[len(fields.negatives)] += 1
                         if sum(counts.values()) >= FIRST_ROWS:
-                            h = counts.most_common(1)[0][0]
+                            h = most_rows_have(counts)
                             for entry in pending:
                                 place(*entry)
                             pending.clear()
                 else:
-                    place(file_number, offset, where, found, empty, record)
+                    place(file_number, offset, where, fields, record)
         except DataError:
             raise
         except (OSError, ValueError, csv.Error) as error:  # JSON, UTF-8 and pyarrow's errors are ValueErrors
@@ -333,15 +381,11 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
         if header_out and header_out[0] and text_format not in COLUMNAR:
             names.update(header_out[0])
     if h is None:  # fewer than FIRST_ROWS rows with a query and a positive: all of them decide
-        h = counts.most_common(1)[0][0] if counts else 0
+        h = most_rows_have(counts)
     for entry in pending:
         place(*entry)
     where_name = str(files[0]) if len(files) == 1 else f"{len(files)} files ({files[0]} ...)"
-    for flag, key in [("--query-key", query_key), ("--positive-key", positive_key),
-                      *[("--negative-keys", key) for key in negative_keys]]:
-        if key not in names:
-            fix = f"name it with {flag}" if option == "--data" else f"a {option} file needs the fields {keys[:2]}"
-            raise DataError(f"{where_name} has no column {key!r} (columns: {sorted(names, key=str)}); {fix}")
+    check_columns(names, keys, where_name, option)
     if skipped and warn:
         shown = "; ".join(skipped.reasons[:SHOWN_SKIPS]) + (" ..." if len(skipped) > SHOWN_SKIPS else "")
         warnings.warn(f"skipped {len(skipped)} of {rows_read} rows of {where_name}: {shown}", stacklevel=3)
@@ -353,7 +397,8 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
                     file_stamps(files))
 
 
-def _check_ids(corpus: PassageCorpus, passage_ids: list[str], file: Path, line: int) -> None:
+def check_ids(corpus: PassageCorpus, passage_ids: list[str], file: Path | str, line: int) -> None:
+    """Refuse (DataError naming the file, line and id) an id of `passage_ids` that `corpus` lacks."""
     for passage_id in passage_ids:
         if not corpus.contains_hash(passage_id):
             raise DataError(f"{file} line {line}: passage id {passage_id!r} is not in --corpus {corpus.name}; add "

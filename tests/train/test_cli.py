@@ -107,6 +107,16 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_args
                        resumed["loss"].get("logit_scale", torch.zeros(())))
 
 
+def test_a_resume_keeps_the_runs_workers_unless_given(tmp_path, tiny_args):
+    """Streamed data's order depends on the worker count, so --workers stays the run's (0 here, the default is 1)
+    unless the resume gives it anew."""
+    assert main(tiny_args("simclr", tmp_path, "--steps", "2")) == 0
+    assert main(["train", "simclr", "--resume", str(tmp_path), "--steps", "3", "--quiet"]) == 0
+    assert load_checkpoint(tmp_path)["args"]["workers"] == 0
+    assert main(["train", "simclr", "--resume", str(tmp_path), "--steps", "4", "--quiet", "--workers", "1"]) == 0
+    assert load_checkpoint(tmp_path)["args"]["workers"] == 1
+
+
 def test_a_worker_process_draws_the_same_views(tmp_path, tiny_args):
     """Each view is seeded by (seed, epoch, index), so augmenting in a worker changes nothing."""
     assert main(tiny_args("simclr", tmp_path / "main", "--threads", "2")) == 0

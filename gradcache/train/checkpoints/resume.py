@@ -6,7 +6,7 @@ the run afresh there when it holds none: the same command then starts a run and 
 (`torchrun --max-restarts`). Rank 0 chooses and tells the other ranks (`choose_checkpoint`).
 
 The resumed run is the run that was interrupted: its options come from the checkpoint. The run-local options
-(`RUN_LOCAL`) may be given anew (`--report-to`, not given, stays as the run had it); `--steps` or `--epochs` may lengthen the run (never shorten it: checked
+(`RUN_LOCAL`) may be given anew (`--report-to` and `--workers`, not given, stay as the run had them); `--steps` or `--epochs` may lengthen the run (never shorten it: checked
 against the data in `check_length`); any other option given on the command line must equal the checkpoint's,
 or the resume is refused, naming the option.
 """
@@ -31,8 +31,9 @@ from gradcache.train.run_folder.lock import decided_by_rank_zero
 RUN_LOCAL = ("device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every", "eval_every",
              "cpu_offload", "collective_timeout", "report_to")
 # --report-to continues as the run logged unless given anew (`--report-to none` stops it): a resume that forgot
-# it would leave a gap in the run's TensorBoard folder
-KEPT_UNLESS_GIVEN = ("report_to",)
+# it would leave a gap in the run's TensorBoard folder. --workers too: the order of streamed data (webdataset
+# shards, .jsonl.gz) depends on the worker count, so a resume that forgot it would not continue the same batches
+KEPT_UNLESS_GIVEN = ("report_to", "workers")
 LENGTH = ("steps", "epochs")
 AUTO = "auto"  # --resume auto
 

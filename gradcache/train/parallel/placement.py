@@ -158,8 +158,10 @@ class Replicated(Placement):
         def wrap(encoder: nn.Module) -> nn.Module:
             if not _trains(encoder):
                 return encoder
+            # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets instead of beside them, one
+            # copy of the parameters' size less per rank (MiniLM: 87 MiB, about all a second rank added)
             return wrapped.setdefault(id(encoder), nn.parallel.DistributedDataParallel(
-                encoder, device_ids=[device.index] if device.type == "cuda" else None))
+                encoder, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True))
 
         return wrap(encoders) if isinstance(encoders, nn.Module) else [wrap(e) for e in encoders]
 

@@ -8,8 +8,10 @@ every 5 ms until the end of step 1; `benchmarks.first_step`), beside the one-pro
 
 Parts: `text` (a JSONL file of `--text-rows` generated rows, text_data_scaling's; the packaged all-MiniLM-L6-v2 at
 32 tokens) and `clip` (webdataset shards of `--clip-size` samples at `--image-size`, image_data_scaling's small
-models). Every rank gets the same batch (`--batch-size` is global: the per-rank batch times the ranks), so the
-encoders' activations are alike and a difference is the data's or the group's. The torchrun agent is not counted.
+models). `--batch-scope global` (default) keeps the global `--batch-size` of the one-process run, as a user
+moving to torchrun does (each rank then encodes 1/N of it, but its loss still sees the whole batch's
+embeddings); `per-rank` gives every rank the one-process batch (the global batch grows N times, and with it
+the loss's logits), so the encoders' activations are alike. The torchrun agent is not counted.
 The data and runs go to `--data-dir`; writes torchrun_memory.csv (one row per rank of each run, `over_one_mb`:
 the rank's absolute peak less the one-process run's) to the output folder.
 """
@@ -27,14 +29,19 @@ from benchmarks.image_data_scaling import add_data_options, one_step_argv
 from benchmarks.text_data_scaling import program_argv, rows_file
 
 PARTS = ("text", "clip")
-PER_RANK_BATCH = {"text": 16, "clip": 64}
+BATCH = {"text": 16, "clip": 64}  # the one-process run's batch
 COLUMNS = ["part", "ranks", "rank", "batch_size", "workers", "first_step_s", "peak_rss_anon_mb",
            "peak_rss_anon_abs_mb", "over_one_mb"]
 
 
+def global_batch(part: str, ranks: int, scope: str) -> int:
+    """The `--batch-size` of `part` on `ranks` ranks: the one-process batch, or (`per-rank`) that times `ranks`."""
+    return BATCH[part] * (ranks if scope == "per-rank" else 1)
+
+
 def part_argv(part: str, ranks: int, run_folder: Path, args: argparse.Namespace) -> list[str]:
-    """The one-step command of `part` at a global batch of the per-rank batch times `ranks`."""
-    batch = PER_RANK_BATCH[part] * ranks
+    """The one-step command of `part` on `ranks` ranks (`global_batch`)."""
+    batch = global_batch(part, ranks, args.batch_scope)
     if part == "text":
         data = rows_file(Path(args.data_dir), args.text_rows, "jsonl")
         return program_argv(data, run_folder, args.threads, batch_size=batch, workers=args.workers)
@@ -48,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default="1,2", help="comma-separated rank counts (1: a plain process, no torchrun)")
     parser.add_argument("--text-rows", type=int, default=100_000, help="rows of the text part's JSONL file")
     parser.add_argument("--clip-size", type=int, default=32_000, help="samples of the clip part's shards")
+    parser.add_argument("--batch-scope", choices=("global", "per-rank"), default="global",
+                        help="keep the global batch of the one-process run, or its per-rank batch")
     parser.add_argument("--time-budget-s", type=float, default=900.0, help="a run longer than this fails")
     add_data_options(parser)
     add_shared_options(parser, "torchrun_memory", threads=1, threads_help="--threads of each rank")
@@ -72,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             for result in results:
                 over = None if one_process is None else round(result["peak_rss_anon_abs_mb"] - one_process, 1)
                 rows.append({"part": part, "ranks": ranks, "rank": result["rank"],
-                             "batch_size": PER_RANK_BATCH[part] * ranks, "workers": args.workers,
+                             "batch_size": global_batch(part, ranks, args.batch_scope), "workers": args.workers,
                              **{key: result[key] for key in COLUMNS[5:8]}, "over_one_mb": over})
                 print(json.dumps(rows[-1]), flush=True)
     with open(folder / f"{args.name}.csv", "w", newline="") as handle:

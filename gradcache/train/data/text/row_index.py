@@ -25,6 +25,7 @@ import csv
 import errno
 import json
 import os
+import sys
 import warnings
 from array import array
 from collections import Counter
@@ -263,20 +264,35 @@ def load_row_index(path: str | os.PathLike, files: Sequence[Path], keys: tuple[s
 
 
 # --- the one streamed pass ----------------------------------------------------------------------------------
+def jsonl_records(file: Path, start: int = 0, end: int | None = None,
+                  first_line: int = 1) -> Iterator[tuple[int, int, dict]]:
+    """(byte offset, line number, record) of each non-blank line of the `.jsonl` `file` from byte `start` (a line's
+    start, numbered `first_line`) to `end` (just after a newline, or the file's end: None)."""
+    stop = sys.maxsize if end is None else end
+    with open(file, "rb") as handle:
+        handle.seek(start)
+        offset = start
+        for number, raw in enumerate(handle, start=first_line):
+            if offset >= stop:
+                return
+            line_start, offset = offset, offset + len(raw)
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except ValueError as error:  # JSON and UTF-8 errors
+                raise DataError(f"cannot read {file} line {number}: not JSON ({error})") from error
+            if not isinstance(record, dict):
+                raise DataError(f"{file} line {number} is not a JSON object")
+            yield line_start, number, record
+
+
 def file_records(file: Path, text_format: str, header_out: list) -> Iterator[tuple[int, int, dict]]:
     """(byte offset, line number, record) of each non-blank row of `file`; a table's header goes to header_out."""
+    if text_format == JSON_LINES:
+        yield from jsonl_records(file)
+        return
     with open(file, "rb") as handle:
-        if text_format == JSON_LINES:
-            offset = 0
-            for number, raw in enumerate(handle, start=1):
-                start, offset = offset, offset + len(raw)
-                if not raw.strip():
-                    continue
-                record = json.loads(raw.decode("utf-8"))
-                if not isinstance(record, dict):
-                    raise DataError(f"{file} line {number} is not a JSON object")
-                yield start, number, record
-            return
         position = [0]
 
         def lines() -> Iterator[str]:

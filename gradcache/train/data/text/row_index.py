@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import functools
 import json
 import os
 import sys
@@ -42,6 +43,7 @@ from gradcache.train.data.text.columnar import (
     columnar_names,
     columnar_records,
 )
+from gradcache.train.data.text.parallel_index import LineRange, map_line_ranges, parallel_processes
 from gradcache.train.errors import DataDiskFull, DataError
 
 if TYPE_CHECKING:
@@ -361,15 +363,16 @@ def index_rows(file_number: int, file: Path, records: Iterator[tuple[int, int, d
     rows_read = 0
     jsonl = rule.text_format == JSON_LINES
     unit = "row" if rule.text_format in COLUMNAR else "line"
+    keys, h, corpus = rule.keys, rule.negatives_per_query, rule.corpus  # looked up once, not a row
     try:
         for offset, line, record in records:
             rows_read += 1
             if jsonl:
                 names.update(record)
-            fields = row_fields(record, rule.keys)
-            if rule.corpus is not None and not fields.empty:
-                check_ids(rule.corpus, [fields.positive, *fields.negatives], file, line)
-            reason = fields.unusable(rule.negatives_per_query)
+            fields = row_fields(record, keys)
+            if corpus is not None and not fields.empty:
+                check_ids(corpus, [fields.positive, *fields.negatives], file, line)
+            reason = fields.unusable(h)
             if reason is not None:
                 skipped.add(f"{file.name} {unit} {line}: {reason}" if rule.prefix else f"{unit} {line}: {reason}")
             else:
@@ -381,6 +384,13 @@ def index_rows(file_number: int, file: Path, records: Iterator[tuple[int, int, d
     except (OSError, ValueError, csv.Error) as error:  # UTF-8, csv and pyarrow's errors are ValueErrors
         raise DataError(f"cannot read {file}: {error}") from error
     return PieceIndex(file_number, np.frombuffer(offsets, dtype=np.int64), skipped, names, rows_read)
+
+
+def index_line_range(rule: RowRule, line_range: LineRange) -> PieceIndex:
+    """The usable rows of a byte range of a `.jsonl` file (parallel_index.py's task)."""
+    file = Path(line_range.path)
+    records = jsonl_records(file, line_range.start, line_range.end, line_range.first_line)
+    return index_rows(line_range.file_number, file, records, rule)
 
 
 def _file_rows(file: Path, text_format: str, keys: tuple[str, str, tuple[str, ...]]
@@ -448,11 +458,17 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
     h = (first_rows_negatives(files, text_format, keys) if negatives_per_query is None
          else negatives_per_query)
     rule = RowRule(keys, h, text_format, len(files) > 1, skip_reasons, corpus)
-    pieces, headers = [], []
-    for file_number, file in enumerate(files):
-        piece, header = index_file(file_number, file, rule, on_kept)
-        pieces.append(piece)
-        headers.append(header)
+    # on_kept wants every usable record, in order, here: the serial pass
+    processes = parallel_processes(files) if text_format == JSON_LINES and on_kept is None else 1
+    if processes > 1:
+        pieces = map_line_ranges(functools.partial(index_line_range, rule), files, processes)
+        headers: list = [None] * len(files)
+    else:
+        pieces, headers = [], []
+        for file_number, file in enumerate(files):
+            piece, header = index_file(file_number, file, rule, on_kept)
+            pieces.append(piece)
+            headers.append(header)
     skipped = SkippedRows(keep=skip_reasons)
     kept = np.zeros(len(files), dtype=np.int64)  # usable rows of each file
     for piece in pieces:

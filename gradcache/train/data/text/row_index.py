@@ -2,7 +2,8 @@
 
 One streamed pass over the files (in order) records the byte offset of every usable row in one int64 array
 (8 bytes a row; a (files + 1,) array says which file a row is in); `row(i)` seeks there and parses that row
-alone, so a data-loader worker reads and tokenises only the rows of its batches.
+alone, so a data-loader worker reads and tokenises only the rows of its batches. Large `.jsonl` files (64 MB in
+all) are indexed in min(cores, 8) forked processes, a byte range each, to the same result (`parallel_index.py`).
 
 - `.jsonl`: one JSON object a non-blank line; the offset is the line's.
 - `.tsv` / `.csv`: parsed by `csv` (tab / comma), so a quoted field may span lines: the offset is where the

@@ -2,7 +2,8 @@
 
 One streamed pass over the files (in order) records the byte offset of every usable row in one int64 array
 (8 bytes a row; a (files + 1,) array says which file a row is in); `row(i)` seeks there and parses that row
-alone, so a data-loader worker reads and tokenises only the rows of its batches.
+alone, so a data-loader worker reads and tokenises only the rows of its batches. Large `.jsonl` files (64 MB in
+all) are indexed in min(cores, 8) forked processes, a byte range each, to the same result (`parallel_index.py`).
 
 - `.jsonl`: one JSON object a non-blank line; the offset is the line's.
 - `.tsv` / `.csv`: parsed by `csv` (tab / comma), so a quoted field may span lines: the offset is where the
@@ -23,8 +24,10 @@ from __future__ import annotations
 
 import csv
 import errno
+import functools
 import json
 import os
+import sys
 import warnings
 from array import array
 from collections import Counter
@@ -41,6 +44,7 @@ from gradcache.train.data.text.columnar import (
     columnar_names,
     columnar_records,
 )
+from gradcache.train.data.text.parallel_index import LineRange, map_line_ranges, parallel_processes
 from gradcache.train.errors import DataDiskFull, DataError
 
 if TYPE_CHECKING:
@@ -68,6 +72,12 @@ class SkippedRows(Sequence[str]):
     def extend(self, reasons: list[str]) -> None:
         for reason in reasons:
             self.add(reason)
+
+    def merge(self, later: SkippedRows) -> None:
+        """Add the rows `later` left out, met after these: its count, and its reasons while there is room."""
+        room = len(later.reasons) if self.keep is None else max(self.keep - len(self.reasons), 0)
+        self.count += later.count
+        self.reasons.extend(later.reasons[:room])
 
     def __len__(self) -> int:
         return self.count
@@ -263,20 +273,35 @@ def load_row_index(path: str | os.PathLike, files: Sequence[Path], keys: tuple[s
 
 
 # --- the one streamed pass ----------------------------------------------------------------------------------
+def jsonl_records(file: Path, start: int = 0, end: int | None = None,
+                  first_line: int = 1) -> Iterator[tuple[int, int, dict]]:
+    """(byte offset, line number, record) of each non-blank line of the `.jsonl` `file` from byte `start` (a line's
+    start, numbered `first_line`) to `end` (just after a newline, or the file's end: None)."""
+    stop = sys.maxsize if end is None else end
+    with open(file, "rb") as handle:
+        handle.seek(start)
+        offset = start
+        for number, raw in enumerate(handle, start=first_line):
+            if offset >= stop:
+                return
+            line_start, offset = offset, offset + len(raw)
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except ValueError as error:  # JSON and UTF-8 errors
+                raise DataError(f"cannot read {file} line {number}: not JSON ({error})") from error
+            if not isinstance(record, dict):
+                raise DataError(f"{file} line {number} is not a JSON object")
+            yield line_start, number, record
+
+
 def file_records(file: Path, text_format: str, header_out: list) -> Iterator[tuple[int, int, dict]]:
     """(byte offset, line number, record) of each non-blank row of `file`; a table's header goes to header_out."""
+    if text_format == JSON_LINES:
+        yield from jsonl_records(file)
+        return
     with open(file, "rb") as handle:
-        if text_format == JSON_LINES:
-            offset = 0
-            for number, raw in enumerate(handle, start=1):
-                start, offset = offset, offset + len(raw)
-                if not raw.strip():
-                    continue
-                record = json.loads(raw.decode("utf-8"))
-                if not isinstance(record, dict):
-                    raise DataError(f"{file} line {number} is not a JSON object")
-                yield start, number, record
-            return
         position = [0]
 
         def lines() -> Iterator[str]:
@@ -305,96 +330,165 @@ def file_records(file: Path, text_format: str, header_out: list) -> Iterator[tup
             yield start, line, record
 
 
+class RowRule(NamedTuple):
+    """How the pass judges and names every row, the same in each file and process."""
+
+    keys: tuple[str, str, tuple[str, ...]]
+    negatives_per_query: int  # h, decided before the pass
+    text_format: str
+    prefix: bool  # skip reasons name the file (several files)
+    skip_reasons: int | None  # reasons kept (all when None)
+    corpus: PassageCorpus | None
+
+
+class PieceIndex(NamedTuple):
+    """What the pass found in one piece of the files (a file, or a byte range of a `.jsonl`)."""
+
+    file_number: int
+    offsets: np.ndarray  # (usable rows,) int64
+    skipped: SkippedRows
+    names: set  # the fields of its JSONL rows (a table's columns are added by `index_file`)
+    rows_read: int
+
+
+def index_rows(file_number: int, file: Path, records: Iterator[tuple[int, int, dict]], rule: RowRule,
+               on_kept: Callable[[dict], None] | None = None) -> PieceIndex:
+    """The usable rows of `records` (`file`'s, in order) under `rule`; `on_kept(record)` for each.
+
+    Raises:
+        DataError: at the first row that cannot be read or parsed, or an id the corpus lacks.
+    """
+    offsets = array("q")  # 8 bytes a row while building too
+    skipped = SkippedRows(keep=rule.skip_reasons)
+    names: set = set()
+    rows_read = 0
+    jsonl = rule.text_format == JSON_LINES
+    unit = "row" if rule.text_format in COLUMNAR else "line"
+    keys, h, corpus = rule.keys, rule.negatives_per_query, rule.corpus  # looked up once, not a row
+    try:
+        for offset, line, record in records:
+            rows_read += 1
+            if jsonl:
+                names.update(record)
+            fields = row_fields(record, keys)
+            if corpus is not None and not fields.empty:
+                check_ids(corpus, [fields.positive, *fields.negatives], file, line)
+            reason = fields.unusable(h)
+            if reason is not None:
+                skipped.add(f"{file.name} {unit} {line}: {reason}" if rule.prefix else f"{unit} {line}: {reason}")
+            else:
+                offsets.append(offset)
+                if on_kept is not None:
+                    on_kept(record)
+    except DataError:
+        raise
+    except (OSError, ValueError, csv.Error) as error:  # UTF-8, csv and pyarrow's errors are ValueErrors
+        raise DataError(f"cannot read {file}: {error}") from error
+    return PieceIndex(file_number, np.frombuffer(offsets, dtype=np.int64), skipped, names, rows_read)
+
+
+def index_line_range(rule: RowRule, line_range: LineRange) -> PieceIndex:
+    """The usable rows of a byte range of a `.jsonl` file (parallel_index.py's task)."""
+    file = Path(line_range.path)
+    records = jsonl_records(file, line_range.start, line_range.end, line_range.first_line)
+    return index_rows(line_range.file_number, file, records, rule)
+
+
+def _file_rows(file: Path, text_format: str, keys: tuple[str, str, tuple[str, ...]]
+               ) -> tuple[Iterator[tuple[int, int, dict]], list, list[str]]:
+    """(its rows, a list that holds its header once read, its columns) of `file`: a columnar source's header is
+    the columns of `keys` it has, a table's is read with the rows, a `.jsonl` file has none (its names come from
+    the rows)."""
+    if text_format in COLUMNAR:
+        available = columnar_names(file, text_format)
+        header = [key for key in (keys[0], keys[1], *keys[2]) if key in available]
+        return columnar_records(file, text_format, header), [header], available
+    header_out: list = []
+    return file_records(file, text_format, header_out), header_out, []
+
+
+def index_file(file_number: int, file: Path, rule: RowRule,
+               on_kept: Callable[[dict], None] | None = None) -> tuple[PieceIndex, list[str] | None]:
+    """The usable rows of `file` and its header (None for a `.jsonl` file)."""
+    records, header_out, columns = _file_rows(file, rule.text_format, rule.keys)
+    piece = index_rows(file_number, file, records, rule, on_kept)
+    header = header_out[0] if header_out else None
+    piece.names.update(columns if rule.text_format in COLUMNAR else header or [])
+    return piece, header
+
+
+def first_rows_negatives(files: Sequence[Path], text_format: str, keys: tuple[str, str, tuple[str, ...]]) -> int:
+    """The default h: the count most of the first FIRST_ROWS rows with a query and a positive have (all of them
+    in fewer files), read from the head of the files in order."""
+    counts: Counter = Counter()
+    seen = 0
+    try:
+        for file in files:
+            for _, _, record in _file_rows(file, text_format, keys)[0]:
+                fields = row_fields(record, keys)
+                if not fields.empty:
+                    counts[len(fields.negatives)] += 1
+                    seen += 1
+                    if seen >= FIRST_ROWS:
+                        return most_rows_have(counts)
+    except (DataError, OSError, ValueError, csv.Error):
+        pass  # h no longer matters: the pass over every row meets this row and raises its error, naming it
+    return most_rows_have(counts)
+
+
 def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "query",
                     positive_key: str = "positive", negative_keys: Sequence[str] = (),
                     negatives_per_query: int | None = None, warn: bool = True,
                     skip_reasons: int | None = SHOWN_SKIPS, on_kept: Callable[[dict], None] | None = None,
                     corpus: PassageCorpus | None = None, option: str = "--data") -> RowIndex:
-    """Index the usable rows of `files` (all of format `text_format`) in one pass, as the module docstring says.
+    """Index the usable rows of `files` (all of format `text_format`) as the module docstring says: h first
+    (given, or from the head of the files), then every row under it, in one pass or, for large `.jsonl` files,
+    in byte ranges in parallel processes (parallel_index.py), with the same result.
 
-    `on_kept(record)` is called with each usable row, in order; with `corpus`, the positive and negatives are
-    passage ids that must be in it (corpus.py).
+    `on_kept(record)` is called with each usable row, in order (in this process: the serial pass); with `corpus`,
+    the positive and negatives are passage ids that must be in it (corpus.py).
 
     Raises:
-        DataError: a file that cannot be read or parsed, a column no row has (naming the option), an id `corpus`
-            lacks, or no usable row.
+        DataError: a file that cannot be read or parsed (the first bad row in file order), a column no row has
+            (naming the option), an id `corpus` lacks, or no usable row.
     """
     if text_format != JSON_LINES and text_format not in SEPARATORS and text_format not in COLUMNAR:
         raise DataError(f"{option} {str(files[0])!r}: unknown extension {text_format!r}; give a .tsv, .csv, .jsonl "
                         "or .parquet file, or a datasets folder")
     keys = (query_key, positive_key, tuple(negative_keys))
-    offsets = array("q")  # 8 bytes a row while building too, then one int64 array
-    kept = [0] * len(files)  # usable rows of each file
-    headers, names = [], set()
+    h = (first_rows_negatives(files, text_format, keys) if negatives_per_query is None
+         else negatives_per_query)
+    rule = RowRule(keys, h, text_format, len(files) > 1, skip_reasons, corpus)
+    # on_kept wants every usable record, in order, here: the serial pass
+    processes = parallel_processes(files) if text_format == JSON_LINES and on_kept is None else 1
+    if processes > 1:
+        pieces = map_line_ranges(functools.partial(index_line_range, rule), files, processes)
+        headers: list = [None] * len(files)
+    else:
+        pieces, headers = [], []
+        for file_number, file in enumerate(files):
+            piece, header = index_file(file_number, file, rule, on_kept)
+            pieces.append(piece)
+            headers.append(header)
     skipped = SkippedRows(keep=skip_reasons)
-    pending: list[tuple[int, int, str, RowFields, dict]] = []  # place()'s arguments until h is decided
-    counts: Counter = Counter()
-    h = negatives_per_query
-    rows_read = 0
-
-    def place(file_number: int, offset: int, where: str, fields: RowFields, record: dict) -> None:
-        reason = fields.unusable(h)
-        if reason is not None:
-            skipped.add(f"{where}: {reason}")
-        else:
-            offsets.append(offset)
-            kept[file_number] += 1
-            if on_kept is not None:
-                on_kept(record)
-
-    prefix = len(files) > 1
-    for file_number, file in enumerate(files):
-        header_out: list = []
-        if text_format in COLUMNAR:
-            available = columnar_names(file, text_format)
-            header_out.append([key for key in (query_key, positive_key, *negative_keys) if key in available])
-            names.update(available)
-            records = columnar_records(file, text_format, header_out[0])
-        else:
-            records = file_records(file, text_format, header_out)
-        try:
-            for offset, line, record in records:
-                rows_read += 1
-                if text_format == JSON_LINES:
-                    names.update(record)
-                unit = "row" if text_format in COLUMNAR else "line"
-                where = f"{file.name} {unit} {line}" if prefix else f"{unit} {line}"
-                fields = row_fields(record, keys)
-                if corpus is not None and not fields.empty:
-                    check_ids(corpus, [fields.positive, *fields.negatives], file, line)
-                if h is None:
-                    pending.append((file_number, offset, where, fields, record))
-                    if not fields.empty:
-                        counts[len(fields.negatives)] += 1
-                        if sum(counts.values()) >= FIRST_ROWS:
-                            h = most_rows_have(counts)
-                            for entry in pending:
-                                place(*entry)
-                            pending.clear()
-                else:
-                    place(file_number, offset, where, fields, record)
-        except DataError:
-            raise
-        except (OSError, ValueError, csv.Error) as error:  # JSON, UTF-8 and pyarrow's errors are ValueErrors
-            raise DataError(f"cannot read {file}: {error}") from error
-        headers.append(header_out[0] if header_out else None)
-        if header_out and header_out[0] and text_format not in COLUMNAR:
-            names.update(header_out[0])
-    if h is None:  # fewer than FIRST_ROWS rows with a query and a positive: all of them decide
-        h = most_rows_have(counts)
-    for entry in pending:
-        place(*entry)
+    kept = np.zeros(len(files), dtype=np.int64)  # usable rows of each file
+    for piece in pieces:
+        skipped.merge(piece.skipped)
+        kept[piece.file_number] += len(piece.offsets)
+    names = set().union(*(piece.names for piece in pieces))
+    rows_read = sum(piece.rows_read for piece in pieces)
     where_name = str(files[0]) if len(files) == 1 else f"{len(files)} files ({files[0]} ...)"
     check_columns(names, keys, where_name, option)
     if skipped and warn:
         shown = "; ".join(skipped.reasons[:SHOWN_SKIPS]) + (" ..." if len(skipped) > SHOWN_SKIPS else "")
         warnings.warn(f"skipped {len(skipped)} of {rows_read} rows of {where_name}: {shown}", stacklevel=3)
-    if not offsets:
+    if not kept.sum():
         raise DataError(f"{where_name} has no row with a query, a positive and {h} hard negatives "
                         f"({rows_read} rows read); check the file and the column options")
+    offsets = pieces[0].offsets if len(pieces) == 1 else np.concatenate([piece.offsets for piece in pieces])
     file_ends = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
-    return RowIndex(list(files), text_format, headers, np.frombuffer(offsets, dtype=np.int64).copy(), file_ends, keys, negatives_per_query, h, skipped, rows_read,
-                    file_stamps(files))
+    return RowIndex(list(files), text_format, headers, offsets, file_ends, keys, negatives_per_query, h, skipped,
+                    rows_read, file_stamps(files))
 
 
 def check_ids(corpus: PassageCorpus, passage_ids: list[str], file: Path | str, line: int) -> None:

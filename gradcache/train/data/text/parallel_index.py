@@ -1,0 +1,132 @@
+"""Large `.jsonl` files indexed in P forked processes, a byte range each: the index of the serial pass, sooner.
+
+`build_row_index` (row_index.py) takes this path for `.jsonl` files of at least PARALLEL_BYTES together when
+P = min(usable cores, MAX_PROCESSES) > 1 and the start method "fork" exists (spawn would re-import torch, 10 s).
+Only JSONL: a CSV record may span lines, so a table cannot be cut at any newline. h is decided first, in the
+parent, from the head of the files; then:
+
+- `byte_ranges`: each file is cut into pieces in proportion to its size (a small file whole, so a range never
+  spans two files), each cut just after a newline (a range never cuts a line); about P ranges in all.
+- A first map counts the newlines of every range, so that each range knows the line number of its first line
+  and its skip reasons and errors name the lines the serial pass names.
+- Each range is indexed by the task, inherited by fork with everything it holds (a `--corpus` is not pickled);
+  only the ranges and the results (int64 offsets, skip counts and reasons) cross between processes. Results come
+  back in file order; the first range that fails, in file order, raises its error, so the first bad line wins.
+- Signals: a Ctrl-C reaches the whole foreground process group. The workers ignore SIGINT and the parent alone
+  decides: its KeyboardInterrupt leaves the pool's `with`, whose `terminate()` sends the workers SIGTERM, which
+  they take at its default (the parent's StopSignals handler, inherited by fork, would raise KeyboardInterrupt
+  in each worker and print its traceback). No worker outlives the parent's pass. Unlike the data loader's workers
+  (`preemption.ignore_stop_signals`), nothing is trained yet, so there is no step to finish first.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+# Below this the forks and the extra pass that numbers the lines cost a good part of what P processes save:
+# 64 MB of JSONL is about 100k rows, 0.4 s on one core.
+PARALLEL_BYTES = 64 * 2**20
+MAX_PROCESSES = 8  # the parent merges the results alone, and a run's ranks each index the same files
+_BLOCK = 2**20  # bytes read at a time when counting newlines
+
+_task: Callable[[LineRange], Any] | None = None  # in a worker: what each range is given to (`_start_worker`)
+
+
+class LineRange(NamedTuple):
+    """Whole lines of one file: bytes [start, end), the first of them line `first_line` of the file."""
+
+    file_number: int
+    path: str
+    start: int
+    end: int
+    first_line: int = 1
+
+
+def parallel_processes(files: Sequence[Path]) -> int:
+    """P, the processes to index `files` with, or 1 for the serial pass: small files, one core, or no fork."""
+    if "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
+        return 1  # a daemonic process (a pool's worker) may not start processes
+    try:
+        if sum(os.path.getsize(file) for file in files) < PARALLEL_BYTES:
+            return 1
+    except OSError:
+        return 1  # the serial pass reports the file it cannot read where it meets it
+    return min(usable_cores(), MAX_PROCESSES)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a scheduler's or a container's allocation), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def byte_ranges(files: Sequence[Path], parts: int) -> list[LineRange]:
+    """About `parts` ranges of about equal size: each file cut in proportion to its size (a file under a part's
+    size whole), each cut just after a newline, in file order. A file that cannot be opened is one range, whose
+    task meets the error in file order as the serial pass does."""
+    sizes = [os.path.getsize(file) for file in files]
+    part_size = max(sum(sizes) / parts, 1)
+    ranges = []
+    for number, (file, size) in enumerate(zip(files, sizes)):
+        pieces = max(1, round(size / part_size))
+        cuts = [0]
+        try:
+            with open(file, "rb") as handle:
+                for piece in range(1, pieces):
+                    handle.seek(max(size * piece // pieces - 1, 0))
+                    handle.readline()  # on to just after the next newline
+                    if cuts[-1] < handle.tell() < size:  # a line longer than a piece leaves no cut inside it
+                        cuts.append(handle.tell())
+        except OSError:
+            cuts = [0]
+        cuts.append(size)
+        ranges += [LineRange(number, str(file), start, end) for start, end in zip(cuts, cuts[1:])]
+    return ranges
+
+
+def count_newlines(line_range: LineRange) -> int:
+    """The newlines in `line_range` (0 for a file that cannot be read: its task reports that)."""
+    count, left = 0, line_range.end - line_range.start
+    try:
+        with open(line_range.path, "rb") as handle:
+            handle.seek(line_range.start)
+            while left > 0:
+                block = handle.read(min(_BLOCK, left))
+                if not block:
+                    break
+                count, left = count + block.count(b"\n"), left - len(block)
+    except OSError:
+        return 0
+    return count
+
+
+def map_line_ranges(task: Callable[[LineRange], Any], files: Sequence[Path], processes: int) -> list:
+    """[task(range) for each of the `byte_ranges` of `files`], in `processes` forked processes, in file order.
+
+    `task` is inherited by fork, never pickled. The first range whose task raises, in file order, raises its
+    exception here (the later ranges are stopped).
+    """
+    ranges = byte_ranges(files, processes)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(min(processes, len(ranges)), initializer=_start_worker, initargs=(task,)) as pool:
+        numbered, next_line = [], {}
+        for line_range, newlines in zip(ranges, pool.map(count_newlines, ranges)):
+            first_line = next_line.get(line_range.file_number, 1)
+            numbered.append(line_range._replace(first_line=first_line))
+            next_line[line_range.file_number] = first_line + newlines
+        return list(pool.imap(_run_task, numbered))  # in order: the first failure in file order raises
+
+
+def _start_worker(task: Callable[[LineRange], Any]) -> None:
+    """A worker's initializer: signals as the module docstring says; `task` is what `_run_task` calls."""
+    global _task
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _task = task
+
+
+def _run_task(line_range: LineRange) -> Any:
+    return _task(line_range)

@@ -12,6 +12,7 @@ from gradcache.train.data.text.corpus import read_corpus
 from gradcache.train.data.text.files import data_files
 from gradcache.train.data.text.parallel_index import byte_ranges, count_newlines, parallel_processes
 from gradcache.train.data.text.row_index import build_row_index
+from gradcache.train.data.text.rows import SHOWN_SKIPS
 from gradcache.train.errors import DataError
 
 KEYS = ("query", "positive", ("negs", "extra"))
@@ -111,12 +112,12 @@ def test_the_parallel_index_is_the_serial_index(tmp_path, monkeypatch, processes
     for number, size in enumerate(sizes):
         files.append(_write(tmp_path / f"part-{number}.jsonl", _lines(rows[start:start + size])))
         start += size
-    for skip_reasons in (row_index.SHOWN_SKIPS, None):
+    for skip_reasons in (SHOWN_SKIPS, None):
         serial, parallel = _serial_and_parallel(monkeypatch, processes, files, ".jsonl", *KEYS,
                                                 negatives_per_query=negatives_per_query, skip_reasons=skip_reasons)
         _assert_same(serial, parallel)
     index = serial[0]
-    assert index.skipped.count > row_index.SHOWN_SKIPS and len(index.skipped.reasons) == index.skipped.count
+    assert index.skipped.count > SHOWN_SKIPS and len(index.skipped.reasons) == index.skipped.count
     if negatives_per_query is None:
         assert index.negatives_per_query == 1  # the head's count, where most rows have 2 or more
 
@@ -190,3 +191,14 @@ def test_when_the_parallel_path_is_taken(tmp_path, monkeypatch):
     kept = []
     build_row_index([path], ".jsonl", *KEYS, on_kept=kept.append, warn=False)  # wants the records here, in order
     assert calls == [] and len(kept) > 0
+
+
+def test_the_ranks_of_a_node_share_its_cores(monkeypatch):
+    """Under torchrun each rank indexes the same files at once: LOCAL_WORLD_SIZE ranks divide the cores."""
+    monkeypatch.setattr(parallel_index.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert parallel_index.usable_cores() == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert parallel_index.usable_cores() == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    assert parallel_index.usable_cores() == 1

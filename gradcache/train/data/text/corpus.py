@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from gradcache.train.data.text.gzip_rows import GZIP
-from gradcache.train.data.text.row_index import RowIndex, build_row_index, clean_text
+from gradcache.train.data.text.row_index import RowIndex, build_row_index
+from gradcache.train.data.text.rows import clean_text
 from gradcache.train.errors import DataError
 
 CORPUS_ID_KEY, CORPUS_TEXT_KEY = "id", "text"

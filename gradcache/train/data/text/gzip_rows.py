@@ -3,7 +3,7 @@ to seek to), each worker's through a shuffle buffer; data/streams.py says the or
 workers slots, or row striding when there are fewer files than slots) and the resume.
 
 - A unit is a non-blank line (its file, number and bytes). A worker parses the lines it keeps as they enter its
-  stream and keeps the usable rows, by row_index.py's rule (`RowFields.unusable`: a query, a positive and at
+  stream and keeps the usable rows, by rows.py's rule (`RowFields.unusable`: a query, a positive and at
   least h non-empty hard negatives, the first h kept). A line that is not a JSON object, or not usable, is
   skipped and counted (`skipped_rows`, and --max-bad-share as the run goes) and never buffered: a worker holds
   at most --shuffle-buffer parsed rows, and since a bad row is known as it enters the stream, a resume with the
@@ -12,7 +12,7 @@ workers slots, or row striding when there are fewer files than slots) and the re
 - A file that cannot be read to its end (truncated, corrupt, not gzip) is read up to its damage and counted once
   as a bad row, and the stream goes on with the next file: it does not stop the run.
 - h by default, and the check that every key names a field: from the first FIRST_ROWS rows with a query and a
-  positive, read from the head of the files in name order (`row_reader`; row_index.py's rule).
+  positive, read from the head of the files in name order (`row_reader`; rows.py's rule).
 - Epoch length: `--train-num-samples`, or counted at start in one streamed pass over the training rows, which
   also checks every passage id against `--corpus` (one it lacks: DataError naming the file, line and id, before
   anything is written); with `--train-num-samples` the ids are checked as rows are read, and a missing one stops
@@ -39,7 +39,7 @@ import torch
 from gradcache.train.data.images.lazy import BadShare
 from gradcache.train.data.order import CountedBatches, StepSampler
 from gradcache.train.data.streams import Damaged, StreamBatches, stream_loader
-from gradcache.train.data.text.row_index import (
+from gradcache.train.data.text.rows import (
     FIRST_ROWS,
     SHOWN_SKIPS,
     SkippedRows,

@@ -6,7 +6,7 @@
 - Columns are named by `query_key`, `positive_key` and `negative_keys` (zero or more). In JSONL a negative field
   may hold a list of passages; every row's negatives are its named columns' passages, in order.
 - Every query needs the same number h of hard negatives (the loss groups them by query): h is
-  `negatives_per_query`, by default the count most of the first 1,000 rows have (`row_index.FIRST_ROWS`); a row
+  `negatives_per_query`, by default the count most of the first 1,000 rows have (`rows.FIRST_ROWS`); a row
   with more keeps its first h.
 - Skip and count: a row with an empty query or positive, or with fewer than h non-empty negatives, is left out;
   a warning names the first ten and `TextPairs.skipped` keeps every one, so the run can report the count.
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from gradcache.train.data.held_out import held_out_order
-from gradcache.train.data.text.row_index import JSON_LINES, SEPARATORS, file_records
+from gradcache.train.data.text.records import JSON_LINES, SEPARATORS, file_records
 from gradcache.train.errors import DataError
 
 

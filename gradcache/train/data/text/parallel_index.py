@@ -59,8 +59,10 @@ def parallel_processes(files: Sequence[Path]) -> int:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (a scheduler's or a container's allocation), not the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process may run on (a scheduler's or a container's allocation), not the machine's, shared
+    with the other ranks torchrun started on this node (LOCAL_WORLD_SIZE): they index the same files at once."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(cores // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1), 1)
 
 
 def byte_ranges(files: Sequence[Path], parts: int) -> list[LineRange]:

@@ -5,17 +5,13 @@ One streamed pass over the files (in order) records the byte offset of every usa
 alone, so a data-loader worker reads and tokenises only the rows of its batches. Large `.jsonl` files (64 MB in
 all) are indexed in min(cores, 8) forked processes, a byte range each, to the same result (`parallel_index.py`).
 
-- `.jsonl`: one JSON object a non-blank line; the offset is the line's.
-- `.tsv` / `.csv`: parsed by `csv` (tab / comma), so a quoted field may span lines: the offset is where the
-  parser started the record (it pulls lines one at a time from a reader that counts their bytes), and reading
-  a row seeks there and parses one record with the file's own header.
+- `.jsonl`, `.tsv` / `.csv`: the offset is where the record starts (records.py: a CSV record may span lines);
+  reading a row seeks there and parses one line, or one record with the file's own header.
 - `.parquet` and a `datasets` folder (save_to_disk): the offset is the row's number (`columnar.py`: memory-mapped
   Arrow, Parquet decoded a row group at a time).
-- Usable rows as `read_text_pairs` has always kept them: a query, a positive and at least h non-empty hard
-  negatives (the first h kept; `RowFields.unusable`, which the `.jsonl.gz` stream applies too). h is
-  `negatives_per_query`, or else the count most of the first `FIRST_ROWS` (1,000) rows with a query and a
-  positive have (all of them in a smaller file: the old rule; `most_rows_have`). Unusable rows are skipped and
-  counted as they are met (`SkippedRows`: the count and the first ten reasons).
+- Usable rows as `read_text_pairs` has always kept them, by rows.py's rule (which the `.jsonl.gz` stream applies
+  too): a query, a positive and at least h non-empty hard negatives, the first h kept; h by default the count
+  most of the first 1,000 rows have. Unusable rows are skipped and counted as they are met.
 - `.jsonl.gz` is not indexed (a gzip file has no offsets to seek to): it is streamed (`gzip_rows.py`).
 - `save` / `load_row_index`: the index as .npz with the files' sizes and modification times and the options
   it was built under; a load that finds any of them changed returns None (the caller builds it again).
@@ -27,7 +23,6 @@ import errno
 import functools
 import json
 import os
-import sys
 import warnings
 from array import array
 from collections import Counter
@@ -45,107 +40,25 @@ from gradcache.train.data.text.columnar import (
     columnar_records,
 )
 from gradcache.train.data.text.parallel_index import LineRange, map_line_ranges, parallel_processes
+from gradcache.train.data.text.records import JSON_LINES, SEPARATORS, file_records, jsonl_records
+from gradcache.train.data.text.rows import (
+    FIRST_ROWS,
+    SHOWN_SKIPS,
+    check_columns,
+    check_ids,
+    clean_text,
+    most_rows_have,
+    record_negatives,
+    row_fields,
+    SkippedRows,
+)
 from gradcache.train.errors import DataDiskFull, DataError
 
 if TYPE_CHECKING:
     from gradcache.train.data.text.corpus import PassageCorpus
 
-FIRST_ROWS = 1_000  # the default h is the count most of the first FIRST_ROWS rows with a query and positive have
-SEPARATORS = {".tsv": "\t", ".csv": ","}
-JSON_LINES = ".jsonl"
 COLUMNAR = (PARQUET, ARROW_FOLDER)  # rows by number: columnar.py
-SHOWN_SKIPS = 10
 _INDEX_VERSION = 1
-
-
-class SkippedRows(Sequence[str]):
-    """The rows left out: `len` is how many, the items are the reasons of the first `keep` (all when None)."""
-
-    def __init__(self, count: int = 0, reasons: list[str] | None = None, keep: int | None = SHOWN_SKIPS) -> None:
-        self.count, self.reasons, self.keep = count, list(reasons or []), keep
-
-    def add(self, reason: str) -> None:
-        self.count += 1
-        if self.keep is None or len(self.reasons) < self.keep:
-            self.reasons.append(reason)
-
-    def extend(self, reasons: list[str]) -> None:
-        for reason in reasons:
-            self.add(reason)
-
-    def merge(self, later: SkippedRows) -> None:
-        """Add the rows `later` left out, met after these: its count, and its reasons while there is room."""
-        room = len(later.reasons) if self.keep is None else max(self.keep - len(self.reasons), 0)
-        self.count += later.count
-        self.reasons.extend(later.reasons[:room])
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, item):
-        return self.reasons[item]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.reasons)
-
-
-def clean_text(value: object) -> str:
-    return "" if value is None else str(value).strip()
-
-
-def record_negatives(record: dict, keys: Sequence[str]) -> list[str]:
-    """The non-empty hard negatives of `record`: its `keys` columns' passages, a list-valued field's in order."""
-    passages: list[str] = []
-    for key in keys:
-        value = record.get(key)
-        values = value if isinstance(value, list) else [value]
-        passages.extend(text for text in map(clean_text, values) if text)
-    return passages
-
-
-class RowFields(NamedTuple):
-    """A record's query, positive and every non-empty hard negative, cleaned: what decides if the row is usable."""
-
-    query: str
-    positive: str
-    negatives: list[str]
-
-    @property
-    def empty(self) -> str:
-        """The field a row cannot do without that is empty ("query" or "positive"), else ""."""
-        return "query" if not self.query else "positive" if not self.positive else ""
-
-    def unusable(self, h: int) -> str | None:
-        """Why the row cannot train with `h` hard negatives (an empty query or positive, fewer than h non-empty
-        negatives), or None: it is usable, and keeps its first h."""
-        if self.empty:
-            return f"empty {self.empty}"
-        if len(self.negatives) < h:
-            return f"{len(self.negatives)} of {h} hard negatives"
-        return None
-
-
-def row_fields(record: dict, keys: tuple[str, str, Sequence[str]]) -> RowFields:
-    """The fields of `record` that `keys` (query key, positive key, negative keys) name."""
-    query_key, positive_key, negative_keys = keys
-    return RowFields(clean_text(record.get(query_key)), clean_text(record.get(positive_key)),
-                     record_negatives(record, negative_keys))
-
-
-def most_rows_have(counts: Counter) -> int:
-    """The default h, from `counts` (hard negatives -> rows) of the first FIRST_ROWS rows with a query and a
-    positive (all of them in fewer): the count most of them have, the first met on a tie; 0 for no row."""
-    return counts.most_common(1)[0][0] if counts else 0
-
-
-def check_columns(names: set, keys: tuple[str, str, Sequence[str]], where: str, option: str) -> None:
-    """Refuse a key that names no column (field) of `names`, those of the rows `where` says, naming its option."""
-    query_key, positive_key, negative_keys = keys
-    for flag, key in [("--query-key", query_key), ("--positive-key", positive_key),
-                      *[("--negative-keys", key) for key in negative_keys]]:
-        if key not in names:
-            fix = f"name it with {flag}" if option == "--data" else f"a {option} file needs the fields {keys[:2]}"
-            raise DataError(f"{where} has no column {key!r} (columns: {sorted(names, key=str)}); {fix}")
 
 
 class RowIndex:
@@ -203,8 +116,8 @@ class RowIndex:
                 handle.close()
         self._handles = {}
 
-    def __del__(self) -> None:
-        if getattr(self, "_pid", None) == os.getpid():
+    def __del__(self, getpid=os.getpid) -> None:  # bound now: at interpreter exit `os` may be gone already
+        if getattr(self, "_pid", None) == getpid():
             self.close()
 
     # --- saved beside the run ---------------------------------------------------------------------------
@@ -273,63 +186,6 @@ def load_row_index(path: str | os.PathLike, files: Sequence[Path], keys: tuple[s
 
 
 # --- the one streamed pass ----------------------------------------------------------------------------------
-def jsonl_records(file: Path, start: int = 0, end: int | None = None,
-                  first_line: int = 1) -> Iterator[tuple[int, int, dict]]:
-    """(byte offset, line number, record) of each non-blank line of the `.jsonl` `file` from byte `start` (a line's
-    start, numbered `first_line`) to `end` (just after a newline, or the file's end: None)."""
-    stop = sys.maxsize if end is None else end
-    with open(file, "rb") as handle:
-        handle.seek(start)
-        offset = start
-        for number, raw in enumerate(handle, start=first_line):
-            if offset >= stop:
-                return
-            line_start, offset = offset, offset + len(raw)
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except ValueError as error:  # JSON and UTF-8 errors
-                raise DataError(f"cannot read {file} line {number}: not JSON ({error})") from error
-            if not isinstance(record, dict):
-                raise DataError(f"{file} line {number} is not a JSON object")
-            yield line_start, number, record
-
-
-def file_records(file: Path, text_format: str, header_out: list) -> Iterator[tuple[int, int, dict]]:
-    """(byte offset, line number, record) of each non-blank row of `file`; a table's header goes to header_out."""
-    if text_format == JSON_LINES:
-        yield from jsonl_records(file)
-        return
-    with open(file, "rb") as handle:
-        position = [0]
-
-        def lines() -> Iterator[str]:
-            for raw in handle:
-                position[0] += len(raw)
-                yield raw.decode("utf-8")
-
-        reader = csv.reader(lines(), delimiter=SEPARATORS[text_format])
-        header = next(reader, None)
-        header_out.append(header)
-        if header is None:
-            return
-        width = len(header)
-        while True:
-            start, line = position[0], reader.line_num + 1
-            fields = next(reader, None)
-            if fields is None:
-                return
-            if not fields:  # a blank line, skipped as csv.DictReader skips it
-                continue
-            record = dict(zip(header, fields))
-            if len(fields) > width:
-                record[None] = fields[width:]
-            for key in header[len(fields):]:
-                record[key] = None
-            yield start, line, record
-
-
 class RowRule(NamedTuple):
     """How the pass judges and names every row, the same in each file and process."""
 
@@ -489,11 +345,3 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
     file_ends = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
     return RowIndex(list(files), text_format, headers, offsets, file_ends, keys, negatives_per_query, h, skipped,
                     rows_read, file_stamps(files))
-
-
-def check_ids(corpus: PassageCorpus, passage_ids: list[str], file: Path | str, line: int) -> None:
-    """Refuse (DataError naming the file, line and id) an id of `passage_ids` that `corpus` lacks."""
-    for passage_id in passage_ids:
-        if not corpus.contains_hash(passage_id):
-            raise DataError(f"{file} line {line}: passage id {passage_id!r} is not in --corpus {corpus.name}; add "
-                            "the passage to the corpus or fix the id")

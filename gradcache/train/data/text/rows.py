@@ -1,0 +1,124 @@
+"""Which (query, positive, hard negatives) rows can train, written once for every reader of text rows (the row
+index of files, row_index.py, and the `.jsonl.gz` stream, gzip_rows.py).
+
+- A row is usable with a query, a positive and at least h non-empty hard negatives; it keeps its first h
+  (`RowFields.unusable`). Hard negatives are the named columns' passages, a list-valued field's in order
+  (`record_negatives`).
+- h is `--negatives-per-query`, or else the count most of the first `FIRST_ROWS` (1,000) rows with a query and a
+  positive have (all of them in a smaller set; `most_rows_have`).
+- Unusable rows are skipped and counted as they are met (`SkippedRows`: the count and the first ten reasons);
+  a key that names no column is refused naming its option (`check_columns`), and with `--corpus` a passage id the
+  corpus lacks (`check_ids`).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from gradcache.train.errors import DataError
+
+if TYPE_CHECKING:
+    from gradcache.train.data.text.corpus import PassageCorpus
+
+FIRST_ROWS = 1_000  # the default h is the count most of the first FIRST_ROWS rows with a query and positive have
+SHOWN_SKIPS = 10
+
+
+class SkippedRows(Sequence[str]):
+    """The rows left out: `len` is how many, the items are the reasons of the first `keep` (all when None)."""
+
+    def __init__(self, count: int = 0, reasons: list[str] | None = None, keep: int | None = SHOWN_SKIPS) -> None:
+        self.count, self.reasons, self.keep = count, list(reasons or []), keep
+
+    def add(self, reason: str) -> None:
+        self.count += 1
+        if self.keep is None or len(self.reasons) < self.keep:
+            self.reasons.append(reason)
+
+    def extend(self, reasons: list[str]) -> None:
+        for reason in reasons:
+            self.add(reason)
+
+    def merge(self, later: SkippedRows) -> None:
+        """Add the rows `later` left out, met after these: its count, and its reasons while there is room."""
+        room = len(later.reasons) if self.keep is None else max(self.keep - len(self.reasons), 0)
+        self.count += later.count
+        self.reasons.extend(later.reasons[:room])
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, item):
+        return self.reasons[item]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.reasons)
+
+
+def clean_text(value: object) -> str:
+    return "" if value is None else str(value).strip()
+
+
+def record_negatives(record: dict, keys: Sequence[str]) -> list[str]:
+    """The non-empty hard negatives of `record`: its `keys` columns' passages, a list-valued field's in order."""
+    passages: list[str] = []
+    for key in keys:
+        value = record.get(key)
+        values = value if isinstance(value, list) else [value]
+        passages.extend(text for text in map(clean_text, values) if text)
+    return passages
+
+
+class RowFields(NamedTuple):
+    """A record's query, positive and every non-empty hard negative, cleaned: what decides if the row is usable."""
+
+    query: str
+    positive: str
+    negatives: list[str]
+
+    @property
+    def empty(self) -> str:
+        """The field a row cannot do without that is empty ("query" or "positive"), else ""."""
+        return "query" if not self.query else "positive" if not self.positive else ""
+
+    def unusable(self, h: int) -> str | None:
+        """Why the row cannot train with `h` hard negatives (an empty query or positive, fewer than h non-empty
+        negatives), or None: it is usable, and keeps its first h."""
+        if self.empty:
+            return f"empty {self.empty}"
+        if len(self.negatives) < h:
+            return f"{len(self.negatives)} of {h} hard negatives"
+        return None
+
+
+def row_fields(record: dict, keys: tuple[str, str, Sequence[str]]) -> RowFields:
+    """The fields of `record` that `keys` (query key, positive key, negative keys) name."""
+    query_key, positive_key, negative_keys = keys
+    return RowFields(clean_text(record.get(query_key)), clean_text(record.get(positive_key)),
+                     record_negatives(record, negative_keys))
+
+
+def most_rows_have(counts: Counter) -> int:
+    """The default h, from `counts` (hard negatives -> rows) of the first FIRST_ROWS rows with a query and a
+    positive (all of them in fewer): the count most of them have, the first met on a tie; 0 for no row."""
+    return counts.most_common(1)[0][0] if counts else 0
+
+
+def check_columns(names: set, keys: tuple[str, str, Sequence[str]], where: str, option: str) -> None:
+    """Refuse a key that names no column (field) of `names`, those of the rows `where` says, naming its option."""
+    query_key, positive_key, negative_keys = keys
+    for flag, key in [("--query-key", query_key), ("--positive-key", positive_key),
+                      *[("--negative-keys", key) for key in negative_keys]]:
+        if key not in names:
+            fix = f"name it with {flag}" if option == "--data" else f"a {option} file needs the fields {keys[:2]}"
+            raise DataError(f"{where} has no column {key!r} (columns: {sorted(names, key=str)}); {fix}")
+
+
+def check_ids(corpus: PassageCorpus, passage_ids: list[str], file: Path | str, line: int) -> None:
+    """Refuse (DataError naming the file, line and id) an id of `passage_ids` that `corpus` lacks."""
+    for passage_id in passage_ids:
+        if not corpus.contains_hash(passage_id):
+            raise DataError(f"{file} line {line}: passage id {passage_id!r} is not in --corpus {corpus.name}; add "
+                            "the passage to the corpus or fix the id")

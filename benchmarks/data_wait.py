@@ -29,6 +29,7 @@ from benchmarks import image_data
 from benchmarks.first_step import CHECKOUT
 from benchmarks.flags import HelpFormatter, add_shared_options, integer_list, output_folder
 from benchmarks.image_data_scaling import add_data_options
+from benchmarks.report import write_csv
 
 PARTS = ("clip-shards", "simclr-shards")
 MODEL = {"clip": ["--model", "convnet"],  # the text tower at its defaults
@@ -73,13 +74,6 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for (part, workers), mine in grouped.items()]
 
 
-def _write(path: Path, rows: list[dict[str, Any]]) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.add_argument("--parts", default="clip-shards", help=f"comma-separated, of {', '.join(PARTS)}")
@@ -120,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                          **figures, "train_wall_s": wall})
             print(json.dumps(runs[-1]), flush=True)
     medians = summary(runs)
-    _write(folder / f"{args.name}.csv", [{column: run[column] for column in COLUMNS} for run in runs])
-    _write(folder / f"{args.name}_summary.csv", medians)
+    write_csv(folder / f"{args.name}.csv", runs, COLUMNS)
+    write_csv(folder / f"{args.name}_summary.csv", medians, list(medians[0]))
     for row in medians:
         print(f"{row['part']} --workers {row['workers']}: data_wait_share {row['data_wait_share']:.2%}, "
               f"after step 1 {row['wait_share_after_step1']:.2%}, median wait {row['median_data_wait_s']:.3f} s "

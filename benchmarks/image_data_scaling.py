@@ -17,13 +17,13 @@ image_data_scaling.csv (one row per part and size) to the output folder.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 from pathlib import Path
 
 from benchmarks import first_step, image_data
 from benchmarks.flags import DATA_DIR, HelpFormatter, add_shared_options, integer_list, output_folder
+from benchmarks.report import write_csv
 
 PARTS = ("simclr-folder", "clip-table", "simclr-shards", "clip-shards")
 MODEL = {
@@ -93,10 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"part": part, "size": size, "image_size": args.image_size, "workers": args.workers,
                          **{key: result[key] for key in COLUMNS[4:]}})
             print(json.dumps(rows[-1]), flush=True)
-    with open(folder / f"{args.name}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(folder / f"{args.name}.csv", rows, COLUMNS)
     print(f"wrote {folder / (args.name + '.csv')}")
     return 0
 

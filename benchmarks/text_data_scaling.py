@@ -42,6 +42,7 @@ from benchmarks.flags import (
 from benchmarks import first_step
 from benchmarks.anon_memory import PeakAnon
 from benchmarks.fresh_process import report, run_point
+from benchmarks.report import write_csv
 
 FORMATS = ("jsonl", "tsv", "csv", "parquet")
 PROGRAM = ["--negative-keys", "negative", "--max-length", "32", "--chunk-size", "8", "--steps", "1", "--warmup", "1",
@@ -181,11 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                                for key in ("first_step_s", "peak_rss_anon_mb", "peak_rss_anon_abs_mb")})
             print(json.dumps(result), flush=True)
             results.append(result)
-    with open(folder / f"{args.name}.csv", "w", newline="") as handle:
-        columns = sorted({key for result in results for key in result})
-        writer = csv.DictWriter(handle, columns)
-        writer.writeheader()
-        writer.writerows(results)
+    write_csv(folder / f"{args.name}.csv", results, sorted({key for result in results for key in result}))
     print(f"wrote {folder / (args.name + '.csv')}", file=sys.stderr)
     return 0
 

@@ -18,7 +18,6 @@ the rank's absolute peak less the one-process run's) to the output folder.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 from benchmarks import first_step, image_data
 from benchmarks.flags import HelpFormatter, add_shared_options, integer_list, output_folder
 from benchmarks.image_data_scaling import add_data_options, one_step_argv
+from benchmarks.report import write_csv
 from benchmarks.text_data_scaling import program_argv, rows_file
 
 PARTS = ("text", "clip")
@@ -84,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                              "batch_size": global_batch(part, ranks, args.batch_scope), "workers": args.workers,
                              **{key: result[key] for key in COLUMNS[5:8]}, "over_one_mb": over})
                 print(json.dumps(rows[-1]), flush=True)
-    with open(folder / f"{args.name}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(folder / f"{args.name}.csv", rows, COLUMNS)
     print(f"wrote {folder / (args.name + '.csv')}")
     return 0
 

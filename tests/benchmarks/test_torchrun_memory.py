@@ -19,7 +19,7 @@ def test_each_rank_of_a_torchrun_group_reports_its_tree(tmp_path: Path, read_csv
     assert torchrun_memory.main(flags) == 0
     header, rows = read_csv(out / "torchrun_memory.csv")
     assert header == torchrun_memory.COLUMNS
-    assert [(row["ranks"], row["rank"], row["batch_size"]) for row in rows] == [("2", "0", "128"), ("2", "1", "128")]
+    assert [(row["ranks"], row["rank"], row["batch_size"]) for row in rows] == [("2", "0", "64"), ("2", "1", "64")]
     assert all(float(row[column]) > 0 for row in rows
                for column in ("first_step_s", "peak_rss_anon_mb", "peak_rss_anon_abs_mb"))
     assert [row["over_one_mb"] for row in rows] == ["", ""]  # no one-process run to compare with
@@ -37,7 +37,10 @@ def test_every_rank_is_compared_with_the_one_process_run_whatever_the_order(tmp_
     monkeypatch.setattr(torchrun_memory.first_step, "run", fake_run)
     flags = [*TINY, "--ranks", "2,1", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")]
     assert torchrun_memory.main(flags) == 0
-    assert launched == [(1, "64"), (2, "128")]  # the same per-rank batch
+    assert launched == [(1, "64"), (2, "64")]  # the one-process run's global batch
+    launched.clear()
+    assert torchrun_memory.main([*flags, "--batch-scope", "per-rank"]) == 0
+    assert launched == [(1, "64"), (2, "128")]  # the one-process run's batch on every rank
     _, rows = read_csv(tmp_path / "out" / "torchrun_memory.csv")
     assert [(row["ranks"], row["rank"], row["over_one_mb"]) for row in rows] == [("1", "0", "0.0"), ("2", "0", "10.0"),
                                                                                 ("2", "1", "11.0")]

@@ -101,10 +101,13 @@ def rows_file(data_dir: Path, rows: int, text_format: str) -> Path:
     return path
 
 
-def program_argv(data: Path, run_folder: Path, threads: int, batch_size: int = 16, workers: int = 0) -> list[str]:
-    """`gradcache train text` for one cheap step on `data` (the default model, 32 tokens, batch 16, chunks of 8)."""
+def program_argv(data: Path, run_folder: Path, threads: int, batch_size: int = 16, workers: int = 0,
+                 model: str | None = None) -> list[str]:
+    """`gradcache train text` for one cheap step on `data` (`model`, by default the program's, 32 tokens, batch 16,
+    chunks of 8)."""
+    chosen = [] if model is None else ["--model", str(model)]
     return ["train", "text", "--data", str(Path(data).resolve()), "--output-dir", str(Path(run_folder).resolve()),
-            "--threads", str(threads), "--batch-size", str(batch_size), "--workers", str(workers), *PROGRAM]
+            "--threads", str(threads), "--batch-size", str(batch_size), "--workers", str(workers), *chosen, *PROGRAM]
 
 
 def first_batch_seconds(data: Path, run_folder: Path) -> float:
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--program", action="store_true",
                         help="also time a one-step `gradcache train text` per point and read its tree's peak RssAnon")
     parser.add_argument("--threads", type=int, default=2, help="--threads of the --program runs")
+    parser.add_argument("--model", default=None, help="--model of the --program runs (default: the program's)")
     parser.add_argument("--point", default=None, help=argparse.SUPPRESS)
     add_output_options(parser, "text_data_scaling")
     args = parser.parse_args(argv)
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                       **run_point("benchmarks.text_data_scaling", spec, args.time_budget_s)}
             shutil.rmtree(run_folder, ignore_errors=True)
             if args.program:
-                [program] = first_step.run(program_argv(data, run_folder, args.threads), timeout_s=args.time_budget_s)
+                [program] = first_step.run(program_argv(data, run_folder, args.threads, model=args.model), timeout_s=args.time_budget_s)
                 shutil.rmtree(run_folder, ignore_errors=True)
                 result.update({f"program_{key}": program[key]
                                for key in ("first_step_s", "peak_rss_anon_mb", "peak_rss_anon_abs_mb")})

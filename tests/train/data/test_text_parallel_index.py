@@ -1,7 +1,9 @@
 """Large .jsonl files indexed in byte ranges in forked processes: exactly the serial pass's index (offsets, file
 ends, h, skips and their reasons, rows read, warning), the same first error, ranges cut only after newlines."""
 import json
+import os
 import random
+import signal
 import warnings
 
 import numpy as np
@@ -10,7 +12,13 @@ import pytest
 from gradcache.train.data.text import parallel_index, row_index
 from gradcache.train.data.text.corpus import read_corpus
 from gradcache.train.data.text.files import data_files
-from gradcache.train.data.text.parallel_index import byte_ranges, count_newlines, parallel_processes
+from gradcache.train.data.text.parallel_index import (
+    LineRange,
+    byte_ranges,
+    count_newlines,
+    in_processes,
+    parallel_processes,
+)
 from gradcache.train.data.text.row_index import build_row_index
 from gradcache.train.data.text.rows import SHOWN_SKIPS
 from gradcache.train.errors import DataError
@@ -202,3 +210,38 @@ def test_the_ranks_of_a_node_share_its_cores(monkeypatch):
     assert parallel_index.usable_cores() == 4
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
     assert parallel_index.usable_cores() == 1
+
+
+def _kill_the_second(line_range):
+    if line_range.file_number == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer does
+    return line_range.file_number
+
+
+def test_a_worker_killed_without_its_results_is_a_memory_error_not_a_wait_forever():
+    ranges = [LineRange(number, f"f{number}", 0, 10) for number in range(3)]
+    with pytest.raises(MemoryError, match="died .*killed by a signal"):
+        in_processes(_kill_the_second, ranges, 3)
+    assert in_processes(lambda line_range: line_range.file_number, ranges[:1] + ranges[2:], 3) == [0, 2]
+
+
+def test_many_ranges_run_in_at_most_p_processes_in_order(monkeypatch):
+    ranges = [LineRange(number, f"f{number}", 0, 10 + number) for number in range(11)]
+    started = []
+    original = parallel_index.multiprocessing.get_context
+
+    def counted(method):
+        context = original(method)
+        process = context.Process
+
+        class Counted(process):
+            def start(self):
+                started.append(self)
+                super().start()
+
+        monkeypatch.setattr(context, "Process", Counted)
+        return context
+
+    monkeypatch.setattr(parallel_index.multiprocessing, "get_context", counted)
+    assert in_processes(lambda line_range: line_range.file_number, ranges, 3) == list(range(11))
+    assert len(started) == 3

@@ -12,11 +12,15 @@ parent, from the head of the files; then:
 - Each range is indexed by the task, inherited by fork with everything it holds (a `--corpus` is not pickled);
   only the ranges and the results (int64 offsets, skip counts and reasons) cross between processes. Results come
   back in file order; the first range that fails, in file order, raises its error, so the first bad line wins.
+- Processes: at most P, each given a contiguous run of ranges (`in_processes`), its results sent back through a
+  pipe. A process that dies without sending them (the kernel's out-of-memory killer, a signal) is noticed when
+  its pipe closes: MemoryError, which the run reports as exit 4 (data/resources.py), never a wait forever (a
+  `multiprocessing.Pool` waits forever for the task of a worker that was killed).
 - Signals: a Ctrl-C reaches the whole foreground process group. The workers ignore SIGINT and the parent alone
-  decides: its KeyboardInterrupt leaves the pool's `with`, whose `terminate()` sends the workers SIGTERM, which
-  they take at its default (the parent's StopSignals handler, inherited by fork, would raise KeyboardInterrupt
-  in each worker and print its traceback). No worker outlives the parent's pass. Unlike the data loader's workers
-  (`preemption.ignore_stop_signals`), nothing is trained yet, so there is no step to finish first.
+  decides: its KeyboardInterrupt terminates the workers (SIGTERM, which they take at its default: the parent's
+  StopSignals handler, inherited by fork, would raise KeyboardInterrupt in each worker and print its traceback).
+  No worker outlives the parent's pass. Unlike the data loader's workers (`preemption.ignore_stop_signals`),
+  nothing is trained yet, so there is no step to finish first.
 """
 from __future__ import annotations
 
@@ -32,8 +36,6 @@ from typing import Any, NamedTuple
 PARALLEL_BYTES = 64 * 2**20
 MAX_PROCESSES = 8  # the parent merges the results alone, and a run's ranks each index the same files
 _BLOCK = 2**20  # bytes read at a time when counting newlines
-
-_task: Callable[[LineRange], Any] | None = None  # in a worker: what each range is given to (`_start_worker`)
 
 
 class LineRange(NamedTuple):
@@ -106,29 +108,81 @@ def count_newlines(line_range: LineRange) -> int:
 
 
 def map_line_ranges(task: Callable[[LineRange], Any], files: Sequence[Path], processes: int) -> list:
-    """[task(range) for each of the `byte_ranges` of `files`], in `processes` forked processes, in file order.
+    """[task(range) for each of the `byte_ranges` of `files`], in at most `processes` forked processes, in file
+    order.
 
     `task` is inherited by fork, never pickled. The first range whose task raises, in file order, raises its
-    exception here (the later ranges are stopped).
+    exception here.
+
+    Raises:
+        MemoryError: a process died without its results (module docstring).
     """
     ranges = byte_ranges(files, processes)
+    numbered, next_line = [], {}
+    for line_range, newlines in zip(ranges, in_processes(count_newlines, ranges, processes)):
+        first_line = next_line.get(line_range.file_number, 1)
+        numbered.append(line_range._replace(first_line=first_line))
+        next_line[line_range.file_number] = first_line + newlines
+    return in_processes(task, numbered, processes)
+
+
+def in_processes(function: Callable[[LineRange], Any], ranges: Sequence[LineRange], processes: int) -> list:
+    """[function(range) for range in ranges], the ranges dealt in contiguous runs of about equal bytes to at most
+    `processes` forked processes; each process stops at its first exception, and the first in range order is
+    raised here."""
     context = multiprocessing.get_context("fork")
-    with context.Pool(min(processes, len(ranges)), initializer=_start_worker, initargs=(task,)) as pool:
-        numbered, next_line = [], {}
-        for line_range, newlines in zip(ranges, pool.map(count_newlines, ranges)):
-            first_line = next_line.get(line_range.file_number, 1)
-            numbered.append(line_range._replace(first_line=first_line))
-            next_line[line_range.file_number] = first_line + newlines
-        return list(pool.imap(_run_task, numbered))  # in order: the first failure in file order raises
+    runs = _contiguous_runs(ranges, processes)
+    started = []
+    try:
+        for run in runs:
+            receiving, sending = context.Pipe(duplex=False)
+            process = context.Process(target=_work, args=(function, run, sending), daemon=True)
+            process.start()
+            sending.close()  # the child's copy is the only one left: its death closes the pipe
+            started.append((process, receiving))
+        results = []
+        for process, receiving in started:
+            try:
+                done, failure = receiving.recv()
+            except EOFError:
+                process.join()
+                raise MemoryError(f"a process indexing the data died (exit status {process.exitcode}: killed by "
+                                  "a signal, as the kernel kills a process when memory runs out)") from None
+            results += done
+            if failure is not None:
+                raise failure
+        return results
+    finally:
+        for process, receiving in started:
+            receiving.close()
+            if process.is_alive():
+                process.terminate()
+            process.join()
 
 
-def _start_worker(task: Callable[[LineRange], Any]) -> None:
-    """A worker's initializer: signals as the module docstring says; `task` is what `_run_task` calls."""
-    global _task
+def _contiguous_runs(ranges: Sequence[LineRange], processes: int) -> list[list[LineRange]]:
+    """`ranges` cut, in order, into at most `processes` runs of about equal bytes."""
+    total = sum(line_range.end - line_range.start for line_range in ranges)
+    runs: list[list[LineRange]] = [[]]
+    done = 0
+    for line_range in ranges:
+        if runs[-1] and len(runs) < processes and done >= total * len(runs) / processes:
+            runs.append([])
+        runs[-1].append(line_range)
+        done += line_range.end - line_range.start
+    return runs
+
+
+def _work(function: Callable[[LineRange], Any], run: list[LineRange], sending) -> None:
+    """In a worker: signals as the module docstring says; ([function(range) ...] up to the first exception, that
+    exception or None) sent back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _task = task
-
-
-def _run_task(line_range: LineRange) -> Any:
-    return _task(line_range)
+    done, failure = [], None
+    try:
+        for line_range in run:
+            done.append(function(line_range))
+    except Exception as error:  # noqa: BLE001 - raised in the parent, in range order
+        failure = error
+    sending.send((done, failure))
+    sending.close()

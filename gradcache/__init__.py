@@ -5,7 +5,8 @@ FullBatch and NaiveAccumulation are the reference and the baseline, with the sam
 """
 from gradcache import losses
 from gradcache.baselines import FullBatch, NaiveAccumulation
-from gradcache.cache import CachedLoss, GradCache
+from gradcache.cache import GradCache
+from gradcache.cached_loss import CachedLoss
 from gradcache.negatives import negatives_per_anchor
 from gradcache.non_finite import (
     NonFiniteEmbeddingError, NonFiniteError, NonFiniteLossError, NonFiniteRecomputationError,

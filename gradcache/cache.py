@@ -13,8 +13,8 @@ One step, read top to bottom:
       of the cached gradient, one chunk at a time. When (3) raises, every `.grad` that was None when the step
       began is None again: no partial gradient is left behind.
 
-`GradCache.step` runs (1)-(3) at once. `CachedLoss` runs (1)-(2) when called and (3) when `backward()` reaches
-it. Both go through `GradCache.loss`: (3) is the backward of an identity function placed between the cached
+`GradCache.step` runs (1)-(3) at once. `CachedLoss` (cached_loss.py) runs (1)-(2) when called and (3) when
+`backward()` reaches it. Both go through `GradCache.loss`: (3) is the backward of an identity function placed between the cached
 embeddings and the loss, so whatever multiplies the loss on its way back (a GradScaler's scale, a division by
 an accumulation count) multiplies the cached gradients too, in float32, before any cast to half precision.
 """
@@ -35,11 +35,10 @@ from gradcache.distributed import (
 )
 from gradcache.graph_memory import GraphBudget, saved_bytes
 from gradcache.inputs import check_embedding_count, encode, tensors_of, trim_padding
-from gradcache.options import Options, Unpack
 from gradcache.autocast import AutocastState, autocast_context, autocast_off_everywhere, upcast
 from gradcache.random_state import RandomState
 from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
-from gradcache.strategy import Encoders, LossFn, Strategy
+from gradcache.strategy import LossFn, Strategy
 from gradcache.token_chunks import cut, split_to_count, token_plan
 
 
@@ -369,43 +368,3 @@ class _ReencodeOnBackward(torch.autograd.Function):
             )
         replay.cache.reencode_and_backward(replay, gradients)
         return (None,) * (1 + len(gradients))
-
-
-class CachedLoss(nn.Module):
-    """GradCache as a loss: `loss = cached(*inputs)` runs phases (1)-(2); `loss.backward()` runs phase (3).
-
-    For training loops that own the backward call (Lightning, the Hugging Face Trainer, a loop with a
-    GradScaler): `scaler.scale(loss).backward()` and `(loss / k).backward()` work as for any loss, since the
-    incoming gradient multiplies the cached gradients in float32. Gradients equal those of `FullBatch.step`,
-    also when a DDP wrapper holds the whole model (see `GradCache.reencode_and_backward`). Called with
-    gradients disabled (an evaluation loop), it returns the loss and keeps nothing. Each call keeps its own
-    batch for its backward, so two calls before one backward cannot mix batches.
-
-    Args:
-        encoders, loss_fn, chunk_size, **options: as for `GradCache`, except `scaler`: the caller scales the
-            loss it back-propagates, so a scaler given here could only be ignored, and is refused (TypeError).
-
-    Example:
-        >>> cached = CachedLoss([image_tower, text_tower], ClipLoss(), chunk_size=64)
-        >>> loss = cached(images, tokens)
-        >>> scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()
-    """
-
-    def __init__(
-        self, encoders: Encoders, loss_fn: LossFn, chunk_size: int | Sequence[int] | None = None,
-        **options: Unpack[Options],
-    ) -> None:
-        if options.get("scaler") is not None:
-            raise TypeError(
-                f"CachedLoss got scaler={options['scaler']!r}, which it cannot honour: the caller owns the "
-                "backward, so scale there: scaler.scale(loss).backward(). Drop the scaler argument (or use "
-                "GradCache(..., scaler=scaler).step, which runs the backward itself)."
-            )
-        super().__init__()
-        self.cache = GradCache(encoders, loss_fn, chunk_size, **options)
-        self.encoders = nn.ModuleList(self.cache.all_encoders())  # so .to(), .parameters() and .train() reach them
-        if isinstance(loss_fn, nn.Module):
-            self.loss_fn = loss_fn
-
-    def forward(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
-        return self.cache.loss(*inputs, **loss_kwargs)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from gradcache.baselines import FullBatch, NaiveAccumulation
-from gradcache.cache import CachedLoss, GradCache
+from gradcache.cache import GradCache
+from gradcache.cached_loss import CachedLoss
 from gradcache.losses import ClipLoss, InfoNCE, NTXent, SigLipLoss
 
 STRATEGIES: dict[str, type] = {"gradcache": GradCache, "cached_loss": CachedLoss, "full": FullBatch,

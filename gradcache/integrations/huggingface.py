@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradcache.cache import CachedLoss
+from gradcache.cached_loss import CachedLoss
 from gradcache.integrations.optional import require
 from gradcache.integrations.wrappers import check_wrapper
 

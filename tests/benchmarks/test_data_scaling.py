@@ -44,7 +44,20 @@ def test_image_data_scaling_runs_one_step_on_shards_with_a_worker(tmp_path: Path
 
 
 def test_text_data_scaling_keeps_the_data_and_the_runs_apart_and_times_a_real_step(tmp_path: Path, read_csv,
-                                                                                    tiny_bert) -> None:
+                                                                                    tiny_bert, monkeypatch,
+                                                                                    capsys) -> None:
+    """The data point in this process (its fresh process is fresh_process's, tested with the other benchmarks),
+    the program's one-step run for real."""
+    import json
+
+    from benchmarks.fresh_process import RESULT_PREFIX
+
+    def in_this_process(module, spec, budget):
+        text_data_scaling.point(spec)
+        printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(RESULT_PREFIX)]
+        return json.loads(printed[-1][len(RESULT_PREFIX):])
+
+    monkeypatch.setattr(text_data_scaling, "run_point", in_this_process)
     out = tmp_path / "out"
     flags = ["--rows", "400", "--formats", "jsonl", "--program", "--threads", "1", "--model", str(tiny_bert),
              "--data-dir", str(tmp_path / "data"), "--output-dir", str(out)]

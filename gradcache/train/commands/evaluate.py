@@ -74,17 +74,14 @@ def run_metrics(model: LoadedModel, data: str | None, test_size: int | None = No
 
     config = model.config
     mode = MODES[config.mode]
-    if data is None:
-        with reading_data(config.data, config.eval_data):
-            splits = mode.load_data(config)
-        metrics = mode.evaluate(config, model.module, splits, model.device)
-        return {**metrics, **model.meta.baselines, "steps": model.meta.step}
-    if test_size is not None and test_size < 1:
-        raise UsageError(f"--test-size must be at least 1, got {test_size}")
-    config = dataclasses.replace(config, data=str(data), test_size=test_size or config.test_size)
+    if data is not None:
+        if test_size is not None and test_size < 1:
+            raise UsageError(f"--test-size must be at least 1, got {test_size}")
+        config = dataclasses.replace(config, data=str(data), test_size=test_size or config.test_size)
     with reading_data(config.data, config.eval_data):
         splits = mode.load_data(config)
-    return mode.evaluate(config, model.module, splits, model.device)
+    metrics = mode.evaluate(config, model.module, splits, model.device)
+    return metrics if data is not None else {**metrics, **model.meta.baselines, "steps": model.meta.step}
 
 
 def evaluate(model: LoadedModel, data: str | None, output: str | None = None, corpus: str | None = None,

@@ -190,7 +190,8 @@ class Text(Mode):
     # --- data -------------------------------------------------------------------------------------------
     def load_data(self, config: RunConfig) -> TextSplits:
         built_in = config.data in (BUILT_IN_TEXT, BUILT_IN_HARD)
-        if config.train_num_samples is not None and (built_in or data_files(config.data)[1] != GZIP):
+        files, text_format = ([], None) if built_in else data_files(config.data)
+        if config.train_num_samples is not None and text_format != GZIP:
             raise UsageError(f"--train-num-samples sets the epoch length of streamed .jsonl.gz rows; --data "
                              f"{config.data} is not .jsonl.gz (its epoch is every training row): drop "
                              "--train-num-samples")
@@ -210,7 +211,6 @@ class Text(Mode):
             test = IndexedPairs(_whole_rows(config, config.eval_data, None, "--eval-data")).materialize()
             return TextSplits(train=pairs, test=test, name=config.data)
         corpus = None if config.corpus is None else read_corpus(*data_files(config.corpus, "--corpus"), config.corpus)
-        files, text_format = data_files(config.data)
         name = f"pairs:{config.data}"
         if text_format == GZIP:
             train, held = load_gzip_rows(files, _keys(config, corpus), config.negatives_per_query, corpus,

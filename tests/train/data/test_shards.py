@@ -3,7 +3,6 @@ once per epoch across 2 ranks x 2 workers, a corrupt member and a truncated shar
 from the step, the held-out head, and bad input."""
 import io
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +10,6 @@ from PIL import Image
 
 from gradcache.cli import main
 from gradcache.train import errors
-from gradcache.train.data.images import shards as shard_module
 from gradcache.train.data.images.lazy import decode_image
 from gradcache.train.data.images.shards import (
     ShardBatches,
@@ -55,15 +53,9 @@ def _steps(data, rank, world, workers, start, total, batch=8):
     """Every batch a rank's workers make, in step order, as its loader would interleave them (in one process)."""
     made = {}
     for worker in range(workers):
-        info = SimpleNamespace(id=worker)
-        original = shard_module.get_worker_info
-        shard_module.get_worker_info = lambda info=info: info
-        try:
-            stream = ShardBatches(data, 0, batch, start, total, rank, world, workers, None, list)
-            for offset, item in enumerate(stream):
-                made[start + worker + offset * workers] = item
-        finally:
-            shard_module.get_worker_info = original
+        stream = ShardBatches(data, 0, batch, start, total, rank, world, workers, None, list)
+        for offset, item in enumerate(stream.worker_batches(worker)):
+            made[start + worker + offset * workers] = item
     return [made[step] for step in sorted(made)]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gradcache.train.data.text import parallel_index, row_index
+from gradcache.train.data.text import rows as row_rule  # where the default h is read
 from gradcache.train.data.text.corpus import read_corpus
 from gradcache.train.data.text.files import data_files
 from gradcache.train.data.text.parallel_index import (
@@ -115,7 +116,7 @@ def _assert_same(serial, parallel):
     (2, None, (120,)), (2, 1, (70, 5, 0, 45)), (3, 1, (120,)), (3, None, (70, 5, 0, 45)), (5, None, (120,)),
     (5, 1, (70, 5, 0, 45))])  # one file; several, one of them small, one empty
 def test_the_parallel_index_is_the_serial_index(tmp_path, monkeypatch, processes, negatives_per_query, sizes):
-    monkeypatch.setattr(row_index, "FIRST_ROWS", 20)  # h from the head, which has fewer negatives
+    monkeypatch.setattr(row_rule, "FIRST_ROWS", 20)  # h from the head, which has fewer negatives
     rows = _rows(sum(sizes))
     files, start = [], 0
     for number, size in enumerate(sizes):

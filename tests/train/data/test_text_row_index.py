@@ -10,7 +10,7 @@ import random
 import pytest
 
 from gradcache.train.data.order import StepSampler, step_loader
-from gradcache.train.data.text import row_index
+from gradcache.train.data.text import rows as row_rule  # where the default h is read
 from gradcache.train.data.text.batches import QueryPassages
 from gradcache.train.data.text.files import data_files, expand_braces
 from gradcache.train.data.text.indexed import IndexedPairs
@@ -130,14 +130,14 @@ def test_patterns_and_their_errors(tmp_path):
 
 
 def test_the_default_count_comes_from_the_first_rows(tmp_path, monkeypatch):
-    monkeypatch.setattr(row_index, "FIRST_ROWS", 3)
+    monkeypatch.setattr(row_rule, "FIRST_ROWS", 3)
     negatives = [1, 1, 2, 2, 2, 2, 2]  # the first three rows say h = 1; all of them would say 2
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps({"query": f"q{i}", "positive": f"p{i}", "negs": [f"n{i}"] * count}) + "\n"
                             for i, count in enumerate(negatives)))
     index = build_row_index([path], ".jsonl", "query", "positive", ["negs"])
     assert index.negatives_per_query == 1 and len(index) == 7
-    monkeypatch.setattr(row_index, "FIRST_ROWS", 1000)
+    monkeypatch.setattr(row_rule, "FIRST_ROWS", 1000)
     with pytest.warns(UserWarning, match="skipped 2 of 7 rows"):
         assert build_row_index([path], ".jsonl", "query", "positive", ["negs"]).negatives_per_query == 2
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils.data import get_worker_info
 
 from gradcache.train.data.images.augment import to_model_input
 from gradcache.train.data.images.lazy import DECODE_ERRORS, decode_image
@@ -272,10 +271,6 @@ class ShardBatches(StreamBatches):
                  world_size: int, workers: int, augmentation, tokenizer) -> None:
         super().__init__(data, seed, batch_size, start_step, total_steps, rank, world_size, workers)
         self.augmentation, self.tokenizer = augmentation, tokenizer
-
-    def __iter__(self):
-        info = get_worker_info()  # looked up here, where the shard tests stand in for a loader's workers
-        return self.worker_batches(0 if info is None else info.id)
 
     def example(self, sample: _Sample, epoch: int, position: int):
         try:

@@ -28,7 +28,6 @@ import gzip
 import json
 import warnings
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +44,8 @@ from gradcache.train.data.text.rows import (
     SkippedRows,
     check_columns,
     check_ids,
-    most_rows_have,
+    first_rows_negatives,
+    no_usable_row,
     row_fields,
 )
 from gradcache.train.errors import DataError
@@ -124,29 +124,25 @@ def row_reader(files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]], ne
     Raises:
         DataError: a key that names no field of those rows (naming its option).
     """
-    counts: Counter = Counter()
     names: set = set()
-    for file in files:
-        for unit in gzip_lines(GzipPart(str(file))):
-            if isinstance(unit, Damaged):
-                break
-            try:
-                record = json.loads(unit[2])
-            except ValueError:
-                continue
-            if not isinstance(record, dict):
-                continue
-            names.update(record)
-            fields = row_fields(record, keys)
-            if not fields.empty:
-                counts[len(fields.negatives)] += 1
-            if sum(counts.values()) >= FIRST_ROWS:
-                break
-        if sum(counts.values()) >= FIRST_ROWS:
-            break
+
+    def head() -> Iterator[dict]:  # the JSON objects of the files, in order, to the first file's damage
+        for file in files:
+            for unit in gzip_lines(GzipPart(str(file))):
+                if isinstance(unit, Damaged):
+                    break
+                try:
+                    record = json.loads(unit[2])
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    names.update(record)
+                    yield record
+
+    default = first_rows_negatives(head(), keys)  # read either way: those rows' fields are what the check sees
+    h = default if negatives_per_query is None else negatives_per_query
     where = f"the first {FIRST_ROWS:,} rows of {files[0]}" + (" ..." if len(files) > 1 else "")
     check_columns(names, keys, where, option)
-    h = most_rows_have(counts) if negatives_per_query is None else negatives_per_query
     return RowReader(keys, h, corpus)
 
 
@@ -215,11 +211,9 @@ def read_rows(files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]], neg
                 rows.append(row)
     where = f"{option} {files[0]}" + (f" ({len(files)} files)" if len(files) > 1 else "")
     if skipped:
-        shown = "; ".join(skipped.reasons[:SHOWN_SKIPS]) + (" ..." if len(skipped) > SHOWN_SKIPS else "")
-        warnings.warn(f"skipped {len(skipped)} of {len(rows) + len(skipped)} rows of {where}: {shown}", stacklevel=2)
+        warnings.warn(skipped.summary(len(rows) + len(skipped), where), stacklevel=2)
     if not rows:
-        raise DataError(f"{where} has no row with a query, a positive and {reader.negatives_per_query} hard "
-                        "negatives; check the files and the column options")
+        raise no_usable_row(where, reader.negatives_per_query)
     return RowList(rows, reader.negatives_per_query, skipped)
 
 
@@ -243,8 +237,7 @@ def load_gzip_rows(files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]]
         train_num_samples = sum(not isinstance(reader.item(unit), Damaged) for part in parts
                                 for unit in gzip_lines(part))
         if not train_num_samples:
-            raise DataError(f"--data {spec} has no training row with a query, a positive and "
-                            f"{reader.negatives_per_query} hard negatives; check the files and the column options")
+            raise no_usable_row(f"--data {spec} (its training rows)", reader.negatives_per_query)
     return GzipRows(parts, train_num_samples, shuffle_buffer, reader, skipped), held
 
 

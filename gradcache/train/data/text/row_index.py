@@ -25,7 +25,6 @@ import json
 import os
 import warnings
 from array import array
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -47,7 +46,8 @@ from gradcache.train.data.text.rows import (
     check_columns,
     check_ids,
     clean_text,
-    most_rows_have,
+    first_rows_negatives,
+    no_usable_row,
     record_negatives,
     row_fields,
     SkippedRows,
@@ -273,23 +273,16 @@ def index_file(file_number: int, file: Path, rule: RowRule,
     return piece, header
 
 
-def first_rows_negatives(files: Sequence[Path], text_format: str, keys: tuple[str, str, tuple[str, ...]]) -> int:
-    """The default h: the count most of the first FIRST_ROWS rows with a query and a positive have (all of them
-    in fewer files), read from the head of the files in order."""
-    counts: Counter = Counter()
-    seen = 0
+def _head_records(files: Sequence[Path], text_format: str, keys: tuple[str, str, tuple[str, ...]]
+                  ) -> Iterator[dict]:
+    """The records of `files` in order, up to the first that cannot be read: what the default h is read from (the
+    pass over every row then meets that row and raises its error, naming it)."""
     try:
         for file in files:
             for _, _, record in _file_rows(file, text_format, keys)[0]:
-                fields = row_fields(record, keys)
-                if not fields.empty:
-                    counts[len(fields.negatives)] += 1
-                    seen += 1
-                    if seen >= FIRST_ROWS:
-                        return most_rows_have(counts)
+                yield record
     except (DataError, OSError, ValueError, csv.Error):
-        pass  # h no longer matters: the pass over every row meets this row and raises its error, naming it
-    return most_rows_have(counts)
+        return
 
 
 def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "query",
@@ -312,7 +305,7 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
         raise DataError(f"{option} {str(files[0])!r}: unknown extension {text_format!r}; give a .tsv, .csv, .jsonl "
                         "or .parquet file, or a datasets folder")
     keys = (query_key, positive_key, tuple(negative_keys))
-    h = (first_rows_negatives(files, text_format, keys) if negatives_per_query is None
+    h = (first_rows_negatives(_head_records(files, text_format, keys), keys) if negatives_per_query is None
          else negatives_per_query)
     rule = RowRule(keys, h, text_format, len(files) > 1, skip_reasons, corpus)
     # on_kept wants every usable record, in order, here: the serial pass
@@ -336,11 +329,9 @@ def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "q
     where_name = str(files[0]) if len(files) == 1 else f"{len(files)} files ({files[0]} ...)"
     check_columns(names, keys, where_name, option)
     if skipped and warn:
-        shown = "; ".join(skipped.reasons[:SHOWN_SKIPS]) + (" ..." if len(skipped) > SHOWN_SKIPS else "")
-        warnings.warn(f"skipped {len(skipped)} of {rows_read} rows of {where_name}: {shown}", stacklevel=3)
+        warnings.warn(skipped.summary(rows_read, where_name), stacklevel=3)
     if not kept.sum():
-        raise DataError(f"{where_name} has no row with a query, a positive and {h} hard negatives "
-                        f"({rows_read} rows read); check the file and the column options")
+        raise no_usable_row(where_name, h, rows_read)
     offsets = pieces[0].offsets if len(pieces) == 1 else np.concatenate([piece.offsets for piece in pieces])
     file_ends = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
     return RowIndex(list(files), text_format, headers, offsets, file_ends, keys, negatives_per_query, h, skipped,

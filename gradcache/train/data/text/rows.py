@@ -5,7 +5,7 @@ index of files, row_index.py, and the `.jsonl.gz` stream, gzip_rows.py).
   (`RowFields.unusable`). Hard negatives are the named columns' passages, a list-valued field's in order
   (`record_negatives`).
 - h is `--negatives-per-query`, or else the count most of the first `FIRST_ROWS` (1,000) rows with a query and a
-  positive have (all of them in a smaller set; `most_rows_have`).
+  positive have (all of them in a smaller set; `first_rows_negatives`).
 - Unusable rows are skipped and counted as they are met (`SkippedRows`: the count and the first ten reasons);
   a key that names no column is refused naming its option (`check_columns`), and with `--corpus` a passage id the
   corpus lacks (`check_ids`).
@@ -13,7 +13,7 @@ index of files, row_index.py, and the `.jsonl.gz` stream, gzip_rows.py).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -55,6 +55,11 @@ class SkippedRows(Sequence[str]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.reasons)
+
+    def summary(self, total: int, where: str) -> str:
+        """The warning that names them: 'skipped N of `total` rows of `where`: ' and the first SHOWN_SKIPS reasons."""
+        shown = "; ".join(self.reasons[:SHOWN_SKIPS]) + (" ..." if self.count > SHOWN_SKIPS else "")
+        return f"skipped {self.count} of {total} rows of {where}: {shown}"
 
 
 def clean_text(value: object) -> str:
@@ -100,10 +105,24 @@ def row_fields(record: dict, keys: tuple[str, str, Sequence[str]]) -> RowFields:
                      record_negatives(record, negative_keys))
 
 
-def most_rows_have(counts: Counter) -> int:
-    """The default h, from `counts` (hard negatives -> rows) of the first FIRST_ROWS rows with a query and a
-    positive (all of them in fewer): the count most of them have, the first met on a tie; 0 for no row."""
+def first_rows_negatives(records: Iterable[dict], keys: tuple[str, str, Sequence[str]]) -> int:
+    """The default h: the count most of the first FIRST_ROWS `records` with a query and a positive have (all of
+    them when there are fewer), the first met on a tie; 0 for no such record."""
+    counts: Counter = Counter()
+    for record in records:
+        fields = row_fields(record, keys)
+        if not fields.empty:
+            counts[len(fields.negatives)] += 1
+            if counts.total() >= FIRST_ROWS:
+                break
     return counts.most_common(1)[0][0] if counts else 0
+
+
+def no_usable_row(where: str, h: int, read: int | None = None) -> DataError:
+    """The error of data without one usable row (`read` rows read, when known)."""
+    counted = "" if read is None else f" ({read} rows read)"
+    return DataError(f"{where} has no row with a query, a positive and {h} hard negatives{counted}; check the files "
+                     "and the column options")
 
 
 def check_columns(names: set, keys: tuple[str, str, Sequence[str]], where: str, option: str) -> None:

@@ -8,6 +8,8 @@ from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation
 from gradcache.losses import ClipLoss
 from tests.conftest import TokenEncoder, assert_grads_close, grads_of, mlp, tokens, zero
 
+pytestmark = pytest.mark.slow  # compiling the towers takes most of the module's time
+
 
 @pytest.fixture(scope="module")
 def compiled():

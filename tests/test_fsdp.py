@@ -178,6 +178,7 @@ def ranks():
     return fsdp_runs()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_name", ["two_tower", "shared"])
 @pytest.mark.parametrize(("name", "mode"), [(n, m) for n in STRATEGIES for m in MODES if (n, m) != ("full", "step")])
 def test_fsdp_gradients_equal_single_process_on_the_global_batch(ranks, name, model_name, mode):
@@ -198,6 +199,7 @@ BACKWARDS = {"two_tower": {"gradcache": 3, "cached": 3, "naive": 3},
              "shared": {"gradcache": 6, "cached": 6, "naive": 3}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_name", ["two_tower", "shared"])
 def test_reductions_per_step_in_each_mode(ranks, model_name):
     """"step": one reduce-scatter per sharded group per step, as many as one FullBatch step; "chunk": one per
@@ -215,6 +217,7 @@ def test_reductions_per_step_in_each_mode(ranks, model_name):
             assert runs[name, "step"]["reduce_scatter_single"] == one_step_count, name
 
 
+@pytest.mark.slow
 def test_reshard_after_forward_false_gathers_less_and_stays_exact(ranks):
     """Keeping gathered parameters between a chunk's forward and backward saves all-gathers, not exactness."""
     resharded, gathered = ranks[0]["two_tower"]["gradcache", "chunk"], ranks[0]["gathered"]["gradcache", "chunk"]
@@ -226,6 +229,7 @@ def test_reshard_after_forward_false_gathers_less_and_stays_exact(ranks):
         assert_grads_close(got["grads"], want, 1e-5)
 
 
+@pytest.mark.slow
 def test_uneven_ranks_need_the_same_number_of_chunks_under_fsdp(ranks):
     """Every chunk's forward is a collective under FSDP2: 4 chunks against 3 is refused on every rank before any
     gradient is written; 7 and 5 rows in 2 chunks each are exact."""
@@ -239,6 +243,7 @@ def test_uneven_ranks_need_the_same_number_of_chunks_under_fsdp(ranks):
         assert_grads_close(got["grads"], want, 1e-5)
 
 
+@pytest.mark.slow
 def test_sharded_blocks_inside_a_plain_module_are_found(ranks):
     """fully_shard on the blocks only: gradient_sync still finds them, so "step" reduces once per step."""
     runs = ranks[0]["variants"]
@@ -260,6 +265,7 @@ def test_fsdp_reduce_is_checked_before_anything_runs():
         FullBatch([image, text], loss, fsdp_reduce=None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("mode", MODES)
 def test_memory_budget_and_chunk_tokens_under_fsdp(ranks, variant, mode):
@@ -281,6 +287,7 @@ def test_memory_budget_and_chunk_tokens_under_fsdp(ranks, variant, mode):
         assert count <= ranks[0]["two_tower"]["gradcache", "chunk"]["reduce_scatter_single"]
 
 
+@pytest.mark.slow
 def test_ranks_agree_on_kept_and_token_chunk_counts(ranks):
     want_loss, want = reference("two_tower", "full", CHUNK)
     for rank_result in ranks:

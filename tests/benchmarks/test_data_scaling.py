@@ -43,6 +43,7 @@ def test_image_data_scaling_runs_one_step_on_shards_with_a_worker(tmp_path: Path
     assert not list((tmp_path / "data" / "runs").iterdir())  # each run folder removed after its point
 
 
+@pytest.mark.slow
 def test_text_data_scaling_keeps_the_data_and_the_runs_apart_and_times_a_real_step(tmp_path: Path, read_csv,
                                                                                     tiny_bert, monkeypatch,
                                                                                     capsys) -> None:

@@ -140,6 +140,7 @@ def test_a_failed_memory_point_makes_the_frontier_exit_1(tmp_path: Path, monkeyp
     assert environments == [LIVE_TENSORS_ENV]  # a point without a budget counts live tensors, not heap fragments
 
 
+@pytest.mark.slow
 def test_the_full_graph_is_measured_in_its_own_process_and_given_to_the_budget_points(tmp_path, monkeypatch) -> None:
     points, environments = [], []
     real = frontier.run_point

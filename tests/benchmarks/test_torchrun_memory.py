@@ -13,6 +13,7 @@ TINY = ["--parts", "clip", "--clip-size", "200", "--shard-size", "40", "--image-
         "--workers", "0"]
 
 
+@pytest.mark.slow
 def test_each_rank_of_a_torchrun_group_reports_its_tree(tmp_path: Path, read_csv) -> None:
     out = tmp_path / "out"
     flags = [*TINY, "--ranks", "2", "--data-dir", str(tmp_path / "data"), "--output-dir", str(out)]

@@ -70,6 +70,7 @@ def test_matryoshka_around_it_equals_matryoshka_around_gist_embed_loss(folders):
     assert_close(got, want)
 
 
+@pytest.mark.slow
 def test_packaged_minilm_with_a_retokenizing_guide_equals_gist_embed_loss(folders):
     from sentence_transformers import SentenceTransformer
 

@@ -74,6 +74,7 @@ def uninterrupted(tmp_path_factory):
     return _losses(folder)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "group", "workers"), [(signal.SIGTERM, False, "0"), (signal.SIGINT, True, "2")],
                          ids=["SIGTERM-alone", "SIGINT-to-the-group-with-2-workers"])
 def test_a_signal_saves_exits_preempted_and_the_resume_logs_the_uninterrupted_losses(
@@ -95,6 +96,7 @@ def test_a_signal_saves_exits_preempted_and_the_resume_logs_the_uninterrupted_lo
     assert _losses(folder) == uninterrupted
 
 
+@pytest.mark.slow
 def test_a_second_signal_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path):
     folder, gate = tmp_path / "run", tmp_path / "gate"
     process = _gradcache("train", "simclr", *ARGS, "--checkpoint-every", "1", "--workers", "1", "--output-dir",
@@ -125,6 +127,7 @@ def _signal_rank_1_during_step_2(rank: int, world_size: int, argv: list[str]) ->
     return main(argv)
 
 
+@pytest.mark.slow
 def test_ranks_agree_on_the_step_a_signal_to_one_of_them_stops_at(tmp_path, tiny_args):
     from tests.multiprocess import run_on_ranks
 

@@ -93,7 +93,8 @@ def _gzipped(path):
     return gzipped
 
 
-@pytest.mark.parametrize("case", RESUMES)
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) if case == "minilm" else case
+                                  for case in RESUMES])
 def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, dropout_bert, killed_after_step, case):
     """Killed after step k (the checkpoint holds an earlier one), resumed: the same losses, weights and scores as
     one whole run, with dropout on, so the resumed steps must draw from the checkpoint's random state."""

@@ -146,6 +146,7 @@ def test_reference_set_is_bounded_seeded_and_drawn_from_the_training_images(tmp_
     assert isinstance(decoded, ImageSet) and len(decoded) == 3
 
 
+@pytest.mark.slow
 def test_simclr_on_an_image_folder_resumes_exactly(tmp_path, tiny_args, killed_after_step):
     root = _folder(tmp_path / "data", 20)
     args = ["--data", str(root), "--test-size", "8", "--steps", "4", "--checkpoint-every", "2",

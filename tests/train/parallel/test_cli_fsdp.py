@@ -68,6 +68,7 @@ def cli_runs():
     return [r["cli"] for r in ranks]
 
 
+@pytest.mark.slow
 def test_two_ranks_save_shards_and_resume_with_the_same_losses(cli_runs):
     assert [(r["whole"], r["cut"], r["resumed"]) for r in cli_runs] == [(0, "interrupted", 0)] * 2
     root = Path(cli_runs[0]["folder"])
@@ -77,6 +78,7 @@ def test_two_ranks_save_shards_and_resume_with_the_same_losses(cli_runs):
     assert _losses(root / "cut") == _losses(root / "whole")
 
 
+@pytest.mark.slow
 def test_one_process_resumes_the_two_rank_checkpoint(cli_runs):
     """Shards are keyed by parameter name: one process reads what two wrote and logs steps 3 and 4 as the two
     ranks did (up to the order of float sums: one process sums what two reduced)."""
@@ -93,6 +95,7 @@ def test_one_process_resumes_the_two_rank_checkpoint(cli_runs):
     assert not dist.is_initialized()  # the one-process group is ended with the run
 
 
+@pytest.mark.slow
 def test_eval_reads_the_two_rank_shards_into_one_model(cli_runs, capsys):
     """`gradcache eval` on a last.dcp: the run's own final metrics, from shards two ranks wrote."""
     root = Path(cli_runs[0]["folder"]) / "whole"
@@ -117,6 +120,7 @@ def _assert_export_holds_the_checkpoint(root: Path) -> None:
         assert torch.equal(exported[key], value), key
 
 
+@pytest.mark.slow
 def test_two_ranks_export_the_whole_model(cli_runs):
     _assert_export_holds_the_checkpoint(Path(cli_runs[0]["folder"]) / "whole")
 

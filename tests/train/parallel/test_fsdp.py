@@ -95,11 +95,13 @@ def runs():
     return [r["train"] for r in ranks], folder
 
 
+@pytest.mark.slow
 def test_every_block_is_sharded(runs):
     """The Linear layers of the Sequential are units of their own; the GELU (no parameters) is not."""
     assert runs[0][0]["sharded_units"] == ["FSDPLinear", "FSDPLinear"]
 
 
+@pytest.mark.slow
 def test_two_ranks_resume_a_sharded_checkpoint_with_the_same_losses(runs):
     for result in runs[0]:
         assert result["extra"] == {"step": 2, "world_size": 2}
@@ -107,6 +109,7 @@ def test_two_ranks_resume_a_sharded_checkpoint_with_the_same_losses(runs):
         assert result["continued"] != pytest.approx(result["first"], rel=1e-3)  # training moved on
 
 
+@pytest.mark.slow
 def test_one_process_resumes_what_two_ranks_saved(runs):
     """A different number of ranks: one process, unsharded modules, the global batch, the same losses."""
     results, folder = runs
@@ -117,11 +120,13 @@ def test_one_process_resumes_what_two_ranks_saved(runs):
     assert train(model, optimizer, [2, 3]) == pytest.approx(results[0]["continued"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_cpu_offload_trains_like_no_offload(runs):
     for result in runs[0]:
         assert result["offloaded"] == pytest.approx(result["first"] + result["continued"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(runs, tmp_path):
     _, folder = runs
     other = nn.ModuleDict(dict(projection=nn.Linear(2, 2), **build(seed=0)))  # one module the checkpoint lacks
@@ -197,6 +202,7 @@ def test_cpu_offload_policy_pins_memory_only_for_cuda():
     assert type(offload_policy(False, "cpu")).__name__ == "OffloadPolicy"
 
 
+@pytest.mark.slow
 def test_8bit_adamw_refuses_fsdp_sharded_parameters(runs):
     message = runs[0][0]["adamw8bit"]
     assert message is not None and "DTensor" in message and "--optimizer adamw" in message

@@ -58,8 +58,9 @@ def _launch(tmp_path: Path, argv: list[str], rank_zero_dies: bool = False) -> li
     return results
 
 
-pytestmark = pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(),
-                                reason="forks the ranks from a fork server")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(),
+                                 reason="forks the ranks from a fork server")]
 
 
 def test_a_run_ends_the_group_it_joined(tmp_path):

@@ -19,7 +19,8 @@ from tests.multiprocess import run_on_ranks
 from tests.train.conftest import TINY
 
 # the workers are found by their environment in /proc
-pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux's /proc")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux's /proc")]
 RUN = [*TINY["simclr"], "--steps", "12", "--checkpoint-every", "2", "--threads", "1"]
 
 

@@ -63,9 +63,10 @@ class ClipLoss(LossBase):
     text_queue: EmbeddingQueue | None
     logit_scale: torch.Tensor  # log(1 / t), set by LossBase: a parameter if learnable, else a buffer
 
-    def __init__(self, temperature: float = 0.07, learnable: bool = True, tile_size: int | None = None,
+    def __init__(self, temperature: float = 0.07, *, learnable: bool = True, tile_size: int | None = None,
                  column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0) -> None:
-        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup, learnable=learnable)
+        super().__init__(temperature, tile_size=tile_size, column_tile_size=column_tile_size, queue_size=queue_size,
+                         queue_warmup=queue_warmup, learnable=learnable)
 
     @property
     def temperature(self) -> float:

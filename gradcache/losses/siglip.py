@@ -63,11 +63,12 @@ class SigLipLoss(LossBase):
     bias: torch.Tensor  # registered as logit_scale is
 
     def __init__(
-        self, temperature: float = 0.1, bias: float = -10.0, learnable: bool = True, tile_size: int | None = None,
+        self, temperature: float = 0.1, *, bias: float = -10.0, learnable: bool = True, tile_size: int | None = None,
         column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0,
     ) -> None:
         bias = check_finite_number(bias, "bias")
-        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup, learnable=learnable)
+        super().__init__(temperature, tile_size=tile_size, column_tile_size=column_tile_size, queue_size=queue_size,
+                         queue_warmup=queue_warmup, learnable=learnable)
         self.register_scalar("bias", bias)
 
     @property

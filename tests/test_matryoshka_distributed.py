@@ -26,9 +26,9 @@ def models(name: str, tile_size: int | None):
     options = dict(queue_size=QUEUE, tile_size=tile_size)
     if name == "clip":
         inner = ClipLoss(temperature=0.1, learnable=True, **options)
-        return [mlp(), TokenEncoder().eval()], Matryoshka(inner, DIMS, WEIGHTS)
+        return [mlp(), TokenEncoder().eval()], Matryoshka(inner, DIMS, weights=WEIGHTS)
     inner = NTXent(temperature=0.3, **options) if name == "ntxent" else InfoNCE(temperature=0.1, **options)
-    return [mlp()], Matryoshka(inner, DIMS, WEIGHTS)
+    return [mlp()], Matryoshka(inner, DIMS, weights=WEIGHTS)
 
 
 def batches(name: str):

@@ -1,6 +1,9 @@
 """Contrastive losses over (N, D) embeddings, each dense or tiled (``tile_size``) with the same value and gradients,
 each with an optional queue of past embeddings as extra negatives (``queue_size``, see ``queue.py``); ``Matryoshka``
-sums any of them over nested prefixes of the embeddings."""
+sums any of them over nested prefixes of the embeddings.
+
+Every option after ``temperature`` is keyword-only (``InfoNCE(0.05, symmetric=True)``), and so is ``Matryoshka``'s
+``weights``: a positional call cannot set one option while meaning another."""
 
 from .clip import ClipLoss
 from .infonce import InfoNCE

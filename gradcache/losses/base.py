@@ -55,7 +55,7 @@ class LossBase(nn.Module, metaclass=ABCMeta):
     hyperparameters: ClassVar[tuple[str, ...]] = ()  # the attributes ``extra_repr`` shows, in this order
     queue_names: ClassVar[tuple[str, ...]] = ("queue",)  # the attributes holding the loss's queues
 
-    def __init__(self, temperature: float, tile_size: int | None, column_tile_size: int | None, queue_size: int,
+    def __init__(self, temperature: float, *, tile_size: int | None, column_tile_size: int | None, queue_size: int,
                  queue_warmup: int, learnable: bool | None = None) -> None:
         super().__init__()
         temperature = check_temperature(temperature)

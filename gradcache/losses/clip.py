@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from .base import LossBase, check_counts
 from .checks import check_embeddings, check_same_rows, check_temperature
 from .precision import compute_dtype, full_precision, unit_rows
-from .queue import EmbeddingQueue
+from .queue import EmbeddingQueue, QueuePair
 from .tiled_logsumexp import tiled_logsumexp
 
 __all__ = ["ClipLoss"]
@@ -59,13 +59,19 @@ class ClipLoss(LossBase):
 
     hyperparameters = ("temperature", "learnable", "tile_size", "column_tile_size", "queue_size")
     queue_names = ("image_queue", "text_queue")
-    image_queue: EmbeddingQueue | None  # set by LossBase from queue_size, as text_queue
+    image_queue: EmbeddingQueue | None  # set by LossBase from queue_size, as text_queue; see ``queues``
     text_queue: EmbeddingQueue | None
     logit_scale: torch.Tensor  # log(1 / t), set by LossBase: a parameter if learnable, else a buffer
 
-    def __init__(self, temperature: float = 0.07, learnable: bool = True, tile_size: int | None = None,
+    def __init__(self, temperature: float = 0.07, *, learnable: bool = True, tile_size: int | None = None,
                  column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0) -> None:
-        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup, learnable=learnable)
+        super().__init__(temperature, tile_size=tile_size, column_tile_size=column_tile_size, queue_size=queue_size,
+                         queue_warmup=queue_warmup, learnable=learnable)
+
+    @property
+    def queues(self) -> QueuePair:
+        """``image_queue`` and ``text_queue`` as one ``QueuePair`` (first: images; both None without a queue)."""
+        return QueuePair(self.image_queue, self.text_queue)
 
     @property
     def temperature(self) -> float:
@@ -88,11 +94,8 @@ class ClipLoss(LossBase):
         n = check_same_rows(image=image, text=text)
         dtype = compute_dtype(image, text)
         image, text = image.to(dtype), text.to(dtype)
-        queued_images = queued_texts = None
-        if self.image_queue is not None:  # both checked before either is read
-            self.image_queue.check_width(image.shape[1])
-            self.text_queue.check_width(text.shape[1])
-            queued_images, queued_texts = self.image_queue.contents(image), self.text_queue.contents(text)
+        queues = self.queues
+        queued_images, queued_texts = queues.contents(image, text)  # (Q', D) each, or None
         with full_precision(image.device):
             scale = self.logit_scale.to(dtype).exp()
             if queued_images is None:
@@ -100,9 +103,7 @@ class ClipLoss(LossBase):
             else:
                 loss = (self._one_way(image, [text, queued_texts], scale, n)
                         + self._one_way(text, [image, queued_images], scale, n)) / 2
-        if self.image_queue is not None:
-            self.image_queue.push(loss, image)
-            self.text_queue.push(loss, text)
+        queues.push(loss, image, text)
         return loss
 
     def _in_batch(self, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor, n: int) -> torch.Tensor:

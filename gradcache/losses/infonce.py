@@ -100,13 +100,13 @@ class InfoNCE(LossBase):
     queue: EmbeddingQueue | None  # set by LossBase from queue_size
 
     def __init__(
-        self, temperature: float = 0.05, symmetric: bool = False, tile_size: int | None = None,
-        column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0, *,
-        similarity: str = "cosine", directions: Sequence[str] | None = None, partition_mode: str | None = None,
-        hardness_mode: str | None = None, hardness_strength: float = 0.0, margin_strategy: str = "absolute",
-        margin: float = 0.0,
+        self, temperature: float = 0.05, *, symmetric: bool = False, tile_size: int | None = None,
+        column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0, similarity: str = "cosine",
+        directions: Sequence[str] | None = None, partition_mode: str | None = None, hardness_mode: str | None = None,
+        hardness_strength: float = 0.0, margin_strategy: str = "absolute", margin: float = 0.0,
     ) -> None:
-        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup)
+        super().__init__(temperature, tile_size=tile_size, column_tile_size=column_tile_size, queue_size=queue_size,
+                         queue_warmup=queue_warmup)
         if symmetric and (directions is not None or partition_mode is not None):
             raise ValueError(
                 f"symmetric=True is shorthand for directions={SYMMETRIC}, partition_mode='per_direction'; got "

@@ -67,7 +67,7 @@ class Matryoshka(nn.Module):
         >>> loss = loss_fn(query, positive)  # InfoNCE at 384 + at 256 + at 128 + at 64 columns
     """
 
-    def __init__(self, loss: nn.Module, dims: Sequence[int], weights: Sequence[float] | None = None) -> None:
+    def __init__(self, loss: nn.Module, dims: Sequence[int], *, weights: Sequence[float] | None = None) -> None:
         super().__init__()
         if isinstance(loss, Matryoshka):
             raise TypeError(

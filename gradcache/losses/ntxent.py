@@ -54,10 +54,11 @@ class NTXent(LossBase):
     queue: EmbeddingQueue | None  # set by LossBase from queue_size
 
     def __init__(
-        self, temperature: float = 0.5, tile_size: int | None = None, column_tile_size: int | None = None,
+        self, temperature: float = 0.5, *, tile_size: int | None = None, column_tile_size: int | None = None,
         queue_size: int = 0, queue_warmup: int = 0,
     ) -> None:
-        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup)
+        super().__init__(temperature, tile_size=tile_size, column_tile_size=column_tile_size, queue_size=queue_size,
+                         queue_warmup=queue_warmup)
 
     def negatives_per_anchor(self, seen: int, hard_negatives: int = 0) -> int:
         """2n - 2: each of the 2n views against every view but itself and its positive (queue aside)."""

@@ -24,6 +24,11 @@ Saved state: the buffers ``rows`` (size, D), ``pointer`` (next row to overwrite)
 D is unknown until the first call, so a fresh queue holds a (0, 0) ``rows`` placeholder and
 ``_load_from_state_dict`` adopts the saved shape: ``load_state_dict`` on a fresh loss accepts a saved queue.
 
+Two queues as one (``QueuePair``): a loss over paired inputs (x_i, y_i) keeps one queue per side (``ClipLoss``:
+``image_queue`` and ``text_queue``; ``SigLipLoss``: ``a_queue`` and ``b_queue``, each named after the input whose
+rows it keeps, so the state_dict keys say what they hold). ``loss.queues`` shows both as one ``QueuePair``, sides
+``first`` and ``second``, which checks both widths before either is read and pushes both sides together.
+
 Several calls as one (``SharedQueueCall``): a wrapper that calls its loss several times on column prefixes of
 the same embeddings (``Matryoshka``, once per dimension) keeps ONE queue of full-width rows. Inside the block
 each queue's ``contents`` is read once, on the first call, and cut to each call's width; ``push`` records the
@@ -39,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["EmbeddingQueue", "SharedQueueCall", "check_queue_options", "make_queue", "queued_negatives"]
+__all__ = ["EmbeddingQueue", "QueuePair", "SharedQueueCall", "check_queue_options", "make_queue", "queued_negatives"]
 
 
 def _check_count(value: object, name: str) -> int:
@@ -121,9 +126,9 @@ class EmbeddingQueue(nn.Module):
         if self.rows.numel() and self.rows.shape[1] != width:
             raise ValueError(
                 f"{option}: the queue holds embeddings of width {self.rows.shape[1]} (from earlier calls or a loaded "
-                f"state_dict) but this batch has width {width}; use one embedding size, or call "
-                f"reset() on the loss's queue (loss.queue; ClipLoss: image_queue and text_queue) or build a fresh loss "
-                f"to start an empty queue"
+                f"state_dict) but this batch has width {width}; use one embedding size, or call reset() on the "
+                f"loss's queues (loss.queue; ClipLoss and SigLipLoss: loss.queues) or build a fresh loss to start an "
+                f"empty queue"
             )
 
     def contents(self, like: torch.Tensor) -> torch.Tensor | None:
@@ -203,6 +208,48 @@ class EmbeddingQueue(nn.Module):
             self._resize(torch.empty(saved.shape, dtype=saved.dtype, device=self.rows.device))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+
+class QueuePair:
+    """The two queues of a loss over paired inputs (x_i, y_i): x's rows in ``first``, y's in ``second``, used together.
+
+        contents(x, y) -> (queued x rows, queued y rows);  push(loss, x, y): x's rows to first, y's to second
+
+    A view of two ``EmbeddingQueue`` submodules that the loss keeps under its own attribute names (its
+    ``queue_names``); both are None for a loss without a queue, and then every method does nothing.
+
+    Args:
+        first, second: the queues of the first and the second input, or both None.
+
+    Example:
+        >>> queued_images, queued_texts = clip_loss.queues.contents(image, text)  # None, None while empty
+        >>> clip_loss.queues.push(loss, image, text)
+    """
+
+    def __init__(self, first: EmbeddingQueue | None, second: EmbeddingQueue | None) -> None:
+        if (first is None) != (second is None):
+            raise ValueError("a QueuePair holds two queues or none; got one queue and None")
+        self.first, self.second = first, second
+
+    def contents(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Each side's ``EmbeddingQueue.contents``; both widths checked before either queue is read."""
+        if self.first is None:
+            return None, None
+        self.first.check_width(x.shape[1])
+        self.second.check_width(y.shape[1])
+        return self.first.contents(x), self.second.contents(y)
+
+    def push(self, loss: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+        """``EmbeddingQueue.push`` of x's rows into ``first`` and y's into ``second``, under the same rules."""
+        if self.first is not None:
+            self.first.push(loss, x)
+            self.second.push(loss, y)
+
+    def reset(self) -> None:
+        """Empty both queues and restart their warm-up (``EmbeddingQueue.reset``)."""
+        if self.first is not None:
+            self.first.reset()
+            self.second.reset()
 
 
 class _SharedState:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from .base import LossBase, check_counts
 from .checks import check_embeddings, check_finite_number, check_same_rows
 from .precision import compute_dtype, full_precision, unit_rows
-from .queue import EmbeddingQueue
+from .queue import EmbeddingQueue, QueuePair
 from .tiled_sigmoid import tiled_sigmoid_pair_loss
 
 __all__ = ["SigLipLoss"]
@@ -57,18 +57,24 @@ class SigLipLoss(LossBase):
 
     hyperparameters = ("temperature", "bias", "learnable", "tile_size", "column_tile_size", "queue_size")
     queue_names = ("a_queue", "b_queue")
-    a_queue: EmbeddingQueue | None  # set by LossBase from queue_size, as b_queue
+    a_queue: EmbeddingQueue | None  # set by LossBase from queue_size, as b_queue; see ``queues``
     b_queue: EmbeddingQueue | None
     logit_scale: torch.Tensor  # log(1 / t), set by LossBase: a parameter if learnable, else a buffer
     bias: torch.Tensor  # registered as logit_scale is
 
     def __init__(
-        self, temperature: float = 0.1, bias: float = -10.0, learnable: bool = True, tile_size: int | None = None,
+        self, temperature: float = 0.1, *, bias: float = -10.0, learnable: bool = True, tile_size: int | None = None,
         column_tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0,
     ) -> None:
         bias = check_finite_number(bias, "bias")
-        super().__init__(temperature, tile_size, column_tile_size, queue_size, queue_warmup, learnable=learnable)
+        super().__init__(temperature, tile_size=tile_size, column_tile_size=column_tile_size, queue_size=queue_size,
+                         queue_warmup=queue_warmup, learnable=learnable)
         self.register_scalar("bias", bias)
+
+    @property
+    def queues(self) -> QueuePair:
+        """``a_queue`` and ``b_queue`` as one ``QueuePair`` (first: a's rows; both None without a queue)."""
+        return QueuePair(self.a_queue, self.b_queue)
 
     @property
     def temperature(self) -> float:
@@ -85,11 +91,8 @@ class SigLipLoss(LossBase):
         n = check_same_rows(a=a, b=b)
         dtype = compute_dtype(a, b)
         a, b = a.to(dtype), b.to(dtype)
-        queued_a = queued_b = None
-        if self.a_queue is not None:  # both checked before either is read
-            self.a_queue.check_width(a.shape[1])
-            self.b_queue.check_width(b.shape[1])
-            queued_a, queued_b = self.a_queue.contents(a), self.b_queue.contents(b)
+        queues = self.queues
+        queued_a, queued_b = queues.contents(a, b)  # (Q', D) each, or None
         with full_precision(a.device):
             scale, bias = self.logit_scale.to(dtype).exp(), self.bias.to(dtype)
             total = self._pairs(a, b, scale, bias, paired=True)
@@ -97,9 +100,7 @@ class SigLipLoss(LossBase):
                 total = total + self._pairs(a, queued_b, scale, bias, paired=False) + self._pairs(
                     queued_a, b, scale, bias, paired=False)
             loss = total / n
-        if self.a_queue is not None:
-            self.a_queue.push(loss, a)
-            self.b_queue.push(loss, b)
+        queues.push(loss, a, b)
         return loss
 
     def _pairs(self, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,

@@ -105,7 +105,7 @@ class _Unit(LossBase):
 
 
 def test_a_subclass_of_the_base_is_counted_and_one_without_a_count_cannot_be_built():
-    unit = _Unit(0.25, None, None, 2, 0)
+    unit = _Unit(0.25, tile_size=None, column_tile_size=None, queue_size=2, queue_warmup=0)
     assert repr(unit) == ("_Unit(\n  temperature=0.25, queue_size=2\n"
                           "  (queue): EmbeddingQueue(size=2, warmup=0, filled=0)\n)")
     assert gradcache.negatives_per_anchor("gradcache", unit, 8, 2, queue_size=2) == 3 * 8 + 2
@@ -115,7 +115,7 @@ def test_a_subclass_of_the_base_is_counted_and_one_without_a_count_cannot_be_bui
             return a.sum()
 
     with pytest.raises(TypeError, match="negatives_per_anchor"):
-        Uncounted(0.1, None, None, 0, 0)
+        Uncounted(0.1, tile_size=None, column_tile_size=None, queue_size=0, queue_warmup=0)
 
 
 @pytest.mark.parametrize("loss_fn", [NTXent(), ClipLoss(), SigLipLoss(), InfoNCE()], ids=type)

@@ -82,7 +82,7 @@ def test_value_and_gradients_equal_the_sum_over_dims_of_the_formula(name, tiling
     case = CASES_BY_NAME[name]
     inner = case.make(**TILINGS[tiling])
     inputs = case.inputs(4, 7, seed=1)
-    got, got_inputs, got_parameters = loss_and_grads(Matryoshka(inner, dims, weights), inputs)
+    got, got_inputs, got_parameters = loss_and_grads(Matryoshka(inner, dims, weights=weights), inputs)
 
     leaves = [x.clone().requires_grad_() for x in inputs]
     parameters = list(inner.parameters())  # the learnable temperature (and bias): one, shared by every dim
@@ -104,14 +104,15 @@ def test_truncated_rows_are_what_sentence_transformers_shrink_hands_the_inner_lo
     inner, dims, weights = ClipLoss(temperature=0.05).double(), (8, 5, 2), (1.0, 0.3, 0.6)
     image, text = CASES_BY_NAME["clip"].inputs(5, 8, seed=2)
     want = sum(w * inner(st_shrink(image, d), st_shrink(text, d)) for d, w in zip(dims, weights))
-    torch.testing.assert_close(Matryoshka(inner, dims, weights)(image, text), want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(Matryoshka(inner, dims, weights=weights)(image, text), want, rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_tiled_equals_dense(case):
     inputs = case.inputs(5, 6)
-    dense = loss_and_grads(Matryoshka(case.make(None), (6, 3, 1), (1.0, 0.5, 0.25)).double(), inputs)
-    tiled = loss_and_grads(Matryoshka(case.make(2, column_tile_size=3), (6, 3, 1), (1.0, 0.5, 0.25)).double(), inputs)
+    weights = (1.0, 0.5, 0.25)
+    dense = loss_and_grads(Matryoshka(case.make(None), (6, 3, 1), weights=weights).double(), inputs)
+    tiled = loss_and_grads(Matryoshka(case.make(2, column_tile_size=3), (6, 3, 1), weights=weights).double(), inputs)
     torch.testing.assert_close(tiled[0], dense[0], rtol=1e-12, atol=0)
     for t, d in zip(tiled[1] + tiled[2], dense[1] + dense[2]):
         torch.testing.assert_close(t, d, rtol=1e-10, atol=1e-13)
@@ -126,7 +127,7 @@ def setup(name: str, tile_size: int | None, queue_size: int = 0):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     inner = CASES_BY_NAME[name].make(tile_size=tile_size, queue_size=queue_size)
-    loss = Matryoshka(inner, DIMS, WEIGHTS)
+    loss = Matryoshka(inner, DIMS, weights=WEIGHTS)
     if name == "clip":
         image, text = mlp(out=WIDTH).double().eval(), TokenEncoder(out=WIDTH).double().eval()
         inputs = (torch.randn(N, 10, generator=g, dtype=torch.float64), tokens(N, seed=2))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gradcache.losses import ClipLoss, InfoNCE, NTXent, SigLipLoss
-from gradcache.losses.queue import EmbeddingQueue
+from gradcache.losses.queue import EmbeddingQueue, QueuePair
 from tests.losses import brute_force
 from tests.losses.cases import loss_and_grads
 
@@ -156,3 +156,25 @@ def test_bad_queue_options_name_the_option_and_the_fix(make):
         make(queue_size=4, queue_warmup=-2)
     with pytest.raises(ValueError, match="queue_warmup=3 needs a queue: pass queue_size > 0"):
         make(queue_warmup=3)
+
+
+@pytest.mark.parametrize(("make", "names"), [(ClipLoss, ("image_queue", "text_queue")),
+                                             (SigLipLoss, ("a_queue", "b_queue"))])
+def test_a_paired_loss_shows_its_two_queues_as_one_pair_named_first_and_second(make, names):
+    loss = make(queue_size=4).double()
+    first, second = (getattr(loss, name) for name in names)
+    assert (loss.queues.first, loss.queues.second) == (first, second)
+    x, y = torch.randn(2, 3, 5, dtype=torch.float64)
+    assert loss.queues.contents(x, y) == (None, None)  # empty
+    loss(x, y)
+    queued_x, queued_y = loss.queues.contents(x, y)
+    assert torch.equal(queued_x, x) and torch.equal(queued_y, y)
+    loss.queues.reset()
+    assert int(first.count) == int(second.count) == 0
+    assert make().queues.contents(x, y) == (None, None)  # no queue: a pair of None that does nothing
+    make().queues.push(torch.tensor(1.0), x, y)
+
+
+def test_a_queue_pair_holds_two_queues_or_none():
+    with pytest.raises(ValueError, match="two queues or none"):
+        QueuePair(EmbeddingQueue(4), None)

@@ -267,8 +267,9 @@ class Text(Mode):
         return BiEncoder(*towers)
 
     def build_loss(self, config: RunConfig) -> nn.Module:
-        return GroupedInfoNCE(self.hard_negatives(config), config.temperature, config.symmetric, config.tile_size,
-                              config.queue_size, config.queue_warmup, margin_strategy=config.guide_margin_strategy,
+        return GroupedInfoNCE(self.hard_negatives(config), config.temperature, symmetric=config.symmetric,
+                              tile_size=config.tile_size, queue_size=config.queue_size,
+                              queue_warmup=config.queue_warmup, margin_strategy=config.guide_margin_strategy,
                               margin=config.guide_margin)
 
     def matryoshka(self, loss: nn.Module, dims: list[int]) -> nn.Module:

@@ -55,15 +55,6 @@ class SimCLR(ImageMode):
                                    help="kNN evaluation: the most training images the held-out ones are compared "
                                    "with (drawn once, seeded by --data-seed; the raw-pixel baseline uses the same)")
 
-    def check(self, config: RunConfig) -> None:
-        if not 0 < config.crop_min_scale <= 1:
-            raise UsageError(f"--crop-min-scale must be in (0, 1], got {config.crop_min_scale}")
-        if not 0 <= config.channel_permutation <= 1:
-            raise UsageError(f"--channel-permutation is a probability in [0, 1], got {config.channel_permutation}")
-        if not 0 <= config.jitter_strength <= 2.5:
-            raise UsageError(f"--jitter-strength must be in [0, 2.5] (hue shift 0.2 s at most 0.5), got "
-                             f"{config.jitter_strength}")
-
     def load_path(self, path: Path, config: RunConfig) -> DataSplits:
         return load_image_folder(path, config.image_size, config.test_size, config.data_seed)
 

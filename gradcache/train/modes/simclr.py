@@ -18,7 +18,7 @@ from gradcache.train.data.images.lazy import LazyImageSet, reference_set
 from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.images.shards import ShardSet
 from gradcache.train.data.order import StepSampler
-from gradcache.train.errors import DataError, UsageError
+from gradcache.train.errors import DataError
 from gradcache.train.eval.dimensions import truncated
 from gradcache.train.eval.embed import embed_image_outputs
 from gradcache.train.eval.images import knn_top1, pixel_features

@@ -1,5 +1,7 @@
 """The keyword options of every strategy, spelled once: their names and types (`Options`, which `help()` and an
-IDE show through `**options: Unpack[Options]`), their defaults (`DEFAULTS`) and their checks (`checked`)."""
+IDE show through `**options: Unpack[Options]`), their defaults (`DEFAULTS`) and their checks (`checked`; and
+`check_memory_budget`, `check_chunk_tokens` alone, for a caller that names the option its own way, as
+`gradcache train` names its flags)."""
 from __future__ import annotations
 
 import sys
@@ -17,7 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     from typing_extensions import Unpack
 
-__all__ = ["DEFAULTS", "Options", "Unpack", "checked"]
+__all__ = ["DEFAULTS", "Options", "Unpack", "check_chunk_tokens", "check_memory_budget", "checked"]
 
 
 class Options(TypedDict, total=False):
@@ -109,20 +111,34 @@ def checked(options: dict[str, Any]) -> Options:
     if scaler is not None and not (callable(getattr(scaler, "scale", None)) and hasattr(scaler, "update")):
         raise TypeError(f"scaler must be a torch.amp.GradScaler or None, got {scaler!r}.")
     check_fsdp_reduce(full["fsdp_reduce"])
-    budget = full["memory_budget"]
-    if budget is not None:
-        _check_count("memory_budget", budget, 0, "a number of bytes (0 keeps no graph), or None")
-    tokens = full["chunk_tokens"]
-    if isinstance(tokens, Sequence) and not isinstance(tokens, str):
-        if not tokens:
-            raise ValueError("chunk_tokens is an empty sequence; give an int, or one int (or None) per input.")
-        for i, value in enumerate(tokens):
-            if value is not None:
-                _check_count(f"chunk_tokens[{i}]", value, 1, "tokens per chunk, or None for an input without one")
-    elif tokens is not None:
-        _check_count("chunk_tokens", tokens, 1, "tokens per chunk (rows x padded length)")
+    check_memory_budget(full["memory_budget"])
+    check_chunk_tokens(full["chunk_tokens"])
     _check_recompute(full["check_recompute"])
     return full
+
+
+def check_memory_budget(value: Any, name: str = "memory_budget") -> None:
+    """Refuse a `memory_budget` that is neither None nor an int >= 0 (TypeError/ValueError); `name` is how the
+    message names the option."""
+    if value is None:
+        return
+    _check_int(name, value, "a number of bytes (0 keeps no graph), or None")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0 bytes, got {value} (memory_budget must be at least 0: 0 keeps no "
+                         "graph, None keeps none).")
+
+
+def check_chunk_tokens(value: Any, name: str = "chunk_tokens") -> None:
+    """Refuse a `chunk_tokens` that is neither None, an int >= 1, nor a non-empty sequence of those (or None)
+    (TypeError/ValueError); `name` is how the message names the option."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if not value:
+            raise ValueError(f"{name} is an empty sequence; give an int, or one int (or None) per input.")
+        for i, entry in enumerate(value):
+            if entry is not None:
+                _check_count(f"{name}[{i}]", entry, 1, "tokens per chunk, or None for an input without one")
+    elif value is not None:
+        _check_count(name, value, 1, "tokens per chunk: rows x padded length")
 
 
 def _check_split_fn(value: Any) -> None:
@@ -152,7 +168,11 @@ def _check_recompute(value: Any) -> None:
 
 
 def _check_count(name: str, value: Any, least: int, meaning: str) -> None:
+    _check_int(name, value, meaning)
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}, got {value} ({meaning}).")
+
+
+def _check_int(name: str, value: Any, meaning: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int ({meaning}), got {value!r}.")
-    if value < least:
-        raise ValueError(f"{name} must be at least {least} ({meaning}), got {value}.")

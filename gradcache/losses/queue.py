@@ -59,7 +59,8 @@ def check_queue_options(queue_size: object, queue_warmup: object) -> tuple[int, 
     """Return ``(queue_size, queue_warmup)`` if both are ints >= 0; raise TypeError/ValueError naming them."""
     size, warmup = _check_count(queue_size, "queue_size"), _check_count(queue_warmup, "queue_warmup")
     if warmup and not size:
-        raise ValueError(f"queue_warmup={warmup} needs a queue: pass queue_size > 0 too, or queue_warmup=0")
+        raise ValueError(f"queue_warmup={warmup} needs a queue: pass queue_size > 0 too, or queue_warmup=0 "
+                         "(a warm-up needs a queue, which queue_size=0 turns off)")
     return size, warmup
 
 

@@ -1,13 +1,18 @@
 """The run configuration: every option of `gradcache train`, typed, in one dataclass stored in each checkpoint.
 
 A field's default here is the option's default; a mode (gradcache/train/modes/) overrides a few of them
-(`Mode.defaults`). What else there is to know of a field is said once, in its `option(...)` metadata: the modes
-that read it (`modes`, none: every mode), whether it fixes the shapes of the parameters (`model`, so a checkpoint
-resumes only into the same value), its smallest valid value (`at_least`, checked before a run writes anything),
-whether it names a file or folder (`path`, stored absolute), and the configuration version that added it with the
-value under which older runs trained (`added`, `before`). `to_dict` is what a checkpoint stores and
-`RunConfig.from_dict` reads any version back. A new option: one field here (with `added=CONFIG_VERSION + 1` and a
-bump of CONFIG_VERSION when older checkpoints lack it), its flag in arguments.py or its mode's `add_options`.
+(`Mode.defaults`). What else there is to know of a field is said once, in its `option(...)` metadata:
+- `modes`: the modes that read it (none: every mode);
+- `model`: it fixes the shapes of the parameters, so a checkpoint resumes only into the same value;
+- `at_least`, `above`, `at_most`, `below`, `why`: its valid range and the reason, checked before a run writes
+  anything (gradcache/train/preflight.py); an option the library checks (a loss's, a strategy's) has no range here;
+- `path`: it names a file or folder, stored absolute;
+- `run_local`: a resume may give it anew (gradcache/train/checkpoints/resume.py); `kept_unless_given`: a resume
+  that does not give it keeps the run's value instead of the default;
+- `added`, `before`: the configuration version that added it and the value under which older runs trained.
+`to_dict` is what a checkpoint stores and `RunConfig.from_dict` reads any version back. A new option: one field
+here (with `added=CONFIG_VERSION + 1` and a bump of CONFIG_VERSION when older checkpoints lack it), its flag in
+arguments.py or its mode's `add_options`.
 """
 from __future__ import annotations
 
@@ -22,11 +27,14 @@ CONFIG_VERSION = 9
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
-def option(default: Any, *, modes: tuple[str, ...] = (), model: bool = False, at_least: int | None = None,
-           added: int = 1, before: Any = _SAME, path: bool = False) -> Any:
+def option(default: Any, *, modes: tuple[str, ...] = (), model: bool = False, at_least: float | None = None,
+           above: float | None = None, at_most: float | None = None, below: float | None = None, why: str = "",
+           path: bool = False, run_local: bool = False, kept_unless_given: bool = False, added: int = 1,
+           before: Any = _SAME) -> Any:
     """A RunConfig field: its default and what the module docstring lists, as metadata."""
-    return dataclasses.field(default=default, metadata=dict(modes=modes, model=model, at_least=at_least, path=path,
-                                                            added=added, before=before))
+    return dataclasses.field(default=default, metadata=dict(
+        modes=modes, model=model, at_least=at_least, above=above, at_most=at_most, below=below, why=why, path=path,
+        run_local=run_local or kept_unless_given, kept_unless_given=kept_unless_given, added=added, before=before))
 
 
 SIMCLR, CLIP, TEXT, IMAGES = ("simclr",), ("clip",), ("text",), ("simclr", "clip")
@@ -44,17 +52,20 @@ class RunConfig:
     csv_image_key: str = option("filepath", modes=CLIP)
     csv_caption_key: str = option("title", modes=CLIP)
     csv_separator: str | None = option(None, modes=CLIP)  # None: tab for .tsv, else comma
-    crop_min_scale: float = option(0.5, modes=SIMCLR)  # views
-    jitter_strength: float = option(0.5, modes=SIMCLR)
-    channel_permutation: float = option(0.5, modes=SIMCLR)
+    crop_min_scale: float = option(0.5, modes=SIMCLR, above=0, at_most=1)  # views
+    jitter_strength: float = option(0.5, modes=SIMCLR, at_least=0, at_most=2.5, why="hue shift 0.2 s at most 0.5")
+    channel_permutation: float = option(0.5, modes=SIMCLR, at_least=0, at_most=1, why="a probability")
     rotation: float = option(0.0, modes=SIMCLR, added=2)
-    workers: int = option(1, at_least=0)
-    max_bad_share: float = option(0.05, added=6, before=1.0)  # older runs trained on whatever share decoded
+    # a resume keeps the run's --workers unless given: the order of streamed data (webdataset shards, .jsonl.gz)
+    # depends on the worker count, so a resume that forgot it would not continue the same batches
+    workers: int = option(1, at_least=0, kept_unless_given=True)
+    max_bad_share: float = option(0.05, at_least=0, at_most=1, why="a share of the data", added=6,
+                                  before=1.0)  # older runs trained on whatever share decoded
     eval_data: str | None = option(None, added=9, path=True)  # a held-out set apart; None: --test-size of --data
     eval_reference_size: int | None = option(2048, modes=SIMCLR, at_least=1, added=9, before=None)  # None: all
     shuffle_buffer: int = option(1000, at_least=1, added=9)  # tar shards, .jsonl.gz: items per worker buffer
     train_num_samples: int | None = option(None, at_least=1, added=9)  # tar shards, .jsonl.gz; None: counted
-    threads: int | None = option(None, at_least=1)  # None: CPU cores minus workers, at least 1
+    threads: int | None = option(None, at_least=1, run_local=True)  # None: CPU cores minus workers, at least 1
     # model
     model: str = option("convnet", model=True, path=True)  # an image preset, open_clip:ARCH (clip) or a model folder (text)
     pretrained: str | None = option(None, modes=CLIP, added=3, path=True)  # with open_clip:ARCH: weights of a new run
@@ -68,12 +79,12 @@ class RunConfig:
     text_heads: int = option(4, modes=CLIP, model=True, at_least=1)
     grad_checkpointing: bool = False
     pooling: str | None = option(None, modes=TEXT, added=3)  # None: the folder's own (sentence-transformers), else mean
-    max_length: int = option(128, modes=TEXT, added=3)  # most tokens per query or passage
+    max_length: int = option(128, modes=TEXT, at_least=2, why="two special tokens", added=3)  # most tokens per text
     separate_towers: bool = option(False, modes=TEXT, model=True, added=3)  # a query and a passage encoder
     query_key: str = option("query", modes=TEXT, added=3)
     positive_key: str = option("positive", modes=TEXT, added=3)
     negative_keys: list[str] | None = option(None, modes=TEXT, added=3)  # columns, or one list-valued JSONL field
-    negatives_per_query: int | None = option(None, modes=TEXT, added=3)  # h; None: what most rows have
+    negatives_per_query: int | None = option(None, modes=TEXT, at_least=0, added=3)  # h; None: what most rows have
     corpus: str | None = option(None, modes=TEXT, added=9, path=True)  # (id, text) passages that rows name by id
     symmetric: bool = option(False, modes=TEXT, added=3)  # InfoNCE in both directions
     guide: str | None = option(None, modes=TEXT, added=8, path=True)  # a frozen model whose similarities mask false negatives
@@ -81,41 +92,43 @@ class RunConfig:
     guide_margin_strategy: str = option("absolute", modes=TEXT, added=8)  # or "relative"
     # optimisation
     strategy: str = "gradcache"
-    batch_size: int = option(128, at_least=1)  # global, over every rank
+    batch_size: int = option(128, at_least=2, why="a contrastive batch needs at least 2 examples")  # over every rank
     chunk_size: int = option(32, at_least=1)
-    tile_size: int | None = None
+    tile_size: int | None = None  # checked by the loss
     queue_size: int = option(0, added=4)  # past embeddings kept as extra negatives (the loss's queue_size)
     queue_warmup: int = option(0, added=4)  # steps (micro-batches under naive) before the queue is used
-    memory_budget: int | None = option(None, modes=TEXT, added=7)  # bytes of graphs GradCache keeps
+    memory_budget: int | None = option(None, modes=TEXT, added=7)  # bytes of graphs GradCache keeps (checked there)
     chunk_tokens: int | None = option(None, modes=TEXT, added=7)  # chunks of at most this many padded tokens
     matryoshka_dims: list[int] | None = option(None, added=8)  # the loss also on these column prefixes (Matryoshka)
     epochs: int | None = option(None, at_least=1)  # None with steps None: the mode's default_epochs
     steps: int | None = option(None, at_least=1)
     optimizer: str = "adamw"
-    lr: float = 2e-3
+    lr: float = option(2e-3, above=0)
     lr_scaling: str = "sqrt"
     base_batch_size: int = option(256, at_least=1)
     warmup: int = option(10, at_least=0)
     weight_decay: float = option(1e-4, at_least=0)
-    momentum: float = 0.9
-    temperature: float = 0.1
-    max_logit_scale: float = option(100.0, modes=CLIP)
+    momentum: float = option(0.9, at_least=0, below=1, why="0.9 is usual")
+    temperature: float = 0.1  # checked by the loss
+    max_logit_scale: float = option(100.0, modes=CLIP, above=0)
     precision: str = "fp32"
-    device: str = "cpu"
+    device: str = option("cpu", run_local=True)
     fsdp: bool = option(False, added=2)
     fsdp_reduce: str = option("chunk", added=2)
-    cpu_offload: bool = option(False, added=2)
+    cpu_offload: bool = option(False, run_local=True, added=2)  # where the shards live: a resume may change it
     seed: int = 0
-    collective_timeout: float = option(1800.0, added=5)  # seconds a collective waits for a peer (torchrun)
+    collective_timeout: float = option(1800.0, run_local=True, added=5)  # seconds a collective waits (torchrun)
     # output
-    output_dir: str | None = None
-    resume: str | None = None
-    checkpoint_every: int = option(100, at_least=1)
-    eval_every: int = option(0, at_least=0)
+    output_dir: str | None = option(None, run_local=True)
+    resume: str | None = option(None, run_local=True)
+    checkpoint_every: int = option(100, at_least=1, run_local=True)
+    eval_every: int = option(0, at_least=0, run_local=True)
     knn_k: int = option(200, modes=IMAGES, at_least=1)
-    knn_temperature: float = option(0.1, modes=IMAGES)
-    quiet: bool = False
-    report_to: list[str] | None = option(None, added=8)  # also log to these (run_folder/reporters.py); None: CSV only
+    knn_temperature: float = option(0.1, modes=IMAGES, above=0)
+    quiet: bool = option(False, run_local=True)
+    # a resume keeps the run's --report-to unless given (`--report-to none` stops it): one that forgot it would
+    # leave a gap in the run's TensorBoard folder
+    report_to: list[str] | None = option(None, kept_unless_given=True, added=8)  # run_folder/reporters.py; None: CSV
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, with the version `from_dict` reads them by."""
@@ -157,7 +170,8 @@ def with_absolute_paths(config: RunConfig) -> RunConfig:
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(RunConfig) if f.metadata.get("model"))
-LOWER_BOUNDS = {f.name: f.metadata["at_least"] for f in fields(RunConfig) if f.metadata.get("at_least") is not None}
+RUN_LOCAL = tuple(f.name for f in fields(RunConfig) if f.metadata.get("run_local"))
+KEPT_UNLESS_GIVEN = tuple(f.name for f in fields(RunConfig) if f.metadata.get("kept_unless_given"))
 
 
 def _upgrade(values: dict[str, Any]) -> dict[str, Any]:

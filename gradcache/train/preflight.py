@@ -7,11 +7,16 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from gradcache import distributed
+from gradcache.losses.checks import check_temperature, check_tile_size
+from gradcache.losses.queue import check_queue_options
+from gradcache.options import check_chunk_tokens, check_memory_budget
 from gradcache.train.checkpoints.kinds import (
     FileCheckpoint,
     RunCheckpoint,
@@ -24,7 +29,7 @@ from gradcache.train.checkpoints.resume import (
     choose_checkpoint,
     merge_resume,
 )
-from gradcache.train.config import LOWER_BOUNDS, RunConfig, with_absolute_paths
+from gradcache.train.config import RunConfig, with_absolute_paths
 from gradcache.train.data.images.files import check_bad_share
 from gradcache.train.data.resources import reading_data
 from gradcache.train.data.splits import Splits
@@ -37,6 +42,7 @@ from gradcache.train.run_folder.lock import (
     remove_stale_temporaries,
 )
 from gradcache.train.run_folder.reporters import check_report_to
+from gradcache.train.strategies import build_strategy
 
 RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
              "train_log.csv")
@@ -115,19 +121,15 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
 
 def check_options(config: RunConfig) -> None:
     """Refuse option values that cannot work, naming the option, the value and the fix: every number finite
-    (NaN and infinity refused), every count and rate in its range."""
+    (NaN and infinity refused), every field in the range its `option(...)` metadata gives, the options the library
+    checks refused by its own checks, then the combinations, the mode's own checks and the model."""
     for option in dataclasses.fields(config):
         value = getattr(config, option.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{_dashed(option.name)} must be a finite number, got {value}")
-    for name in (name for name, bound in LOWER_BOUNDS.items() if bound == 1):
-        value = getattr(config, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{_dashed(name)} must be at least 1, got {value}")
-    if config.tile_size is not None and config.tile_size < 1:
-        raise UsageError(f"--tile-size must be at least 1 (or omitted for the dense loss), got {config.tile_size}")
-    if config.batch_size < 2:
-        raise UsageError(f"--batch-size {config.batch_size}: a contrastive batch needs at least 2 examples")
+        if not option.metadata.get("modes") or config.mode in option.metadata["modes"]:
+            _check_range(option, value)
+    _check_with_library(config)
     world_size = distributed.world_size()
     if config.batch_size % world_size:
         raise UsageError(f"--batch-size {config.batch_size} is not divisible by the {world_size} processes; "
@@ -137,19 +139,6 @@ def check_options(config: RunConfig) -> None:
         raise UsageError(f"--strategy naive needs the per-process batch ({local}) divisible by --chunk-size "
                          f"{config.chunk_size}, so every micro-batch has the same negatives; e.g. --chunk-size "
                          f"{_divisor_below(local, config.chunk_size)}")
-    for name in ("lr", "temperature", "knn_temperature", "max_logit_scale"):
-        if getattr(config, name) <= 0:
-            raise UsageError(f"--{_dashed(name)} must be positive, got {getattr(config, name)}")
-    for name in (name for name, bound in LOWER_BOUNDS.items() if bound == 0):
-        if getattr(config, name) < 0:
-            raise UsageError(f"--{_dashed(name)} must not be negative, got {getattr(config, name)}")
-    if not 0 <= config.momentum < 1:
-        raise UsageError(f"--momentum must be in [0, 1) (0.9 is usual), got {config.momentum}")
-    if not 0 <= config.max_bad_share <= 1:
-        raise UsageError(f"--max-bad-share is a share of the data in [0, 1], got {config.max_bad_share}")
-    if config.queue_size < 0 or config.queue_warmup < 0 or (config.queue_warmup and not config.queue_size):
-        raise UsageError(f"--queue-size {config.queue_size} --queue-warmup {config.queue_warmup}: both must be >= 0, "
-                         "and a warm-up needs a queue (--queue-size > 0)")
     if config.queue_size and config.fsdp:
         raise UsageError("--queue-size with --fsdp: the sharded checkpoint cannot load a queue sized on the first "
                          "step yet; drop --fsdp (DDP keeps the queue) or --queue-size")
@@ -161,6 +150,56 @@ def check_options(config: RunConfig) -> None:
         raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
     _check_sharding(config)
     check_report_to(config.report_to)
+
+
+def _check_range(option: dataclasses.Field, value: object) -> None:
+    """`value` within the bounds of `option`'s metadata (`at_least`, `above`, `at_most`, `below`), if it has any
+    and the value is set."""
+    meta = option.metadata
+    low = ("[", meta["at_least"]) if meta.get("at_least") is not None else ("(", meta.get("above"))
+    high = ("]", meta["at_most"]) if meta.get("at_most") is not None else (")", meta.get("below"))
+    if value is None or (low[1] is None and high[1] is None):
+        return
+    too_low = low[1] is not None and (value < low[1] if low[0] == "[" else value <= low[1])
+    too_high = high[1] is not None and (value > high[1] if high[0] == "]" else value >= high[1])
+    if not (too_low or too_high):
+        return
+    if low[1] is not None and high[1] is not None:
+        rule = f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    elif low[1] is not None:
+        rule = f"at least {low[1]}" if low[0] == "[" else f"greater than {low[1]}"
+    else:
+        rule = f"at most {high[1]}" if high[0] == "]" else f"less than {high[1]}"
+    why = f" ({meta['why']})" if meta.get("why") else ""
+    raise UsageError(f"--{_dashed(option.name)} {value}: must be {rule}{why}")
+
+
+def _check_with_library(config: RunConfig) -> None:
+    """The options the library checks, by the library's own checks: the loss's temperature, tiles and queue, the
+    strategy's memory_budget and chunk_tokens, and whether `--strategy` takes chunk_tokens at all."""
+    _refused_by_library(lambda: check_temperature(config.temperature, "--temperature"))
+    _refused_by_library(lambda: check_tile_size(config.tile_size), f"--tile-size {config.tile_size}: ")
+    _refused_by_library(lambda: check_queue_options(config.queue_size, config.queue_warmup),
+                        f"--queue-size {config.queue_size} --queue-warmup {config.queue_warmup}: ")
+    _refused_by_library(lambda: check_memory_budget(config.memory_budget, "--memory-budget"))
+    _refused_by_library(lambda: check_chunk_tokens(config.chunk_tokens, "--chunk-tokens"))
+    if config.chunk_tokens is not None:  # the run's strategy, built as the run builds it, on stand-in encoders
+        _refused_by_library(lambda: build_strategy(config, nn.Identity(), _no_loss, None,
+                                                   MODES[config.mode].trim_padding),
+                            f"--chunk-tokens does not apply to --strategy {config.strategy}: ")
+
+
+def _refused_by_library(check: Callable[[], object], given: str = "") -> None:
+    """Run `check`, one of the library's own; its TypeError or ValueError becomes a UsageError (exit status 2),
+    after `given`: the flags and values checked, where the library's message names its own parameter."""
+    try:
+        check()
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"{given}{error}") from error
+
+
+def _no_loss(*embeddings: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError("a stand-in: preflight builds a strategy to check its options, never steps it")
 
 
 def _check_sharding(config: RunConfig) -> None:

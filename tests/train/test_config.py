@@ -104,3 +104,26 @@ def test_the_fields_that_fix_the_parameters_shapes():
 
     assert set(MODEL_FIELDS) == {"mode", "model", "width", "norm", "image_size", "hidden_dim", "projection_dim",
                                  "context_length", "text_width", "text_layers", "text_heads", "separate_towers"}
+
+
+def test_the_fields_a_resume_may_give_anew():
+    from gradcache.train.config import KEPT_UNLESS_GIVEN, RUN_LOCAL
+
+    assert set(RUN_LOCAL) == {"device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every",
+                              "eval_every", "cpu_offload", "collective_timeout", "report_to"}
+    assert set(KEPT_UNLESS_GIVEN) == {"report_to", "workers"}
+
+
+def test_every_default_lies_in_its_range():
+    """The ranges of the metadata are what preflight checks: a default outside its own range would refuse every
+    run that does not give the option."""
+    from gradcache.train.preflight import _check_range
+
+    config = RunConfig()
+    bounded = [f for f in dataclasses.fields(RunConfig)
+               if any(f.metadata.get(key) is not None for key in ("at_least", "above", "at_most", "below"))]
+    assert {"batch_size", "momentum", "max_bad_share", "lr", "max_length", "crop_min_scale"} <= {f.name for f in bounded}
+    for field in bounded:
+        _check_range(field, getattr(config, field.name))
+        for mode in MODES.values():
+            _check_range(field, mode.defaults.get(field.name, getattr(config, field.name)))

@@ -6,9 +6,10 @@ the run afresh there when it holds none: the same command then starts a run and 
 (`torchrun --max-restarts`). Rank 0 chooses and tells the other ranks (`choose_checkpoint`).
 
 The resumed run is the run that was interrupted: its options come from the checkpoint. The run-local options
-(`RUN_LOCAL`) may be given anew (`--report-to` and `--workers`, not given, stay as the run had them); `--steps` or `--epochs` may lengthen the run (never shorten it: checked
-against the data in `check_length`); any other option given on the command line must equal the checkpoint's,
-or the resume is refused, naming the option.
+(`run_local` in their RunConfig field) may be given anew; those `kept_unless_given`, not given, stay as the run
+had them. `--steps` or `--epochs` may lengthen the run (never shorten it: checked against the data in
+`check_length`); any other option given on the command line must equal the checkpoint's, or the resume is
+refused, naming the option.
 """
 from __future__ import annotations
 
@@ -23,17 +24,16 @@ from gradcache.train.checkpoints.kinds import (
     locate,
 )
 from gradcache.train.checkpoints.meta import CheckpointMeta
-from gradcache.train.config import MODEL_FIELDS, RunConfig, with_absolute_paths
+from gradcache.train.config import (
+    KEPT_UNLESS_GIVEN,
+    MODEL_FIELDS,
+    RUN_LOCAL,
+    RunConfig,
+    with_absolute_paths,
+)
 from gradcache.train.errors import CheckpointError
 from gradcache.train.run_folder.lock import decided_by_rank_zero
 
-# --cpu-offload only moves where the shards live, so a resumed run may turn it on or off.
-RUN_LOCAL = ("device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every", "eval_every",
-             "cpu_offload", "collective_timeout", "report_to")
-# --report-to continues as the run logged unless given anew (`--report-to none` stops it): a resume that forgot
-# it would leave a gap in the run's TensorBoard folder. --workers too: the order of streamed data (webdataset
-# shards, .jsonl.gz) depends on the worker count, so a resume that forgot it would not continue the same batches
-KEPT_UNLESS_GIVEN = ("report_to", "workers")
 LENGTH = ("steps", "epochs")
 AUTO = "auto"  # --resume auto
 

@@ -55,7 +55,9 @@ class Mode:
         raise NotImplementedError
 
     def check(self, config: RunConfig) -> None:
-        """Refuse values of this mode's own options that cannot work (UsageError)."""
+        """Refuse combinations of options that only this mode cannot run (UsageError). A field's range is its
+        `option(...)` metadata's and an option the library checks is refused by the library's check, both in
+        gradcache/train/preflight.py, so neither is checked here."""
 
     # --- data -------------------------------------------------------------------------------------------
     def load_data(self, config: RunConfig) -> Splits:

@@ -18,7 +18,7 @@ from gradcache.train.data.images.lazy import LazyImageSet, reference_set
 from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.images.shards import ShardSet
 from gradcache.train.data.order import StepSampler
-from gradcache.train.errors import DataError, UsageError
+from gradcache.train.errors import DataError
 from gradcache.train.eval.dimensions import truncated
 from gradcache.train.eval.embed import embed_image_outputs
 from gradcache.train.eval.images import knn_top1, pixel_features
@@ -54,15 +54,6 @@ class SimCLR(ImageMode):
         groups.output.add_argument("--eval-reference-size", type=int, default=default("eval_reference_size"),
                                    help="kNN evaluation: the most training images the held-out ones are compared "
                                    "with (drawn once, seeded by --data-seed; the raw-pixel baseline uses the same)")
-
-    def check(self, config: RunConfig) -> None:
-        if not 0 < config.crop_min_scale <= 1:
-            raise UsageError(f"--crop-min-scale must be in (0, 1], got {config.crop_min_scale}")
-        if not 0 <= config.channel_permutation <= 1:
-            raise UsageError(f"--channel-permutation is a probability in [0, 1], got {config.channel_permutation}")
-        if not 0 <= config.jitter_strength <= 2.5:
-            raise UsageError(f"--jitter-strength must be in [0, 2.5] (hue shift 0.2 s at most 0.5), got "
-                             f"{config.jitter_strength}")
 
     def load_path(self, path: Path, config: RunConfig) -> DataSplits:
         return load_image_folder(path, config.image_size, config.test_size, config.data_seed)

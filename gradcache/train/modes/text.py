@@ -154,22 +154,11 @@ class Text(Mode):
                          "--chunk-size rows)")
 
     def check(self, config: RunConfig) -> None:
-        """The text options, before anything is written."""
-        if config.max_length < 2:
-            raise UsageError(f"--max-length must be at least 2 (two special tokens), got {config.max_length}")
-        if config.negatives_per_query is not None and config.negatives_per_query < 0:
-            raise UsageError(f"--negatives-per-query must be >= 0, got {config.negatives_per_query}")
-        if config.memory_budget is not None and config.memory_budget < 0:
-            raise UsageError(f"--memory-budget must be >= 0 bytes, got {config.memory_budget}")
-        if config.chunk_tokens is not None and config.chunk_tokens < 1:
-            raise UsageError(f"--chunk-tokens must be at least 1, got {config.chunk_tokens}")
+        """--guide with the loss it guides: the dense loss without a queue."""
         if config.guide is not None and (config.queue_size or config.tile_size is not None):
             raise UsageError(f"--guide needs the dense loss without a queue (queued passages have no guide "
                              f"embeddings), got --queue-size {config.queue_size} --tile-size {config.tile_size}; "
                              "drop --guide, or --queue-size and --tile-size")
-        if config.chunk_tokens is not None and config.strategy == "naive":
-            raise UsageError("--chunk-tokens does not apply to --strategy naive (its micro-batch k must hold the same "
-                             "rows of queries and passages); drop --chunk-tokens or use --strategy gradcache")
 
     def check_model(self, config: RunConfig) -> None:
         """The model folder (and the guide's) and its tokenizer load offline, and belong together; read from each

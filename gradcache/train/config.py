@@ -7,7 +7,7 @@ resumes only into the same value), its smallest valid value (`at_least`, checked
 whether it names a file or folder (`path`, stored absolute), and the configuration version that added it with the
 value under which older runs trained (`added`, `before`). `to_dict` is what a checkpoint stores and
 `RunConfig.from_dict` reads any version back. A new option: one field here (with `added=CONFIG_VERSION + 1` and a
-bump of CONFIG_VERSION when older checkpoints lack it), its flag in arguments.py or its mode's `add_options`.
+bump of CONFIG_VERSION when older checkpoints lack it), its flag in train_options.py or its mode's `add_options`.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from gradcache import distributed
-from gradcache.train.checkpoints.kinds import (
+from gradcache.train.checkpoints.run_checkpoint import (
     FileCheckpoint,
     RunCheckpoint,
     ShardedCheckpoint,
@@ -29,7 +29,7 @@ from gradcache.train.data.images.files import check_bad_share
 from gradcache.train.data.resources import reading_data
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
-from gradcache.train.matryoshka import check_dims
+from gradcache.train.matryoshka_dims import check_dims
 from gradcache.train.modes import MODES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,

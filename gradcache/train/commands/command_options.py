@@ -1,4 +1,4 @@
-"""The command lines of `gradcache encode`, `gradcache eval` and `gradcache mine` (gradcache/cli.py registers them).
+"""The options of `gradcache encode`, `gradcache eval` and `gradcache mine` (gradcache/train/cli.py registers them).
 
 The options they share are spelled once here, with `gradcache train text`'s names and defaults where they mean
 the same thing (`--query-key`, `--positive-key`, `--negative-keys`, `--max-length`, `--pooling`).

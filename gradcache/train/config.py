@@ -139,10 +139,6 @@ class RunConfig:
         """`steps`, or `epochs` full passes over `train_size` images (partial last batches dropped)."""
         return self.steps if self.steps is not None else self.epochs * (train_size // self.batch_size)
 
-    def model_signature(self) -> dict[str, Any]:
-        """The fields that fix the shapes of the parameters: a checkpoint resumes only into the same ones."""
-        return {key: getattr(self, key) for key in MODEL_FIELDS}
-
 
 def with_absolute_paths(config: RunConfig) -> RunConfig:
     """`config` with every `path=True` field that names an existing file or folder made absolute, so the run's

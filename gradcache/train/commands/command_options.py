@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from gradcache.train.commands.encode import TOWERS
-from gradcache.train.commands.inputs import CORPUS_ID, CORPUS_TEXT
+from gradcache.train.commands.command_inputs import CORPUS_ID, CORPUS_TEXT
 from gradcache.train.commands.mine import NEGATIVES_FIELD
 from gradcache.train.commands.model import MODEL_HELP
 

@@ -50,10 +50,10 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def ours(train_options: Sequence[str], steps: int, folder: Path):
     """The default text run's Run and an iterator over its batches; `steps` steps long; `finish` undoes setup."""
-    from gradcache.cli import get_args_parser as cli_parser
+    from gradcache.train.cli import get_args_parser as cli_parser
     from gradcache.train.data.order import StepSampler
     from gradcache.train.modes import MODES
-    from gradcache.train.arguments import config_from_args, explicit_options
+    from gradcache.train.train_options import config_from_args, explicit_options
     from gradcache.train.parallel.placement import placement_for
     from gradcache.train.preflight import prepare_run
     from gradcache.train.run import Run

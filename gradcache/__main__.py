@@ -1,6 +1,6 @@
 """`python -m gradcache ...` runs the `gradcache` command."""
 import sys
 
-from gradcache.cli import main
+from gradcache.train.cli import main
 
 sys.exit(main())

@@ -64,7 +64,8 @@ def _rebuilt(value: Any, entries: list[Any]) -> Any:
     return type(value)(entries)
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors at the top level of an input or chunk: the value itself, or its entries that are tensors."""
     if isinstance(value, torch.Tensor):
         return [value]
     return [v for _, v in _entries(value) if isinstance(v, torch.Tensor)]
@@ -73,7 +74,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def batch_length(value: Any, name: str) -> int | None:
     """The number of examples in one input, checking that its tensors agree and that each of its other
     values is either per-example or per-batch (see the module docstring); None for a custom type."""
-    tensors = _tensors(value)
+    tensors = tensors_of(value)
     if not tensors:
         if isinstance(value, (torch.Tensor, Mapping, tuple, list)):
             raise ValueError(
@@ -141,11 +142,6 @@ def _nested_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def tensors_of(value: Any) -> list[torch.Tensor]:
-    """The tensors in an input or chunk (used to find the devices a chunk runs on)."""
-    return _tensors(value)
-
-
 def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None, name: str = "the input") -> list[Any]:
     """`split_fn(value, chunk_size)` when given, whatever the input's type; otherwise split along dim 0 into
     chunks of `chunk_size` rows (the last may be shorter), views, no copies. Lists and tuples of one entry per
@@ -159,7 +155,7 @@ def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None, name: st
             f"cannot split {name}, of type {type(value).__name__}; pass a tensor, a mapping or a sequence of "
             "tensors, or give split_fn=lambda value, chunk_size: [...] that returns its chunks."
         )
-    rows = _tensors(value)[0].shape[0]
+    rows = tensors_of(value)[0].shape[0]
     entries = [entry for _, entry in _entries(value)]
     pieces = [_pieces(entry, rows, chunk_size, place) for place, entry in _entries(value)]
     count = -(-rows // chunk_size)

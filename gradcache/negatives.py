@@ -15,7 +15,7 @@ from typing import Protocol
 
 from torch import nn
 
-from gradcache.names import LOSSES, STRATEGIES, name_of
+from gradcache.registry import LOSSES, STRATEGIES, name_of
 
 
 class CountsNegatives(Protocol):

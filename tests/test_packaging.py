@@ -5,6 +5,7 @@ fresh virtual environment: `pip install .` brings torch and none of the program'
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
@@ -61,6 +62,36 @@ def test_a_folder_with_its_own_models_package(fresh):
     assert found["mine"] is True and found["presets"]
     assert Path(found["user_models"]).is_relative_to(folder)
     assert not Path(found["gradcache_models"]).is_relative_to(folder), found["gradcache_models"]
+
+
+# `python -m gradcache train --help` where only the library is installed: every package of the `train` extra fails
+# to import, as if absent (torch is imported first, as the library brings it).
+WITHOUT_TRAIN_EXTRA = """
+import runpy, sys
+import gradcache
+from gradcache.train.cli import TRAIN_EXTRA
+for name in TRAIN_EXTRA:
+    sys.modules[name] = None
+sys.argv = ["gradcache", "train", "--help"]
+runpy.run_module("gradcache", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_command_without_the_train_extra_exits_2_naming_it():
+    """The command's modules import with the library alone, and a missing program package names the extra
+    (.ci/run checks the same on a wheel installed without it)."""
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TRAIN_EXTRA], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'gradcache[train]'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_console_script_and_the_old_import_path_reach_the_command():
+    from gradcache.cli import main
+    from gradcache.train.cli import main as program_main
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, name = scripts["gradcache"].partition(":")
+    assert main is program_main is getattr(importlib.import_module(module), name)
 
 
 def _imported_names(path: Path) -> list[str]:

@@ -12,7 +12,7 @@ A field's default here is the option's default; a mode (gradcache/train/modes/) 
 - `added`, `before`: the configuration version that added it and the value under which older runs trained.
 `to_dict` is what a checkpoint stores and `RunConfig.from_dict` reads any version back. A new option: one field
 here (with `added=CONFIG_VERSION + 1` and a bump of CONFIG_VERSION when older checkpoints lack it), its flag in
-arguments.py or its mode's `add_options`.
+train_options.py or its mode's `add_options`.
 """
 from __future__ import annotations
 
@@ -151,10 +151,6 @@ class RunConfig:
     def total_steps(self, train_size: int) -> int:
         """`steps`, or `epochs` full passes over `train_size` images (partial last batches dropped)."""
         return self.steps if self.steps is not None else self.epochs * (train_size // self.batch_size)
-
-    def model_signature(self) -> dict[str, Any]:
-        """The fields that fix the shapes of the parameters: a checkpoint resumes only into the same ones."""
-        return {key: getattr(self, key) for key in MODEL_FIELDS}
 
 
 def with_absolute_paths(config: RunConfig) -> RunConfig:

@@ -24,13 +24,13 @@ from tqdm import tqdm
 
 from gradcache import distributed, negatives_per_anchor
 from gradcache.losses.queue import queued_negatives
-from gradcache.train.checkpoints.kinds import RunCheckpoint
+from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import Preempted, TrainingDiverged
 from gradcache.train.export.write import MODEL_FOLDER, export_model
-from gradcache.train.matryoshka import unwrapped
+from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes import MODES
 from gradcache.train.parallel.placement import Placement, placement_for
 from gradcache.train.preemption import StopSignals

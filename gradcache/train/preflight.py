@@ -17,7 +17,7 @@ from gradcache import distributed
 from gradcache.losses.checks import check_temperature, check_tile_size
 from gradcache.losses.queue import check_queue_options
 from gradcache.options import check_chunk_tokens, check_memory_budget
-from gradcache.train.checkpoints.kinds import (
+from gradcache.train.checkpoints.run_checkpoint import (
     FileCheckpoint,
     RunCheckpoint,
     ShardedCheckpoint,
@@ -34,7 +34,7 @@ from gradcache.train.data.images.files import check_bad_share
 from gradcache.train.data.resources import reading_data
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
-from gradcache.train.matryoshka import check_dims
+from gradcache.train.matryoshka_dims import check_dims
 from gradcache.train.modes import MODES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
@@ -42,7 +42,7 @@ from gradcache.train.run_folder.lock import (
     remove_stale_temporaries,
 )
 from gradcache.train.run_folder.reporters import check_report_to
-from gradcache.train.strategies import build_strategy
+from gradcache.train.strategy_choice import build_strategy
 
 RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
              "train_log.csv")

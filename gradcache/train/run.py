@@ -25,7 +25,7 @@ from gradcache.train.checkpoints.atomic import (
     capture_random_state,
     restore_random_state,
 )
-from gradcache.train.checkpoints.kinds import RunCheckpoint
+from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
 from gradcache.train.data.splits import Splits
@@ -35,7 +35,7 @@ from gradcache.train.modes.assembly import build_loss, build_model
 from gradcache.train.optim.optimizers import build_optimizer, scaled_learning_rate
 from gradcache.train.optim.schedule import warmup_cosine
 from gradcache.train.parallel.placement import Placement, device_of
-from gradcache.train.strategies import build_strategy
+from gradcache.train.strategy_choice import build_strategy
 
 
 class StepResult(NamedTuple):

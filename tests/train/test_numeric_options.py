@@ -7,7 +7,7 @@ import pytest
 
 from gradcache.cli import main
 from gradcache.train import errors
-from gradcache.train.arguments import add_train_options
+from gradcache.train.train_options import add_train_options
 from gradcache.train.modes import MODES
 
 

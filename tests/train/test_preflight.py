@@ -8,7 +8,7 @@ from torch import nn
 from gradcache.cli import main
 from gradcache.losses import ClipLoss
 from gradcache.models import HuggingFaceEncoder
-from gradcache.train.checkpoints.kinds import FileCheckpoint, run_checkpoint
+from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, run_checkpoint
 from gradcache.train.errors import CheckpointError
 from gradcache.train.modes import text as text_mode
 from tests.train.conftest import text_args

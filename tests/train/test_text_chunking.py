@@ -7,7 +7,7 @@ import torch
 
 import gradcache
 from gradcache.cli import main
-from gradcache.train import strategies
+from gradcache.train import strategy_choice
 from gradcache.train.checkpoints.atomic import load_checkpoint
 from gradcache.train.config import RunConfig
 from tests.train.conftest import text_args
@@ -27,7 +27,7 @@ def test_the_options_reach_gradcache_and_train_the_full_batch_model(tmp_path, ti
             super().__init__(*args, **options)
             built.append(self.options)
 
-    monkeypatch.setitem(strategies.STRATEGIES, "gradcache", Recorded)
+    monkeypatch.setitem(strategy_choice.STRATEGIES, "gradcache", Recorded)
     chunked = ["--chunk-tokens", "40", "--memory-budget", "1K"]
     assert main(_args(tiny_bert, tmp_path / "chunked", "--data", "world-hard", *chunked)) == 0
     assert main(_args(tiny_bert, tmp_path / "full", "--data", "world-hard", "--strategy", "full")) == 0

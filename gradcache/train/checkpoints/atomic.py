@@ -143,7 +143,8 @@ def read_checked(path: str | os.PathLike) -> dict[str, Any]:
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a training checkpoint written by `save_checkpoint`: a file, or a run folder's `last.pt` (no fallback:
-    `gradcache.train.checkpoints.kinds.open_checkpoint` is what chooses between `last.pt` and `previous.pt`)."""
+    `open_checkpoint` of gradcache/train/checkpoints/run_checkpoint.py chooses between `last.pt` and
+    `previous.pt`)."""
     path = Path(path)
     state = read_checked(path / "last.pt" if path.is_dir() else path)
     if "args" not in state or "model" not in state:

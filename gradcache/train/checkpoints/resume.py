@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from gradcache.train.checkpoints.kinds import (
+from gradcache.train.checkpoints.run_checkpoint import (
     KINDS,
     Found,
     RunCheckpoint,

@@ -183,7 +183,7 @@ def _extra(folder: Path) -> dict[str, Any]:
 
 def _resolve_sharded(folder: Path) -> Path:
     """`folder`, if it is a sharded checkpoint (choosing between `last.dcp` and `previous.dcp` is
-    `gradcache.train.checkpoints.kinds`'s)."""
+    `gradcache.train.checkpoints.run_checkpoint`'s)."""
     if not is_sharded_folder(folder):
         hint = (" it is a single-file checkpoint: resume without --fsdp" if folder.is_file()
                 else " give the folder that save_sharded wrote (it holds .metadata and extra.pt)")

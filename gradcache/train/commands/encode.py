@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gradcache.train.commands.files import check_output, write_atomically
-from gradcache.train.commands.inputs import (
+from gradcache.train.commands.command_outputs import check_output, write_atomically
+from gradcache.train.commands.command_inputs import (
     decode_images,
     holds_shards,
     read_image_paths,
@@ -71,7 +71,7 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
 
     Raises:
         UsageError: a bad option, texts for a model without a text side or images for one without an image side.
-        DataError: unusable data (gradcache/train/commands/inputs.py).
+        DataError: unusable data (gradcache/train/commands/command_inputs.py).
     """
     path = check_output(output, OUTPUT_SUFFIXES)
     if tower not in TOWERS:

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from gradcache.train.commands.encode import embed_text_rows
-from gradcache.train.commands.files import check_output, write_atomically
-from gradcache.train.commands.inputs import Corpus, read_corpus
+from gradcache.train.commands.command_outputs import check_output, write_atomically
+from gradcache.train.commands.command_inputs import Corpus, read_corpus
 from gradcache.train.commands.model import LoadedModel
 from gradcache.train.data.resources import reading_data
 from gradcache.train.data.text.pairs import TextPairs, read_text_pairs

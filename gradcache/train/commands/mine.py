@@ -32,7 +32,7 @@ import torch
 
 from gradcache.train.commands.encode import embed_text_rows
 from gradcache.train.commands.evaluate import pairs_corpus, read_pairs
-from gradcache.train.commands.files import check_output, write_atomically
+from gradcache.train.commands.command_outputs import check_output, write_atomically
 from gradcache.train.commands.model import LoadedModel
 from gradcache.train.data.text.pairs import SEPARATORS
 from gradcache.train.errors import UsageError

@@ -14,7 +14,7 @@ MODEL is, in the order it is recognised:
   `open_clip.create_model("local-dir:FOLDER")` (the architecture at the trained image size), with its tokenizer
   (`open_clip.get_tokenizer("local-dir:FOLDER")`); images are decoded at the trained size as training decodes
   them and normalised with the folder's own mean and std, as the run's image tower does.
-Folders are told apart by gradcache/train/export/kinds.py's `model_folder_kind`, the one place that knows the
+Folders are told apart by gradcache/train/export/model_folders.py's `model_folder_kind`, the one place that knows the
 kinds `gradcache export` writes.
 Anything else is refused (UsageError, exit status 2) before anything is written.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gradcache.train.checkpoints.kinds import (
+from gradcache.train.checkpoints.run_checkpoint import (
     FileCheckpoint,
     ShardedCheckpoint,
     open_checkpoint,
@@ -40,7 +40,7 @@ from gradcache.train.checkpoints.kinds import (
 from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
-from gradcache.train.export.kinds import (
+from gradcache.train.export.model_folders import (
     PASSAGE_FOLDER,
     QUERY_FOLDER,
     ModelFolderKind,
@@ -238,7 +238,7 @@ def _from_open_clip(name: str, folder: Path, device: torch.device, max_length: i
     import json
 
     from gradcache.models.open_clip import OpenClipTokenizer
-    from gradcache.train.export.kinds import OPEN_CLIP_CONFIG
+    from gradcache.train.export.model_folders import OPEN_CLIP_CONFIG
 
     if max_length is not None or pooling is not None:
         raise UsageError(f"--max-length and --pooling apply to text models; MODEL {name} is an open_clip model that "

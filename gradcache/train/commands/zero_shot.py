@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from gradcache.train.commands.encode import embed_image_rows, embed_text_rows
-from gradcache.train.commands.inputs import decode_images
+from gradcache.train.commands.command_inputs import decode_images
 from gradcache.train.commands.model import LoadedModel
 from gradcache.train.data.images.files import list_image_folder
 from gradcache.train.errors import DataError

@@ -2,8 +2,9 @@
 
 `order.py` is the order of indexed data (a pure function of seed, epoch and step, which makes resume exact);
 `streams.py` that of files read in order through a shuffle buffer (webdataset shards, `.jsonl.gz`); `images/` the
-image sources (built-in shapes, digits, image folders, caption tables), their in-memory sets and SimCLR's
-views; `text/` the (query, positive, hard negatives) rows, the built-in world and the tokenised batches.
+image sources (built-in shapes, digits, image folders, caption tables), their in-memory sets, SimCLR's views
+and the image modes' training batches; `text/` the (query, positive, hard negatives) rows, the built-in world and
+the tokenised batches.
 May import: the library, torch, torchvision, numpy, PIL, and `gradcache.train.config` / `errors`; never the
 loop, the checkpoints or the modes.
 """

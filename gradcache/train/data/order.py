@@ -1,31 +1,35 @@
-"""The data order and the batches of a run, both pure functions of (seed, step): what makes resume exact.
+"""The data order of every mode that reads its examples by index, a pure function of (seed, step): what makes
+resume exact.
 
-Epoch e visits the training images in `randperm(N)` drawn from a generator seeded by (seed, e); step s of a run
-takes the s-th global batch of that order (the last partial batch of an epoch is dropped, so every step sees
-`batch_size` images). Sample i of epoch e is augmented under its own seed, a function of (seed, e, i), so the
-views do not depend on which process or worker draws them, nor on the global random state; a run resumed at
-step s therefore sees exactly the batches the uninterrupted run saw. Under torch.distributed each rank takes its
-contiguous slice of the global batch, so the ranks' slices, gathered by rank, form the global batch.
+Epoch e visits the N training examples in `randperm(N)` drawn from a generator seeded by (seed, e) (`epoch_seed`);
+step s of a run takes the s-th global batch of that order (the last partial batch of an epoch is dropped, so every
+step sees `batch_size` examples). What a step draws is therefore a function of (seed, step), the same whatever the
+process or worker that draws it, and a run resumed at step s sees exactly the batches the uninterrupted run saw.
+Under torch.distributed each rank takes its contiguous slice of the global batch, so the ranks' slices, gathered
+by rank, form the global batch. `step_loader` turns the order into a loader of one batch per step; each mode's
+batches build on it (gradcache/train/data/images/training_batches.py, gradcache/train/data/text/batches.py).
 """
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from gradcache.train.data.images.augment import to_model_input
-from gradcache.train.data.images.lazy import BadShare, LazyImageSet
-from gradcache.train.data.images.sets import ImageSet
+from gradcache.train.data.images.lazy import BadShare
 from gradcache.train.preemption import ignore_stop_signals
 
 _EPOCH_STRIDE = 1_000_003  # seeds of consecutive epochs stay apart from those of nearby run seeds
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch `epoch` of a run seeded `seed`: its order's, and the root of its samples' own seeds."""
+    return seed * _EPOCH_STRIDE + epoch
+
+
 def epoch_order(count: int, seed: int, epoch: int) -> torch.Tensor:
-    """The permutation of `count` images that epoch `epoch` of a run seeded `seed` visits."""
-    return torch.randperm(count, generator=torch.Generator().manual_seed(seed * _EPOCH_STRIDE + epoch))
+    """The permutation of `count` examples that epoch `epoch` of a run seeded `seed` visits."""
+    return torch.randperm(count, generator=torch.Generator().manual_seed(epoch_seed(seed, epoch)))
 
 
 class StepSampler(Sampler[list[tuple[int, int]]]):
@@ -59,82 +63,6 @@ class StepSampler(Sampler[list[tuple[int, int]]]):
         return self.total_steps - self.start_step
 
 
-class AugmentedPairs(Dataset):
-    """Item (epoch, i): two SimCLR views of image i (or, with `captions`, image i and its caption); image i is
-    decoded here (in the worker) when the set keeps files, replaced by the next one in file order that decodes
-    when it does not (`LazyImageSet.draw`)."""
-
-    def __init__(self, images: ImageSet | LazyImageSet, seed: int, augmentation: Callable | None,
-                 captions: bool) -> None:
-        self.images, self.seed, self.augmentation, self.captions = images, seed, augmentation, captions
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitems__(self, items: list[tuple[int, int]]) -> Drawn:
-        """A whole batch on one thread (per-image ops are tiny, and a thread pool only adds waiting), with the
-        count of files read and the names of those that failed to decode."""
-        drawn = Drawn()
-        with _one_thread():
-            for item in items:
-                drawn.append(self._draw(item, drawn))
-        return drawn
-
-    def __getitem__(self, item: tuple[int, int]):
-        return self._draw(item, Drawn())
-
-    def _draw(self, item: tuple[int, int], drawn: Drawn):
-        epoch, index = item
-        index, image, read, failed = self.images.draw(index)
-        drawn.read += read
-        drawn.failed.extend(failed)
-        if self.captions:
-            return to_model_input(image), self.images.captions[index]
-        # Seed and restore only the CPU generator that torchvision's transforms draw from: torch.manual_seed and
-        # fork_rng also visit every accelerator backend, which cost a quarter of the augmentation time.
-        generator = torch.default_generator
-        outer = generator.get_state()
-        generator.manual_seed((self.seed * _EPOCH_STRIDE + epoch) * 10_000_019 + index)
-        try:
-            return self.augmentation(image), self.augmentation(image)
-        finally:
-            generator.set_state(outer)
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-class Drawn(list):
-    """The items of one batch, with `read` (image files read for them) and `failed` (those that did not decode)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.read, self.failed = 0, []
-
-
-def _stack_pairs(items: Drawn) -> tuple[tuple[torch.Tensor, torch.Tensor], int, list[str]]:
-    first, second = zip(*items)
-    return (torch.stack(first), torch.stack(second)), items.read, items.failed  # (B, 3, H, W) each
-
-
-class _CaptionCollate:
-    """Stacks images and tokenises captions (a class, not a lambda, so worker processes can pickle it)."""
-
-    def __init__(self, tokenizer: Callable) -> None:
-        self.tokenizer = tokenizer
-
-    def __call__(self, items: Drawn):
-        images, captions = zip(*items)
-        return (torch.stack(images), self.tokenizer(list(captions))), items.read, items.failed
-
-
 class CountedBatches:
     """The batches of a loader whose collate returns (batch, files read, names failed): yields the batches and
     counts the rest in `bad_share` (`BadShare`: the run's skipped images, --max-bad-share as the run goes)."""
@@ -149,16 +77,6 @@ class CountedBatches:
         for batch, read, failed in self.loader:
             self.bad_share.add(read, failed)
             yield batch
-
-
-def training_batches(images: ImageSet | LazyImageSet, sampler: StepSampler, augmentation: Callable | None,
-                     tokenizer: Callable | None, workers: int, max_bad_share: float = 0.0) -> CountedBatches:
-    """SimCLR view pairs (tokenizer None) or CLIP (images, tokens) batches, one per step; the images that fail to
-    decode when drawn are added to `images.skipped`, and more than `max_bad_share` of those read so far (once
-    `BAD_SHARE_MIN_READS` were read) raises `TooMuchBadData`."""
-    pairs = AugmentedPairs(images, sampler.seed, augmentation, captions=tokenizer is not None)
-    collate = _stack_pairs if tokenizer is None else _CaptionCollate(tokenizer)
-    return CountedBatches(step_loader(pairs, sampler, collate, workers), BadShare(max_bad_share, images.skipped))
 
 
 def step_loader(dataset: Dataset, sampler: StepSampler, collate: Callable, workers: int) -> DataLoader:

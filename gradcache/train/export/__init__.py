@@ -1,3 +1,3 @@
 """`RUN/model/`: a run's model in the format its users load (sentence-transformers, open_clip, gradcache's
-built-in encoders), written at the end of every run and by `gradcache export`; `kinds.py` tells any model
+built-in encoders), written at the end of every run and by `gradcache export`; `model_folders.py` tells any model
 folder's kind."""

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from gradcache.models.open_clip import OpenClipModel
-from gradcache.train.export.kinds import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
+from gradcache.train.export.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
 
 
 def open_clip_state_dict(model: OpenClipModel, logit_scale: torch.Tensor,

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from torch import nn
 
-from gradcache.train.checkpoints.kinds import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, locate
+from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, locate
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, UsageError
-from gradcache.train.export.kinds import ModelFolderKind, model_folder_kind
+from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 from gradcache.train.modes import MODES
 from gradcache.train.run_folder.permissions import as_if_created
 

@@ -86,7 +86,7 @@ class Mode:
 
     def matryoshka(self, loss: nn.Module, dims: list[int]) -> nn.Module:
         """`loss` (from `build_loss`) summed over the column prefixes `dims` of every embedding it reads
-        (`--matryoshka-dims`); `gradcache.train.matryoshka.unwrapped` reaches the mode's own loss inside."""
+        (`--matryoshka-dims`); `gradcache.train.matryoshka_dims.unwrapped` reaches the mode's own loss inside."""
         return losses.Matryoshka(loss, dims)
 
     def build_guide(self, config: RunConfig) -> nn.Module | None:

@@ -36,7 +36,7 @@ from gradcache.train.eval.embed import embed_images, embed_texts
 from gradcache.train.eval.images import retrieval_recall, zero_shot_top1
 from gradcache.train.export.builtin import write_built_in_folder
 from gradcache.train.export.open_clip import write_open_clip_folder
-from gradcache.train.matryoshka import unwrapped
+from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes.backbone import BACKBONE_HELP, backbone_options, build_backbone, check_backbone
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.image import ImageMode

@@ -22,7 +22,8 @@ from gradcache.train.data.images.shards import (
     load_shards,
     shard_loader,
 )
-from gradcache.train.data.order import CountedBatches, StepSampler, training_batches
+from gradcache.train.data.images.training_batches import training_batches
+from gradcache.train.data.order import CountedBatches, StepSampler
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
 from gradcache.train.modes.base import Mode, OptionGroups

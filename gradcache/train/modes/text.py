@@ -53,7 +53,7 @@ from gradcache.train.data.text.row_index import (
 from gradcache.train.data.text.world import generate_world
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.retrieval import evaluate_retrieval
-from gradcache.train.export.kinds import PASSAGE_FOLDER, QUERY_FOLDER
+from gradcache.train.export.model_folders import PASSAGE_FOLDER, QUERY_FOLDER
 from gradcache.train.export.sentence_transformers import (
     write_sentence_transformers_folder,
 )

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gradcache import distributed
-from gradcache.train.checkpoints.kinds import RunCheckpoint, run_checkpoint
+from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, run_checkpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CollectiveFailure, UsageError
 
@@ -33,7 +33,7 @@ def launched_process_group(device: str, collective_timeout: float = 1800.0) -> I
     """Under `torchrun`, the process group joined (`init_distributed_if_launched`) for the block and destroyed on
     the way out, however the block ends, but for a failed collective (CollectiveFailure): there a peer is dead or
     frozen, gloo's threads still wait on it and tearing the group down can abort the process, which the command
-    then ends at once instead (gradcache.cli). A group that was already up (a test's, a caller's) is left up.
+    then ends at once instead (gradcache.train.cli). A group that was already up (a test's, a caller's) is left up.
 
     Raises:
         UsageError: `collective_timeout` is not a positive, finite number of seconds.

@@ -15,7 +15,7 @@ from gradcache.losses import ClipLoss
 from gradcache.train import errors
 from gradcache.train.checkpoints import atomic as checkpoint_module
 from gradcache.train.checkpoints.atomic import load_checkpoint, save_checkpoint
-from gradcache.train.checkpoints.kinds import open_checkpoint, run_checkpoint
+from gradcache.train.checkpoints.run_checkpoint import open_checkpoint, run_checkpoint
 from gradcache.train.errors import CheckpointError
 
 STEPS = ["--steps", "4", "--checkpoint-every", "2"]

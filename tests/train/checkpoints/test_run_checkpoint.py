@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from gradcache.losses import ClipLoss
-from gradcache.train.checkpoints.kinds import (
+from gradcache.train.checkpoints.run_checkpoint import (
     FileCheckpoint,
     ShardedCheckpoint,
     open_checkpoint,

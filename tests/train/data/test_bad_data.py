@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from gradcache.cli import get_args_parser, main
+from gradcache.train.cli import get_args_parser, main
 from gradcache.train import errors
-from gradcache.train.arguments import config_from_args, explicit_options
+from gradcache.train.train_options import config_from_args, explicit_options
 from gradcache.train.data.images.files import load_caption_table
 from gradcache.train.data.order import epoch_order
 from gradcache.train.loop import train

@@ -21,7 +21,8 @@ from gradcache.train.data.images.files import (
 )
 from gradcache.train.data.images.lazy import LazyImageSet, reference_set
 from gradcache.train.data.images.sets import ImageSet
-from gradcache.train.data.order import StepSampler, training_batches
+from gradcache.train.data.images.training_batches import training_batches
+from gradcache.train.data.order import StepSampler
 from gradcache.train.errors import TooMuchBadData
 
 

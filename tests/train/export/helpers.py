@@ -5,7 +5,7 @@ import dataclasses
 
 from torch import nn
 
-from gradcache.train.checkpoints.kinds import open_checkpoint
+from gradcache.train.checkpoints.run_checkpoint import open_checkpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.modes import MODES
 

@@ -8,7 +8,7 @@ import torch
 import gradcache.models
 from gradcache.cli import main
 from gradcache.train.config import RunConfig
-from gradcache.train.export.kinds import ModelFolderKind, model_folder_kind
+from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 from gradcache.train.export.write import export_model
 from gradcache.train.modes import MODES
 from tests.train.export.helpers import program_model

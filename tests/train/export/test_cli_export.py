@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from gradcache.cli import main
 from gradcache.train.checkpoints.atomic import load_checkpoint
 from gradcache.train.errors import UsageError
-from gradcache.train.export.kinds import model_folder_kind
+from gradcache.train.export.model_folders import model_folder_kind
 
 SIMCLR = ["--steps", "2", "--checkpoint-every", "1"]  # two saves: previous.pt holds step 1
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gradcache.train.config import RunConfig
-from gradcache.train.export.kinds import ModelFolderKind, model_folder_kind
+from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 from gradcache.train.export.write import export_model
 from gradcache.train.modes import MODES
 from tests.train.test_open_clip_mode import ARCHITECTURE

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from gradcache.cli import main
 from gradcache.models import HuggingFaceTokenizer
-from gradcache.train.export.kinds import ModelFolderKind, model_folder_kind
+from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 from tests.tiny_text_model import write_tiny_bert
 from tests.train.conftest import text_args
 from tests.train.export.helpers import program_model

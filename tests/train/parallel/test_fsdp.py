@@ -142,7 +142,7 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(runs, tmp_pat
 
 def test_a_save_replaces_the_previous_checkpoint_whole(tmp_path):
     """One process, no process group: a second save over the first keeps it as `previous`, and a crashed save's
-    leftovers are ignored (the choice between the two is gradcache.train.checkpoints.kinds's, tested there)."""
+    leftovers are ignored (the choice between the two is gradcache.train.checkpoints.run_checkpoint's, tested there)."""
     folder, previous = tmp_path / "last", tmp_path / "previous"
     model = build(seed=0)
     optimizer = optimizer_for(model)

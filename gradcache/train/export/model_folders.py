@@ -19,14 +19,15 @@ import json
 import os
 from pathlib import Path
 
+from gradcache.models.pretrained import ARCHITECTURE_KEY, CONFIG_FILE
+from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, ShardedCheckpoint
 from gradcache.train.errors import UsageError
 
 OPEN_CLIP_WEIGHTS = "open_clip_model.safetensors"  # the names open_clip looks for in a hub or local-dir folder
 OPEN_CLIP_CONFIG = "open_clip_config.json"
-BUILT_IN_CONFIG, BUILT_IN_WEIGHTS = "config.json", "model.safetensors"  # gradcache.models.pretrained's
-BUILT_IN_KEY = "gradcache_architecture"
 QUERY_FOLDER, PASSAGE_FOLDER = "query", "passage"  # --separate-towers: one sentence-transformers folder per side
-RUN_CHECKPOINTS = ("last.pt", "previous.pt", "last.dcp", "previous.dcp")
+RUN_CHECKPOINTS = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name,
+                   ShardedCheckpoint.previous_name)
 
 
 class ModelFolderKind(str, enum.Enum):
@@ -61,16 +62,16 @@ def model_folder_kind(folder: str | os.PathLike) -> ModelFolderKind:
         return ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS
     if (path / OPEN_CLIP_WEIGHTS).is_file() and (path / OPEN_CLIP_CONFIG).is_file():
         return ModelFolderKind.OPEN_CLIP
-    config = path / BUILT_IN_CONFIG
+    config = path / CONFIG_FILE
     if config.is_file():
         try:
             values = json.loads(config.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as error:
-            raise UsageError(f"model {str(path)!r}: cannot read {BUILT_IN_CONFIG}: {error}") from error
-        if isinstance(values, dict) and BUILT_IN_KEY in values:
+            raise UsageError(f"model {str(path)!r}: cannot read {CONFIG_FILE}: {error}") from error
+        if isinstance(values, dict) and ARCHITECTURE_KEY in values:
             return ModelFolderKind.BUILT_IN
         return ModelFolderKind.HUGGING_FACE
     raise UsageError(f"model {str(path)!r} is a folder of an unknown kind: it holds none of {', '.join(RUN_CHECKPOINTS)} "
                      f"(a run folder), modules.json (sentence-transformers), {QUERY_FOLDER}/ and {PASSAGE_FOLDER}/ "
-                     f"(separate towers), {OPEN_CLIP_WEIGHTS} (open_clip) or {BUILT_IN_CONFIG} (gradcache or Hugging "
+                     f"(separate towers), {OPEN_CLIP_WEIGHTS} (open_clip) or {CONFIG_FILE} (gradcache or Hugging "
                      "Face); give a run folder or the model/ folder gradcache export wrote")

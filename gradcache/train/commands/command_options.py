@@ -1,4 +1,4 @@
-"""The command lines of `gradcache encode`, `gradcache eval` and `gradcache mine` (gradcache/cli.py registers them).
+"""The options of `gradcache encode`, `gradcache eval` and `gradcache mine` (gradcache/train/cli.py registers them).
 
 The options they share are spelled once here, with `gradcache train text`'s names and defaults where they mean
 the same thing (`--query-key`, `--positive-key`, `--negative-keys`, `--max-length`, `--pooling`).
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from gradcache.train.commands.encode import TOWERS
-from gradcache.train.commands.inputs import CORPUS_ID, CORPUS_TEXT
+from gradcache.train.commands.command_inputs import CORPUS_ID, CORPUS_TEXT
 from gradcache.train.commands.mine import NEGATIVES_FIELD
 from gradcache.train.commands.model import MODEL_HELP
 

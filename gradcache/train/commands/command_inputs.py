@@ -169,12 +169,6 @@ class Corpus:
         return np.array(found, dtype=np.int64)
 
 
-def corpus_of(passages: Sequence[str]) -> Corpus:
-    """The distinct `passages` in order of first appearance, each its own id (the corpus of a pairs file)."""
-    distinct = list(dict.fromkeys(passages))
-    return Corpus(ids=[str(index) for index in range(len(distinct))], texts=distinct)
-
-
 def read_corpus(path: str | os.PathLike) -> Corpus:
     """The `id`/`text` rows of a `.tsv`, `.csv` or `.jsonl` table.
 

@@ -1,4 +1,4 @@
-"""The command line of `gradcache train <mode>`: one option per RunConfig field, defaults from the dataclass
+"""The options of `gradcache train <mode>`: one option per RunConfig field, defaults from the dataclass
 (and the mode's own defaults), choices from where they are defined, and the RunConfig built from it."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 from gradcache.distributed import FSDP_REDUCE_MODES
 from gradcache.train.config import RunConfig
-from gradcache.train.matryoshka import parse_dims
+from gradcache.train.matryoshka_dims import parse_dims
 from gradcache.train.modes import Mode
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.optim.optimizers import LR_SCALINGS, OPTIMIZERS
 from gradcache.train.run_folder.reporters import REPORT_TO
-from gradcache.train.strategies import PRECISIONS, STRATEGIES
+from gradcache.train.strategy_choice import PRECISIONS, STRATEGIES
 
 _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)}
 

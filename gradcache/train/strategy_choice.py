@@ -4,13 +4,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gradcache import names
+from gradcache import registry
 from gradcache.strategy import Strategy
 from gradcache.train.config import RunConfig
 
-# --strategy: the library's strategies (gradcache.names) that fit a training loop which steps the optimizer
+# --strategy: the library's strategies (gradcache.registry) that fit a training loop which steps the optimizer
 # itself; cached_loss is GradCache's other door, for loops that own the backward.
-STRATEGIES: dict[str, type[Strategy]] = {name: names.STRATEGIES[name] for name in ("gradcache", "naive", "full")}
+STRATEGIES: dict[str, type[Strategy]] = {name: registry.STRATEGIES[name] for name in ("gradcache", "naive", "full")}
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

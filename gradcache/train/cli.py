@@ -1,0 +1,234 @@
+"""The `gradcache` command: `gradcache train <mode> ...`, `gradcache eval MODEL`, `gradcache export RUN`,
+`gradcache encode MODEL` and `gradcache mine MODEL` (the work of the last three lives in
+gradcache/train/commands/ and gradcache/train/export/).
+
+`main(argv=None) -> int` is the console script's entry point and what tests call. It returns the exit status
+that the raised error's type carries (gradcache/train/errors.py, where every status is explained), with one
+line on stderr and never a traceback; an error no command raises on purpose is a bug and keeps its traceback.
+Subcommands register themselves through `SUBCOMMANDS`, one function each. The library needs torch alone; these
+commands need the `train` extra.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+
+Register = Callable[[argparse._SubParsersAction], None]
+# the import names of the `train` extra's packages (pyproject.toml)
+TRAIN_EXTRA = {"torchvision", "numpy", "PIL", "faiss", "tqdm", "matplotlib", "sklearn"}
+
+
+def _register_train(commands: argparse._SubParsersAction) -> None:
+    from gradcache.train.train_options import HelpFormatter, add_train_options
+    from gradcache.train.modes import MODES
+
+    train = commands.add_parser("train", help="train an encoder (default: SimCLR on built-in shapes); "
+                                "gradcache train MODE --help: every option of a mode",
+                                usage="gradcache train [MODE] [OPTIONS]",
+                                description="Train with GradCache, plain accumulation or one full batch.",
+                                epilog="Every option of a mode, with its default: gradcache train MODE --help (e.g. "
+                                "gradcache train text --help). Without a mode (gradcache train, or options alone): "
+                                "simclr.")
+    modes = train.add_subparsers(dest="mode", metavar="MODE", title="modes")
+    for mode in MODES.values():
+        parser = modes.add_parser(mode.name, help=mode.help, description=mode.help, allow_abbrev=False,
+                                  formatter_class=HelpFormatter)
+        add_train_options(parser, mode)
+        parser.set_defaults(command=_run_train)
+
+
+def _register_eval(commands: argparse._SubParsersAction) -> None:
+    from gradcache.train.commands.command_options import add_eval_options
+
+    parser = commands.add_parser("eval", help="score a model (a run, a model folder) on a run's held-out split or "
+                                 "on any --data file", description="Score MODEL: a run on its own held-out split, "
+                                 "or any model on --data. Prints the metrics as one JSON object (percent).")
+    add_eval_options(parser)
+    parser.set_defaults(command=_run_eval)
+
+
+def _register_encode(commands: argparse._SubParsersAction) -> None:
+    from gradcache.train.commands.command_options import add_encode_options
+
+    parser = commands.add_parser("encode", help="embed texts or images to a .npy array or a .faiss index",
+                                 description="Embed every row of --data with MODEL, in input order, L2-normalised.")
+    add_encode_options(parser)
+    parser.set_defaults(command=_run_encode)
+
+
+def _register_mine(commands: argparse._SubParsersAction) -> None:
+    from gradcache.train.commands.command_options import add_mine_options
+
+    parser = commands.add_parser("mine", help="mine hard negatives for (query, positive) rows, for train "
+                                 "--negative-keys", description="For each row, the --negatives highest-scoring "
+                                 "passages of the corpus that are not its positive, behind the false-negative guards.")
+    add_mine_options(parser)
+    parser.set_defaults(command=_run_mine)
+
+
+def _register_export(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("export", help="write a run's model in the format its users load (RUN/model)",
+                                 description="Write a checkpoint's model, weights only, as a sentence-transformers "
+                                 "folder (text), open_clip's files (clip --model open_clip:ARCH) or gradcache's "
+                                 "built-in format (clip, simclr); every run also writes RUN/model/ at its end.",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("run", help="a run folder of gradcache train (it may still be running)")
+    parser.add_argument("--checkpoint", default="last", help="last (the newest good checkpoint), previous, or a "
+                        "checkpoint file or folder (last.pt, previous.pt, last.dcp)")
+    parser.add_argument("--output", default=None, help="the folder to write, replaced whole if an earlier export "
+                        "wrote it (default: RUN/model)")
+    parser.set_defaults(command=_run_export)
+
+
+SUBCOMMANDS: list[Register] = [_register_train, _register_eval, _register_export, _register_encode, _register_mine]
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    """The full `gradcache` parser; add a subcommand by appending its register function to SUBCOMMANDS."""
+    parser = argparse.ArgumentParser(prog="gradcache", description="Large-batch contrastive learning under "
+                                     "limited memory (GradCache).")
+    commands = parser.add_subparsers(dest="subcommand", metavar="{train,eval,export,encode,mine}")
+    for register in SUBCOMMANDS:
+        register(commands)
+    return parser
+
+
+def _default_train_argv(argv: list[str]) -> list[str]:
+    """`gradcache train` alone (or with options only) means `gradcache train simclr`."""
+    if argv[:1] == ["train"] and (len(argv) == 1 or argv[1].startswith("-") and argv[1] not in ("-h", "--help")):
+        return ["train", "simclr", *argv[1:]]
+    return argv
+
+
+def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.train_options import config_from_args, explicit_options
+    from gradcache.train.loop import train
+    from gradcache.train.modes import MODES
+    from gradcache.train.parallel.placement import (
+        collective_failures,
+        launched_process_group,
+    )
+    from gradcache.train.preflight import prepare_run
+    from gradcache.train.run_folder.reporters import reporters_of
+
+    # torchrun's process group for the command, ended with it; a failed collective (a rank died or froze) typed,
+    # from the checks' first broadcast on
+    with launched_process_group(args.device, args.collective_timeout), collective_failures(args.collective_timeout):
+        config, saved, data, lock = prepare_run(config_from_args(args), explicit_options(MODES[args.mode], argv))
+        with lock:  # one job per run folder until this one ends
+            summary = train(config, saved, data)
+    if summary:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        reported = "".join(f", {name}/" for name in reporters_of(config.report_to))
+        print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
+              f"{'last.dcp' if config.fsdp else 'last.pt'}, model/{reported}", file=sys.stderr)
+    return 0
+
+
+def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.evaluate import evaluate
+    from gradcache.train.commands.model import load_model
+
+    model = load_model(args.model, args.device, args.max_length, args.pooling)
+    metrics = evaluate(model, args.data, args.output, args.corpus, args.query_key, args.positive_key,
+                       args.negative_keys, args.test_size, args.batch_size, args.classes)
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+    return 0
+
+
+def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.encode import encode
+    from gradcache.train.commands.model import load_model
+
+    model = load_model(args.model, args.device, args.max_length, args.pooling)
+    embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size)
+    print(f"wrote {args.output}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions "
+          f"({model.source})", file=sys.stderr)
+    return 0
+
+
+def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.mine import (
+        NEGATIVES_FIELD,
+        Guards,
+        mine,
+        negative_columns,
+    )
+    from gradcache.train.commands.model import load_model
+
+    guards = Guards(args.margin, args.relative_margin, *(args.range or (1, None)))
+    guards.check()
+    model = load_model(args.model, args.device, args.max_length, args.pooling)
+    rows, short = mine(model, args.data, args.output, args.negatives, guards, args.corpus, args.query_key,
+                       args.positive_key, args.negative_keys, args.batch_size)
+    keys = NEGATIVES_FIELD if args.output.lower().endswith(".jsonl") else " ".join(negative_columns(args.negatives))
+    print(f"wrote {args.output}: {rows} rows, {short} with fewer than {args.negatives} negatives; train on it with "
+          f"--data {args.output} --query-key {args.query_key} --positive-key {args.positive_key} --negative-keys "
+          f"{keys}", file=sys.stderr)
+    return 0
+
+
+def _run_export(args: argparse.Namespace, argv: list[str]) -> int:
+    from pathlib import Path
+
+    from gradcache.train.export.write import (
+        MODEL_FOLDER,
+        check_output,
+        choose_checkpoint,
+        export_checkpoint,
+    )
+
+    output = args.output if args.output is not None else Path(args.run) / MODEL_FOLDER
+    check_output(output)  # before reading anything
+    saved = choose_checkpoint(args.run, args.checkpoint)
+    print(f"wrote {export_checkpoint(saved, output)} from {saved}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` (default: sys.argv[1:]), run the subcommand, return its exit status."""
+    try:
+        from gradcache.train import errors
+
+        parser = get_args_parser()
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in TRAIN_EXTRA:
+            raise
+        print(f"gradcache: the training program needs {error.name}, which is not installed (the library alone "
+              "needs torch only); install the program's packages with: pip install 'gradcache[train]'",
+              file=sys.stderr)
+        return errors.USAGE
+    argv = _default_train_argv(list(sys.argv[1:] if argv is None else argv))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse exits 2 on a bad option and 0 on --help
+        return int(exit_.code or 0)
+    if getattr(args, "command", None) is None:
+        parser.print_help(sys.stderr)
+        return errors.USAGE
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            return args.command(args, argv)
+    except KeyboardInterrupt as error:  # Ctrl-C outside the training loop (within it: preemption.py)
+        print(f"gradcache: interrupted{f' ({error})' if str(error) else ''}; stopped at once without saving (a "
+              "run's previous checkpoint, if it has one, is intact)", file=sys.stderr)
+        return errors.INTERRUPTED
+    except Exception as error:
+        status = errors.exit_status_of(error)
+        if status is None:  # not raised on purpose: a bug, shown with its traceback
+            raise
+        if getattr(error, "rank", 0) == 0:  # a pre-emption's message: once, from rank 0
+            print(f"gradcache: {'error: ' if status == errors.USAGE else ''}{error}", file=sys.stderr)
+        if status == errors.COLLECTIVE_TIMEOUT:
+            # The process group is broken and gloo's threads still wait on the dead peer: at the interpreter's
+            # exit their C++ destructors abort the process (SIGABRT, not this status). Everything of the run has
+            # been unwound by now (checkpoint, log, lock), so leave at once, as NCCL's watchdog would.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status

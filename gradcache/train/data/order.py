@@ -16,7 +16,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gradcache.train.data.images.augment import to_model_input
-from gradcache.train.data.images.lazy import BadShare, LazyImageSet
+from gradcache.train.data.bad_data import BadShare, CountedBatches
+from gradcache.train.data.images.lazy import LazyImageSet
 from gradcache.train.data.images.sets import ImageSet
 from gradcache.train.preemption import ignore_stop_signals
 
@@ -133,22 +134,6 @@ class _CaptionCollate:
     def __call__(self, items: Drawn):
         images, captions = zip(*items)
         return (torch.stack(images), self.tokenizer(list(captions))), items.read, items.failed
-
-
-class CountedBatches:
-    """The batches of a loader whose collate returns (batch, files read, names failed): yields the batches and
-    counts the rest in `bad_share` (`BadShare`: the run's skipped images, --max-bad-share as the run goes)."""
-
-    def __init__(self, loader: DataLoader, bad_share: BadShare) -> None:
-        self.loader, self.bad_share = loader, bad_share
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator:
-        for batch, read, failed in self.loader:
-            self.bad_share.add(read, failed)
-            yield batch
 
 
 def training_batches(images: ImageSet | LazyImageSet, sampler: StepSampler, augmentation: Callable | None,

@@ -148,6 +148,11 @@ def _write(rows: list[tuple[str, str, list[str]]], temporary: Path, text_format:
         text_format.write(handle, columns, values)
 
 
+def negative_keys_of(output: str, negatives: int) -> str:
+    """The --negative-keys that train on the mined file `output`: its list field, or its K columns."""
+    return NEGATIVES_FIELD if file_format(output).holds_lists else " ".join(negative_columns(negatives))
+
+
 def negative_columns(count: int) -> list[str]:
     """The table columns of the mined negatives: negative_1 .. negative_K."""
     return [f"negative_{number}" for number in range(1, count + 1)]

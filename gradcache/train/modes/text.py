@@ -1,6 +1,8 @@
 """Text retrieval: (query, positive, hard negatives) rows, a pretrained Hugging Face encoder (one shared tower or
 a query and a passage tower), InfoNCE over every positive and hard negative of the batch; scored by retrieval of
-the held-out queries' passages (recall@1/10, mrr@10, ndcg@10), at step 0 too."""
+the held-out queries' passages (recall@1/10, mrr@10, ndcg@10), at step 0 too. Its rows come from
+data/text/sources.py, whatever their format; its model folders are found and checked by
+gradcache.models.huggingface_folder, whose library errors it turns into `UsageError`."""
 from __future__ import annotations
 
 import argparse

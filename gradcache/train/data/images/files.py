@@ -26,6 +26,7 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.images.lazy import LazyImageSet, decode_image, lazy_split
 from gradcache.train.data.images.sets import DataSplits, ImageSet, random_split
 from gradcache.train.data.images.shapes import load_shapes
+from gradcache.train.data.text.formats import table_separator
 from gradcache.train.errors import DataError
 
 __all__ = ["BUILT_IN_DATA", "decode_image", "list_caption_table", "list_image_folder",
@@ -90,7 +91,7 @@ def list_caption_table(
     if not table.is_file():
         raise DataError(f"--data {str(table)!r} is not a file; give a CSV or TSV of image paths and captions")
     if separator is None:
-        separator = "\t" if table.suffix.lower() == ".tsv" else ","
+        separator = table_separator(table)
     try:
         with open(table, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle, delimiter=separator)

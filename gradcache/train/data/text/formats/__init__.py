@@ -20,7 +20,7 @@ from gradcache.train.data.text.formats.text_format import IndexedFormat, Streame
 from gradcache.train.errors import DataError
 
 __all__ = ["FORMATS", "IndexedFormat", "StreamedFormat", "TextFormat", "file_format", "folder_format",
-           "format_named", "file_suffixes", "table_records", "table_suffixes"]
+           "format_named", "file_suffixes", "table_records", "table_separator", "table_suffixes"]
 
 FORMATS: list[TextFormat] = [  # in the order messages list them
     JSONL_GZ,
@@ -51,6 +51,11 @@ def file_format(path: str | os.PathLike) -> TextFormat | None:
     matches = [(len(suffix), text_format) for text_format in FORMATS for suffix in text_format.suffixes
                if name.endswith(suffix)]
     return max(matches, key=lambda match: match[0])[1] if matches else None
+
+
+def table_separator(path: str | os.PathLike) -> str:
+    """The field separator of the delimited table `path`: its format's (a tab for .tsv), else a comma."""
+    return getattr(file_format(path), "separator", ",")
 
 
 def folder_format(path: Path) -> TextFormat | None:

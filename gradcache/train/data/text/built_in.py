@@ -1,4 +1,5 @@
-"""The built-in text data (`--data world`, `world-hard`): questions about the residents of an invented world, answered by one passage each.
+"""The built-in text data (`--data world`, `world-hard`): questions about the residents of an invented world,
+answered by one passage each.
 
 Each resident has a made-up name, a home town (invented names), a profession and a pastime. The passage states
 them plainly ("Orvel Daskin is a dentist in Quillby who keeps bees in his spare time."); the query never names

@@ -22,7 +22,7 @@ from gradcache.train.data.text.files import data_files
 from gradcache.train.data.text.formats import file_suffixes, format_named
 from gradcache.train.data.text.indexed_pairs import IndexedPairs
 from gradcache.train.data.text.row_index import RowIndex, build_row_index, load_row_index
-from gradcache.train.data.text.streamed_rows import RowList, load_streamed_rows, read_streamed_rows
+from gradcache.train.data.text.streamed_rows import RowList, StreamedRows, load_streamed_rows, read_streamed_rows
 from gradcache.train.data.text.text_pairs import TextPairs, TextSplits, check_negative_options, split_pairs
 from gradcache.train.errors import DataError, UsageError
 
@@ -41,7 +41,7 @@ def load_text_splits(config: RunConfig) -> TextSplits:
     built_in = config.data in (BUILT_IN_TEXT, BUILT_IN_HARD)
     files, format_name = ([], None) if built_in else data_files(config.data)
     text_format = None if format_name is None else format_named(format_name)
-    if config.train_num_samples is not None and not (text_format is not None and text_format.streamed):
+    if config.train_num_samples is not None and not getattr(text_format, "streamed", False):
         streamed = " or ".join(file_suffixes(streamed=True))
         raise UsageError(f"--train-num-samples sets the epoch length of streamed {streamed} rows; --data "
                          f"{config.data} is not {streamed} (its epoch is every training row): drop "
@@ -88,7 +88,7 @@ def _built_in_splits(config: RunConfig) -> TextSplits:
     return TextSplits(train=pairs, test=test, name=config.data)
 
 
-def save_data_index(train: TextPairs | IndexedPairs | object, config: RunConfig) -> None:
+def save_data_index(train: TextPairs | IndexedPairs | StreamedRows, config: RunConfig) -> None:
     """RUN/data_index.npz: the index of indexed training rows, unless it was read from there."""
     if not isinstance(train, IndexedPairs):
         return

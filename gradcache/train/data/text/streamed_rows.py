@@ -10,8 +10,8 @@ and the resume.
   at most --shuffle-buffer parsed rows, and since a bad row is known as it enters the stream, a resume with the
   same --workers replays the same rows, bad ones or not. (A plain .jsonl refuses a line that is not JSON when it
   is indexed, before the run; a stream meets it mid-run.)
-- A file that cannot be read to its end (truncated, corrupt, not of its format) is read up to its damage and counted once
-  as a bad row, and the stream goes on with the next file: it does not stop the run.
+- A file that cannot be read to its end (truncated, corrupt, not of its format) is read up to its damage and
+  counted once as a bad row, and the stream goes on with the next file: it does not stop the run.
 - h by default, and the check that every key names a field: from the first FIRST_ROWS rows with a query and a
   positive, read from the head of the files in name order (`row_reader`; rows.py's rule).
 - Epoch length: `--train-num-samples`, or counted at start in one streamed pass over the training rows, which

@@ -41,8 +41,7 @@ def file_suffixes(streamed: bool | None = None) -> list[str]:
 
 def table_suffixes() -> list[str]:
     """The suffixes of the text tables (`text_table` formats: what the commands read and `mine` writes)."""
-    return [suffix for text_format in FORMATS if getattr(text_format, "text_table", False)
-            for suffix in text_format.suffixes]
+    return [suffix for text_format in FORMATS if text_format.text_table for suffix in text_format.suffixes]
 
 
 def file_format(path: str | os.PathLike) -> TextFormat | None:
@@ -74,7 +73,7 @@ def table_records(path: str | os.PathLike, option: str = "--data") -> tuple[list
     inputs)."""
     path = Path(path)
     text_format = file_format(path)
-    if text_format is None or not getattr(text_format, "text_table", False):
+    if text_format is None or not text_format.text_table:
         raise DataError(f"{option} {str(path)!r}: unknown extension {path.suffix.lower()!r}; give a .tsv, .csv or "
                         ".jsonl file")
     records = text_format.records(path, ("", "", ()))

@@ -54,6 +54,9 @@ class IndexedFormat:
     def is_folder(self, path: Path) -> bool:
         return False
 
+    def __repr__(self) -> str:
+        return f"<indexed text format {self.name}>"
+
     def records(self, file: Path, keys: Keys) -> FileRecords:
         """The records of `file`: every field, or the columns of `keys` that a columnar file has."""
         raise NotImplementedError
@@ -72,11 +75,15 @@ class StreamedFormat:
     name: str
     suffixes: tuple[str, ...] = ()
     streamed = True
+    text_table = False
     read_errors: tuple[type[BaseException], ...] = (OSError, EOFError)  # a file cut short ends in EOFError
     decompress_command = ""  # what turns a file into the plain .jsonl that an index needs
 
     def is_folder(self, path: Path) -> bool:
         return False
+
+    def __repr__(self) -> str:
+        return f"<streamed text format {self.name}>"
 
     def open(self, path: str | os.PathLike) -> BinaryIO:
         raise NotImplementedError

@@ -22,7 +22,7 @@ from benchmarks.frontier_clip import build_clip_steps
 from gradcache import FullBatch, GradCache, NaiveAccumulation, losses
 from gradcache.graph_memory import saved_bytes
 from gradcache.inputs import split, tensors_of, trim_padding
-from gradcache.train.data.text.world import generate_world
+from gradcache.train.data.text.built_in import generate_world
 
 WORKLOADS = ("simclr", "text", "text_outliers", "clip_frozen")
 TEXT_WORKLOADS = ("text", "text_outliers")

@@ -38,8 +38,9 @@ from pathlib import Path
 from benchmarks.flags import HelpFormatter, add_output_options, output_folder
 from benchmarks.report import machine_context, write_csv
 from gradcache.cli import main as gradcache_main
-from gradcache.train.data.text.pairs import read_records, split_pairs
-from gradcache.train.data.text.world import generate_world
+from gradcache.train.data.text.built_in import generate_world
+from gradcache.train.data.text.formats import table_records
+from gradcache.train.data.text.text_pairs import split_pairs
 
 WORLD_HARD = "world-hard"
 COLUMNS = ["data", "data_seed", "arm", "negatives_per_query", "steps", "mrr@10", "recall@1", "recall@10", "ndcg@10",
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _file_pairs(args: argparse.Namespace) -> tuple[list[list[str]], list[list[str]]]:
     """(training, held-out) [query, positive] rows: a sample of `--data`'s distinct rows seeded by --data-seed."""
-    records, names = read_records(Path(args.data), "--data")
+    records, names = table_records(Path(args.data), "--data")
     if not {"query", "positive"} <= names:
         raise SystemExit(f"--data {args.data}: needs 'query' and 'positive' columns, has {sorted(names)}")
     rows = list(dict.fromkeys((str(record["query"]).strip(), str(record["positive"]).strip())

@@ -87,7 +87,7 @@ def theirs(config, data, steps: int, folder: Path) -> Callable[[], None]:
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.losses import CachedMultipleNegativesRankingLoss
 
-    from gradcache.train.modes.text import model_folder
+    from gradcache.models.huggingface_folder import model_folder
 
     model = SentenceTransformer(str(model_folder(config.model)), device=config.device)
     model.max_seq_length = config.max_length

@@ -115,7 +115,8 @@ def first_batch_seconds(data: Path, run_folder: Path) -> float:
     from gradcache.train.config import RunConfig
     from gradcache.train.data.order import StepSampler, step_loader
     from gradcache.train.data.text.batches import QueryPassages
-    from gradcache.train.modes.text import DATA_INDEX, Text
+    from gradcache.train.data.text.sources import DATA_INDEX
+    from gradcache.train.modes.text import Text
 
     start = time.perf_counter()
     config = RunConfig(mode="text", data=str(data), negative_keys=["negative"], test_size=300,

@@ -152,12 +152,7 @@ def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
-    from gradcache.train.commands.mine import (
-        NEGATIVES_FIELD,
-        Guards,
-        mine,
-        negative_columns,
-    )
+    from gradcache.train.commands.mine import Guards, mine, negative_keys_of
     from gradcache.train.commands.model import load_model
 
     guards = Guards(args.margin, args.relative_margin, *(args.range or (1, None)))
@@ -165,7 +160,7 @@ def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
     model = load_model(args.model, args.device, args.max_length, args.pooling)
     rows, short = mine(model, args.data, args.output, args.negatives, guards, args.corpus, args.query_key,
                        args.positive_key, args.negative_keys, args.batch_size)
-    keys = NEGATIVES_FIELD if args.output.lower().endswith(".jsonl") else " ".join(negative_columns(args.negatives))
+    keys = negative_keys_of(args.output, args.negatives)
     print(f"wrote {args.output}: {rows} rows, {short} with fewer than {args.negatives} negatives; train on it with "
           f"--data {args.output} --query-key {args.query_key} --positive-key {args.positive_key} --negative-keys "
           f"{keys}", file=sys.stderr)

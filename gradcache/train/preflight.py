@@ -30,7 +30,7 @@ from gradcache.train.checkpoints.resume import (
     merge_resume,
 )
 from gradcache.train.config import RunConfig, with_absolute_paths
-from gradcache.train.data.images.files import check_bad_share
+from gradcache.train.data.bad_data import check_bad_share
 from gradcache.train.data.resources import reading_data
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError

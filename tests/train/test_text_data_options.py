@@ -10,8 +10,9 @@ from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
 from gradcache.cli import main
 from gradcache.train.data.text.corpus import read_corpus
 from gradcache.train.data.text.files import data_files
-from gradcache.train.data.text.indexed import IndexedPairs
-from gradcache.train.data.text.pairs import read_text_pairs, split_pairs
+from gradcache.train.data.text.indexed_pairs import IndexedPairs
+from gradcache.train.data.text.sources import read_text_pairs
+from gradcache.train.data.text.text_pairs import split_pairs
 from gradcache.train.data.text.row_index import build_row_index
 from gradcache.train.eval.retrieval import evaluate_retrieval, retrieval_corpus
 from tests.train.conftest import text_args

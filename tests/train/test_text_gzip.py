@@ -10,7 +10,7 @@ import pytest
 from gradcache.cli import main
 from gradcache.train import errors
 from gradcache.train.checkpoints.atomic import load_checkpoint
-from gradcache.train.data.images import lazy
+from gradcache.train.data import bad_data
 from tests.train.conftest import text_args
 
 pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
@@ -58,7 +58,7 @@ def test_a_streamed_run_counts_bad_rows_records_its_epoch_and_eval_reads_gzip(tm
 
 
 def test_more_bad_rows_than_max_bad_share_allows_stop_the_run_with_exit_4(tmp_path, tiny_bert, capsys, monkeypatch):
-    monkeypatch.setattr(lazy, "BAD_SHARE_MIN_READS", 8)
+    monkeypatch.setattr(bad_data, "BAD_SHARE_MIN_READS", 8)
     data = _gzip(tmp_path / "rows.jsonl.gz", [row for i in range(32) for row in (_row(i), "not json")])
     held = _gzip(tmp_path / "held.jsonl.gz", [_row(i) for i in range(100, 108)])
     assert main(text_args(tiny_bert, tmp_path / "run", "--data", str(data), "--eval-data", str(held),

@@ -122,7 +122,7 @@ def test_a_resume_reads_the_saved_row_index_not_the_data(tmp_path, dropout_bert,
     """A streamed JSONL (and a memory-mapped datasets folder): the run saves its row index (RUN/data_index.npz)
     beside the run; killed and resumed, it reuses it (indexing again fails here) and logs the losses of the
     uninterrupted run."""
-    from gradcache.train.modes import text
+    from gradcache.train.data.text import sources
 
     data = _random_pairs(tmp_path / "pairs.jsonl", 32)
     if source == "datasets":
@@ -135,12 +135,12 @@ def test_a_resume_reads_the_saved_row_index_not_the_data(tmp_path, dropout_bert,
             "--negative-keys", "negative", "--steps", "5", "--checkpoint-every", "2"]
     assert main([*argv, "--output-dir", str(tmp_path / "whole")]) == 0
     killed_after_step(3, [*argv, "--output-dir", str(tmp_path / "cut")])
-    assert (tmp_path / "cut" / text.DATA_INDEX).is_file()
+    assert (tmp_path / "cut" / sources.DATA_INDEX).is_file()
 
     def indexing_again(*args, **kwargs):
         raise AssertionError("the resume indexed the data again")
 
-    monkeypatch.setattr(text, "build_row_index", indexing_again)
+    monkeypatch.setattr(sources, "build_row_index", indexing_again)
     assert main(["train", "text", "--resume", str(tmp_path / "cut"), "--quiet"]) == 0
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
     if source == "datasets":

@@ -1,7 +1,7 @@
 """What `gradcache encode`, `eval` and `mine` read, with the training program's readers (one copy of each format).
 
 - texts to embed: a `.txt` file, one text per line (every line a row, in order), or one column (`--key`) of a
-  `.tsv`, `.csv` or `.jsonl` table (gradcache/train/data/text/pairs.py's reader);
+  `.tsv`, `.csv` or `.jsonl` table (gradcache/train/data/text/formats/'s `table_records`);
 - images to embed: a folder (every image file under it, sorted by path) or one column (`--image-key`) of a table
   of image paths (relative paths are relative to the table's folder), decoded as training decodes them
   (gradcache/train/data/images/files.py: shorter side resized, centre crop); or webdataset shards (a `.tar`, a
@@ -29,7 +29,7 @@ from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.images.files import IMAGE_EXTENSIONS, decode_image
 from gradcache.train.data.images.shards import decode_head, find_shards, is_shard_spec
-from gradcache.train.data.text.pairs import read_records
+from gradcache.train.data.text.formats import table_records
 from gradcache.train.errors import DataError
 
 TEXT_LINES = ".txt"
@@ -44,7 +44,7 @@ def _existing(path: str | os.PathLike, option: str) -> Path:
 
 
 def _column(path: Path, key: str, option: str, key_option: str) -> list[str]:
-    rows, names = read_records(path, option)
+    rows, names = table_records(path, option)
     if key not in names:
         raise DataError(f"{path} has no column {key!r} (columns: {sorted(names)}); name it with {key_option}")
     values = ["" if record.get(key) is None else str(record.get(key)).strip() for _, record in rows]
@@ -176,7 +176,7 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
         DataError: no such file, a missing column, an empty text or id, a repeated id, or no row.
     """
     path = _existing(path, "--corpus")
-    rows, names = read_records(path, "--corpus")
+    rows, names = table_records(path, "--corpus")
     for key in (CORPUS_ID, CORPUS_TEXT):
         if key not in names:
             raise DataError(f"--corpus {path} has no column {key!r} (columns: {sorted(names)}); a corpus holds "

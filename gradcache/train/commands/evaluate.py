@@ -28,7 +28,8 @@ from gradcache.train.commands.command_outputs import check_output, write_atomica
 from gradcache.train.commands.command_inputs import Corpus, read_corpus
 from gradcache.train.commands.model import LoadedModel
 from gradcache.train.data.resources import reading_data
-from gradcache.train.data.text.pairs import TextPairs, read_text_pairs
+from gradcache.train.data.text.sources import read_text_pairs
+from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.retrieval import retrieval_corpus, retrieval_metrics
 

@@ -22,8 +22,6 @@ POSITIVE_KEY, negative_1 .. negative_K (train with `--negative-keys negative_1 .
 """
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +32,10 @@ from gradcache.train.commands.encode import embed_text_rows
 from gradcache.train.commands.evaluate import pairs_corpus, read_pairs
 from gradcache.train.commands.command_outputs import check_output, write_atomically
 from gradcache.train.commands.model import LoadedModel
-from gradcache.train.data.text.pairs import SEPARATORS
+from gradcache.train.data.text.formats import IndexedFormat, file_format, table_suffixes
 from gradcache.train.errors import UsageError
 
-OUTPUT_SUFFIXES = (".jsonl", ".tsv", ".csv")
+OUTPUT_SUFFIXES = tuple(table_suffixes())  # .jsonl, .tsv, .csv
 NEGATIVES_FIELD = "negatives"  # the JSONL field of the mined negatives
 QUERY_BLOCK = 1024  # queries scored at once: a (1024, C) float32 block of scores
 
@@ -132,22 +130,27 @@ def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Gua
     mined = mine_negatives(query_embeddings, corpus_embeddings, positives, negatives, guards, same_text)
     rows = [(query, positive, [ranked.texts[c] for c in found])
             for query, positive, found in zip(pairs.queries, pairs.positives, mined)]
-    write_atomically(path, lambda temporary: _write(rows, temporary, path.suffix.lower(), query_key, positive_key,
+    write_atomically(path, lambda temporary: _write(rows, temporary, file_format(path), query_key, positive_key,
                                                    negatives))
     return len(rows), sum(len(found) < negatives for found in mined)
 
 
-def _write(rows: list[tuple[str, str, list[str]]], temporary: Path, suffix: str, query_key: str,
+def _write(rows: list[tuple[str, str, list[str]]], temporary: Path, text_format: IndexedFormat, query_key: str,
            positive_key: str, negatives: int) -> None:
+    """The rows as the module docstring says: the negatives in one list field, or in K columns of a table."""
+    if text_format.holds_lists:
+        columns = [query_key, positive_key, NEGATIVES_FIELD]
+        values = [[query, positive, found] for query, positive, found in rows]
+    else:
+        columns = [query_key, positive_key, *negative_columns(negatives)]
+        values = [[query, positive, *found, *[""] * (negatives - len(found))] for query, positive, found in rows]
     with open(temporary, "w", newline="", encoding="utf-8") as handle:
-        if suffix == ".jsonl":
-            handle.writelines(json.dumps({query_key: query, positive_key: positive, NEGATIVES_FIELD: found},
-                                        ensure_ascii=False) + "\n" for query, positive, found in rows)
-            return
-        writer = csv.writer(handle, delimiter=SEPARATORS[suffix])
-        writer.writerow([query_key, positive_key, *negative_columns(negatives)])
-        for query, positive, found in rows:
-            writer.writerow([query, positive, *found, *[""] * (negatives - len(found))])
+        text_format.write(handle, columns, values)
+
+
+def negative_keys_of(output: str, negatives: int) -> str:
+    """The --negative-keys that train on the mined file `output`: its list field, or its K columns."""
+    return NEGATIVES_FIELD if file_format(output).holds_lists else " ".join(negative_columns(negatives))
 
 
 def negative_columns(count: int) -> list[str]:

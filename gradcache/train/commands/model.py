@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from gradcache.models.huggingface_folder import PACKAGED_MODEL, model_folder, quiet_transformers
 from gradcache.train.checkpoints.run_checkpoint import (
     FileCheckpoint,
     ShardedCheckpoint,
@@ -125,9 +126,8 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
               "meta": meta}
     if config.mode == "text":
         from gradcache.models import HuggingFaceTokenizer
-        from gradcache.train.modes.text import model_folder
 
-        tokenizer = HuggingFaceTokenizer(model_folder(config.model), max_length or config.max_length)
+        tokenizer = HuggingFaceTokenizer(_text_model_folder(config.model), max_length or config.max_length)
         return LoadedModel("text", tokenizer=tokenizer, encode_query=model.encode_query,
                            encode_passage=model.encode_passage, **common)
     if max_length is not None:
@@ -142,14 +142,24 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
     return LoadedModel(config.mode, encode_image=model.embed, image_size=config.image_size, **common)
 
 
+def _text_model_folder(name: str) -> Path:
+    """The folder of the text model `name` (UsageError for the packaged model without its package)."""
+    try:
+        return model_folder(name)
+    except ImportError as error:
+        raise UsageError(f"MODEL {error}") from error
+
+
 def _from_text_folder(name: str, folder: Path, device: torch.device, max_length: int | None,
                       pooling: str | None, passage_folder: Path | None = None) -> LoadedModel:
     """A shared tower from `folder`, or a query tower from `folder` and a passage tower from `passage_folder`
     (both with `folder`'s tokenizer)."""
     from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
-    from gradcache.train.modes.text import quiet_transformers
 
-    quiet_transformers()
+    try:
+        quiet_transformers()
+    except ImportError as error:
+        raise UsageError(str(error)) from error
     try:
         encoder = HuggingFaceEncoder(folder, pooling=pooling)
         passage = None if passage_folder is None else HuggingFaceEncoder(passage_folder, pooling=pooling)
@@ -185,10 +195,8 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
     if max_length is not None and max_length < 2:
         raise UsageError(f"--max-length must be at least 2 (two special tokens), got {max_length}")
     torch_device = torch.device(device)
-    from gradcache.train.modes.text import PACKAGED_MODEL, model_folder
-
     if name == PACKAGED_MODEL:
-        return _from_text_folder(name, model_folder(name), torch_device, max_length, pooling)
+        return _from_text_folder(name, _text_model_folder(name), torch_device, max_length, pooling)
     path = Path(name)
     if not path.exists():
         raise UsageError(f"MODEL {name!r}: no such file or folder; give {MODEL_HELP}")

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from gradcache.train.data.images.lazy import BadShare
 from gradcache.train.preemption import ignore_stop_signals
 
 _EPOCH_STRIDE = 1_000_003  # seeds of consecutive epochs stay apart from those of nearby run seeds
@@ -61,22 +60,6 @@ class StepSampler(Sampler[list[tuple[int, int]]]):
 
     def __len__(self) -> int:
         return self.total_steps - self.start_step
-
-
-class CountedBatches:
-    """The batches of a loader whose collate returns (batch, files read, names failed): yields the batches and
-    counts the rest in `bad_share` (`BadShare`: the run's skipped images, --max-bad-share as the run goes)."""
-
-    def __init__(self, loader: DataLoader, bad_share: BadShare) -> None:
-        self.loader, self.bad_share = loader, bad_share
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator:
-        for batch, read, failed in self.loader:
-            self.bad_share.add(read, failed)
-            yield batch
 
 
 def step_loader(dataset: Dataset, sampler: StepSampler, collate: Callable, workers: int) -> DataLoader:

@@ -1,8 +1,8 @@
 """Training files streamed in order through a shuffle buffer, whatever their format: webdataset shards
-(images/shards.py) and `.jsonl.gz` rows (text/gzip_rows.py). A format gives its files, how one file's units are
-read in order (cheaply: a sample's headers, a line's bytes; a `Damaged` marker where the file cannot be read on)
-and what a unit becomes in the buffer (its item, or `Damaged`); its `StreamBatches` subclass says what a batch
-of items is. A `Damaged` unit or item is counted once as bad by the batch that draws it and never buffered.
+(images/shards.py) and streamed text rows (text/streamed_rows.py: `.jsonl.gz`). A format gives its files, how
+one file's units are read in order (cheaply: a sample's headers, a line's bytes; a `Damaged` marker where the
+file cannot be read on) and what a unit becomes in the buffer (its item, or `Damaged`); its `StreamBatches`
+subclass says what a batch of items is. A `Damaged` unit or item is counted once as bad by the batch that draws it and never buffered.
 
 - Order: epoch e permutes the training files (seeded by --seed and e) and deals them to the `ranks x workers`
   slots in turn (slot = rank x workers + worker). With fewer files than slots, every slot reads every file and

@@ -16,7 +16,7 @@ import faiss
 import numpy as np
 import torch
 
-from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.eval.dimensions import at_dim, evaluation_dims, truncated
 from gradcache.train.eval.embed import embed_texts
 

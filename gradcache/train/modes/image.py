@@ -10,8 +10,9 @@ from typing import Any
 
 from gradcache.models.pretrained import IMAGE_INPUT
 from gradcache.train.config import RunConfig
+from gradcache.train.data.bad_data import BadShare, CountedBatches
 from gradcache.train.data.images.files import BUILT_IN_DATA
-from gradcache.train.data.images.lazy import BadShare, LazyImageSet
+from gradcache.train.data.images.lazy import LazyImageSet
 from gradcache.train.data.images.sets import DataSplits
 from gradcache.train.data.images.shards import (
     ShardBatches,
@@ -22,8 +23,9 @@ from gradcache.train.data.images.shards import (
     load_shards,
     shard_loader,
 )
+from gradcache.train.data.bad_data import CountedBatches
 from gradcache.train.data.images.training_batches import training_batches
-from gradcache.train.data.order import CountedBatches, StepSampler
+from gradcache.train.data.order import StepSampler
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
 from gradcache.train.modes.base import Mode, OptionGroups

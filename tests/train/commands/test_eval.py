@@ -73,7 +73,7 @@ def test_positives_given_as_corpus_ids(capsys, tmp_path, tiny_bert):
 
 def test_the_packaged_minilm_equals_sentence_transformers(capsys, pairs_file):
     sentence_transformers = pytest.importorskip("sentence_transformers")
-    from gradcache.train.modes.text import PACKAGED_MODEL, model_folder
+    from gradcache.models.huggingface_folder import PACKAGED_MODEL, model_folder
 
     got = _eval(capsys, PACKAGED_MODEL, "--data", str(pairs_file), "--negative-keys", "hard")
     rows, passages = pair_rows(), distinct_passages(pair_rows())

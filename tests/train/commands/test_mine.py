@@ -9,7 +9,7 @@ import pytest
 from gradcache.cli import main
 from gradcache.train import errors
 from gradcache.train.commands.mine import Guards, mine_negatives
-from gradcache.train.data.text.pairs import read_text_pairs
+from gradcache.train.data.text.sources import read_text_pairs
 from tests.train.commands.conftest import Reference, distinct_passages, pair_rows
 
 

@@ -11,7 +11,7 @@ from PIL import Image
 from gradcache.cli import main
 from gradcache.train import errors
 from gradcache.train.data.held_out import held_out_order
-from gradcache.train.data.images import lazy
+from gradcache.train.data import bad_data
 from gradcache.train.data.images.augment import simclr_augmentation
 from gradcache.train.data.images.files import (
     decode_image,
@@ -116,7 +116,7 @@ def test_more_bad_files_than_the_share_allows_stops_once_enough_were_read(tmp_pa
     root = _folder(tmp_path / "data", 8, classes=("a",))
     for index in range(0, 8, 2):  # every other file: half of the draws fail once
         (root / "a" / f"{index:03d}.png").write_bytes(b"not a png")
-    monkeypatch.setattr(lazy, "BAD_SHARE_MIN_READS", 24)
+    monkeypatch.setattr(bad_data, "BAD_SHARE_MIN_READS", 24)
     images = list_image_folder(root, 8)
     batches = _batches(images, workers=0, steps=40, max_bad_share=0.3)
     reads_before_each_batch = []
@@ -186,7 +186,7 @@ def test_a_run_meeting_more_bad_files_than_the_share_allows_exits_4(tmp_path, ti
     paths = sorted(root.glob("*/*.png"))
     for index in held_out_order(40, 8, 0, "images")[8::3].tolist():  # 11 of the 32 training files, none held out
         paths[index].write_bytes(b"not a png")
-    monkeypatch.setattr(lazy, "BAD_SHARE_MIN_READS", 16)
+    monkeypatch.setattr(bad_data, "BAD_SHARE_MIN_READS", 16)
     with pytest.warns(UserWarning, match="failed to decode"):
         status = main(tiny_args("simclr", tmp_path / "out", "--data", str(root), "--test-size", "8",
                                 "--max-bad-share", "0.1"))

@@ -10,7 +10,7 @@ from gradcache.train.data.text.batches import (
     split_groups,
     text_batches,
 )
-from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.data.text.text_pairs import TextPairs
 
 
 def _pairs(count=12, hard=2):
@@ -87,7 +87,7 @@ def test_gradcache_gradient_equals_the_full_batch_on_every_parameter(tmp_path, s
 def _queries_drawn(rank, world_size, data, workers, steps):
     """The queries of each step of this rank, drawn through the loader with `workers` worker processes."""
     from gradcache.train.data.text.files import data_files
-    from gradcache.train.data.text.indexed import IndexedPairs
+    from gradcache.train.data.text.indexed_pairs import IndexedPairs
     from gradcache.train.data.text.row_index import build_row_index
 
     rows = IndexedPairs(build_row_index(*data_files(data), negative_keys=["negative"]))

@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from gradcache.train.data.text.pairs import TextPairs, read_text_pairs, split_pairs
+from gradcache.train.data.text.sources import read_text_pairs
+from gradcache.train.data.text.text_pairs import TextPairs, split_pairs
 from gradcache.train.errors import DataError
 
 ROWS = [

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gradcache.train.data.text import parallel_index, row_index
-from gradcache.train.data.text import rows as row_rule  # where the default h is read
+from gradcache.train.data.text import usable_rows as row_rule  # where the default h is read
 from gradcache.train.data.text.corpus import read_corpus
 from gradcache.train.data.text.files import data_files
 from gradcache.train.data.text.parallel_index import (
@@ -21,7 +21,7 @@ from gradcache.train.data.text.parallel_index import (
     parallel_processes,
 )
 from gradcache.train.data.text.row_index import build_row_index
-from gradcache.train.data.text.rows import SHOWN_SKIPS
+from gradcache.train.data.bad_data import SHOWN_SKIPS
 from gradcache.train.errors import DataError
 
 KEYS = ("query", "positive", ("negs", "extra"))

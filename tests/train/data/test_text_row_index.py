@@ -10,11 +10,11 @@ import random
 import pytest
 
 from gradcache.train.data.order import StepSampler, step_loader
-from gradcache.train.data.text import rows as row_rule  # where the default h is read
+from gradcache.train.data.text import usable_rows as row_rule  # where the default h is read
 from gradcache.train.data.text.batches import QueryPassages
 from gradcache.train.data.text.files import data_files, expand_braces
-from gradcache.train.data.text.indexed import IndexedPairs
-from gradcache.train.data.text.pairs import TextPairs, split_pairs
+from gradcache.train.data.text.indexed_pairs import IndexedPairs
+from gradcache.train.data.text.text_pairs import TextPairs, split_pairs
 from gradcache.train.data.text.row_index import build_row_index, load_row_index
 from gradcache.train.errors import DataError
 

@@ -3,7 +3,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.eval.dimensions import at_dim, evaluation_dims, truncated
 from gradcache.train.eval.retrieval import evaluate_retrieval
 

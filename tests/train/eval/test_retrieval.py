@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.eval.embed import embed_texts
 from gradcache.train.eval.retrieval import (
     evaluate_retrieval,

@@ -8,8 +8,8 @@ Skip and count: a table row without an image path or with an empty caption is le
 a held-out image that fails to decode when it is decoded, a training image when it is drawn (lazy.py says how
 the batch keeps its size); a warning names them (the first ten) and `skipped` keeps every name, so the run
 summary can report the count. A missing path, a folder without images or a CSV without the named columns
-raises `DataError` before training starts; more skipped than a run allows (`check_bad_share` at start, `BadShare`
-as the run goes, --max-bad-share) raises `TooMuchBadData`.
+raises `DataError` before training starts; more skipped than a run allows (data/bad_data.py: `check_bad_share` at
+start, `BadShare` as the run goes, --max-bad-share) raises `TooMuchBadData`.
 """
 from __future__ import annotations
 
@@ -26,23 +26,14 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.images.lazy import LazyImageSet, decode_image, lazy_split
 from gradcache.train.data.images.sets import DataSplits, ImageSet, random_split
 from gradcache.train.data.images.shapes import load_shapes
-from gradcache.train.errors import DataError, TooMuchBadData
+from gradcache.train.data.text.formats import table_separator
+from gradcache.train.errors import DataError
 
-__all__ = ["BUILT_IN_DATA", "check_bad_share", "decode_image", "list_caption_table", "list_image_folder",
+__all__ = ["BUILT_IN_DATA", "decode_image", "list_caption_table", "list_image_folder",
            "load_caption_table", "load_digits", "load_image_folder"]  # decode_image: read from here by other commands
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-
-
-def check_bad_share(skipped: list[str], kept: int, max_share: float, items: str) -> None:
-    """Refuse data of which more than `max_share` of the entries (`kept` loaded, `skipped` left out) are bad."""
-    total = kept + len(skipped)
-    if total and len(skipped) > max_share * total:
-        shown = "; ".join(skipped[:3]) + (" ..." if len(skipped) > 3 else "")
-        raise TooMuchBadData(f"{len(skipped)} of {total} {items} ({len(skipped) / total:.1%}) could not be used, more "
-                             f"than --max-bad-share {max_share:g} allows ({shown}); repair the data, or raise "
-                             "--max-bad-share to train on the rest")
 
 
 def load_digits(image_size: int, test_size: int, seed: int) -> DataSplits:
@@ -100,7 +91,7 @@ def list_caption_table(
     if not table.is_file():
         raise DataError(f"--data {str(table)!r} is not a file; give a CSV or TSV of image paths and captions")
     if separator is None:
-        separator = "\t" if table.suffix.lower() == ".tsv" else ","
+        separator = table_separator(table)
     try:
         with open(table, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle, delimiter=separator)

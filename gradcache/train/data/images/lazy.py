@@ -6,7 +6,7 @@ crop); it runs in the data-loader workers. An image that fails to decode is skip
 keeps its size: the draw takes the next image in file order, i + 1, i + 2, ... (modulo N), the first that
 decodes. The replacement is a function of i alone, so the batches stay a function of (seed, epoch, step), the
 same whatever the number of workers and wherever a run was resumed. Each draw reports how many files it read
-and the names of those that failed; `CountedBatches` (data/order.py) adds them up as the run goes and checks
+and the names of those that failed; `CountedBatches` (data/bad_data.py) adds them up as the run goes and checks
 --max-bad-share on the share read so far (`BadShare`).
 
 The held-out images and SimCLR's kNN reference set are small and read at every evaluation, so they are decoded
@@ -23,10 +23,9 @@ from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.held_out import held_out_order
 from gradcache.train.data.images.sets import DataSplits, ImageSet, check_descriptions
-from gradcache.train.errors import DataError, TooMuchBadData
+from gradcache.train.errors import DataError
 
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
-BAD_SHARE_MIN_READS = 1_000  # --max-bad-share is checked once at least this many images (rows) were read
 
 
 def decode_image(path: str | Path, image_size: int) -> torch.Tensor:
@@ -126,37 +125,6 @@ class LazyImageSet:
                         captions=None if self.captions is None else [self.captions[i] for i in kept],
                         class_names=self.class_names, class_prompts=self.class_prompts,
                         skipped=list(self.skipped) + failed)
-
-
-class BadShare:
-    """The `items` (images, rows) read by a run so far and the names of those that could not be used (`failure`
-    says how: images "failed to decode"); refuses more than `max_share` bad among them once at least `min_reads`
-    were read (--max-bad-share, counted as the run goes). `skipped` is the run's list (or `SkippedRows`)."""
-
-    def __init__(self, max_share: float, skipped: list[str], min_reads: int | None = None, items: str = "images",
-                 failure: str = "failed to decode") -> None:
-        self.max_share, self.skipped, self.items, self.failure = max_share, skipped, items, failure
-        self.min_reads = BAD_SHARE_MIN_READS if min_reads is None else min_reads
-        self.read = self.bad = 0
-        self.last = ""
-
-    def add(self, read: int, failed: list[str]) -> None:
-        """Count `read` items of which `failed` could not be used (their names go to `skipped`).
-
-        Raises:
-            TooMuchBadData: at least `min_reads` read, and more than `max_share` of them bad.
-        """
-        if failed and self.bad < 10:
-            warnings.warn(f"skipped {self.items} that {self.failure}: {', '.join(failed[:10 - self.bad])}",
-                          stacklevel=2)
-        self.read += read
-        self.bad += len(failed)
-        self.skipped.extend(failed)
-        self.last = failed[-1] if failed else self.last
-        if self.read >= self.min_reads and self.bad > self.max_share * self.read:
-            raise TooMuchBadData(f"{self.bad} of the {self.read} {self.items} read so far ({self.bad / self.read:.1%}) "
-                                 f"{self.failure}, more than --max-bad-share {self.max_share:g} allows (last: "
-                                 f"{self.last}); repair the data, or raise --max-bad-share to train on the rest")
 
 
 def lazy_split(data: LazyImageSet, test_size: int, seed: int, name: str) -> DataSplits:

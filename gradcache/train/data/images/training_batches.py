@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils.data import Dataset
 
+from gradcache.train.data.bad_data import BadShare, CountedBatches
 from gradcache.train.data.images.augment import to_model_input
-from gradcache.train.data.images.lazy import BadShare, LazyImageSet
+from gradcache.train.data.images.lazy import LazyImageSet
 from gradcache.train.data.images.sets import ImageSet
-from gradcache.train.data.order import CountedBatches, StepSampler, epoch_seed, step_loader
+from gradcache.train.data.order import StepSampler, epoch_seed, step_loader
 
 
 class AugmentedPairs(Dataset):

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from gradcache import losses
 from gradcache.train.data.order import StepSampler, step_loader
-from gradcache.train.data.text.indexed import IndexedPairs
-from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.data.text.indexed_pairs import IndexedPairs
+from gradcache.train.data.text.text_pairs import TextPairs
 
 
 class QueryPassages(Dataset):

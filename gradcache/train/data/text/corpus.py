@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gradcache.train.data.text.gzip_rows import GZIP
+from gradcache.train.data.text.formats import StreamedFormat, format_named
 from gradcache.train.data.text.row_index import RowIndex, build_row_index
-from gradcache.train.data.text.rows import clean_text
+from gradcache.train.data.text.usable_rows import clean_text
 from gradcache.train.errors import DataError
 
 CORPUS_ID_KEY, CORPUS_TEXT_KEY = "id", "text"
@@ -71,14 +71,17 @@ class PassageCorpus:
         return self.passage(position)
 
 
-def read_corpus(files: Sequence[Path], text_format: str, name: str) -> PassageCorpus:
-    """Index the (id, text) rows of `files` in one pass (`DataError` as `build_row_index` raises it; a `.jsonl.gz`
-    corpus is refused: a passage is read by offset when a batch needs it, and a gzip file has no offsets)."""
-    if text_format == GZIP:
-        raise DataError(f"--corpus {name}: a .jsonl.gz corpus cannot be read by offset, as a corpus is (each passage "
-                        "looked up by id when a batch needs it); decompress it (gunzip) and give the .jsonl")
+def read_corpus(files: Sequence[Path], format_name: str, name: str) -> PassageCorpus:
+    """Index the (id, text) rows of `files` (of the format named `format_name`) in one pass (`DataError` as
+    `build_row_index` raises it; a streamed corpus is refused: a passage is read by offset when a batch needs it,
+    and a compressed file has no offsets)."""
+    text_format = format_named(format_name)
+    if isinstance(text_format, StreamedFormat):
+        raise DataError(f"--corpus {name}: a {text_format.name} corpus cannot be read by offset, as a corpus is (each "
+                        f"passage looked up by id when a batch needs it); decompress it "
+                        f"({text_format.decompress_command}) and give the .jsonl")
     hashes = array("q")  # 8 bytes a passage while indexing too
-    rows = build_row_index(files, text_format, CORPUS_ID_KEY, CORPUS_TEXT_KEY, (), negatives_per_query=0,
+    rows = build_row_index(files, format_name, CORPUS_ID_KEY, CORPUS_TEXT_KEY, (), negatives_per_query=0,
                            on_kept=lambda record: hashes.append(id_hash(clean_text(record.get(CORPUS_ID_KEY)))),
                            option="--corpus")
     values = np.asarray(hashes, dtype=np.int64)

@@ -1,11 +1,11 @@
 """Which files `--data` (or `--eval-data`) names: one file, a folder, a glob, or a brace pattern, as one ordered set.
 
-- A folder that `datasets.Dataset.save_to_disk` wrote: that one dataset (format `columnar.ARROW_FOLDER`).
-- Another folder: its files with a supported extension, sorted by name (not recursive).
+- A folder that is one data set of a format (formats/arrow_folder.py: what `datasets` save_to_disk wrote).
+- Another folder: its files of a registered format, sorted by name (not recursive).
 - A brace pattern expands first, as a shell does: 'part-{000..099}.jsonl' (a numeric range keeps the width of
   its zero-padded ends), 'pairs-{train,extra}.tsv' (a list). Each expansion may then be a glob ('*', '?', '[').
 - A glob matches files, sorted by name; a plain path must exist.
-The files of one set share one format (`text_format`): `.jsonl`, `.jsonl.gz`, `.tsv`, `.csv` or `.parquet`.
+The files of one set share one format (formats/__init__.py's `FORMATS`, told by suffix), returned by its name.
 Nothing matched, a missing plain path or mixed formats raise `DataError`, naming the pattern and the fix.
 """
 from __future__ import annotations
@@ -14,18 +14,11 @@ import glob
 import re
 from pathlib import Path
 
-from gradcache.train.data.text.columnar import ARROW_FOLDER, is_arrow_folder
+from gradcache.train.data.text.formats import file_format, file_suffixes, folder_format
 from gradcache.train.errors import DataError
 
-TEXT_FORMATS = (".jsonl.gz", ".jsonl", ".tsv", ".csv", ".parquet")  # longest first: '.jsonl.gz' before '.jsonl'
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
-
-
-def text_format(path: str | Path) -> str | None:
-    """The format of `path` by its (case-insensitive) extension, or None when it is not one of TEXT_FORMATS."""
-    name = str(path).lower()
-    return next((suffix for suffix in TEXT_FORMATS if name.endswith(suffix)), None)
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -48,18 +41,19 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 def data_files(pattern: str | Path, option: str = "--data") -> tuple[list[Path], str]:
-    """The files `pattern` names (module docstring) and their one format.
+    """The files `pattern` names (module docstring) and the name of their one format.
 
     Raises:
         DataError: nothing matched, a plain path that does not exist, a file of no known format, or files of
             more than one format (the message names `option`, the pattern and the fix).
     """
     text = str(pattern)
-    known = ", ".join(TEXT_FORMATS)
-    if is_arrow_folder(Path(text)):
-        return [Path(text)], ARROW_FOLDER
+    known = ", ".join(file_suffixes())
+    folder = folder_format(Path(text))
+    if folder is not None:
+        return [Path(text)], folder.name
     if Path(text).is_dir():
-        files = sorted(path for path in Path(text).iterdir() if path.is_file() and text_format(path))
+        files = sorted(path for path in Path(text).iterdir() if path.is_file() and file_format(path))
         if not files:
             raise DataError(f"{option} {text!r} is a folder holding no {known} file; give a folder of such files, "
                             "a file, or a pattern")
@@ -79,11 +73,12 @@ def data_files(pattern: str | Path, option: str = "--data") -> tuple[list[Path],
         if not files:
             raise DataError(f"{option} {text!r} matches no file; check the pattern (quote it so the shell does not "
                             "expand it)")
-    formats = {text_format(path) for path in files}
-    if None in formats:
-        unknown = next(path for path in files if text_format(path) is None)
+    found = {path: file_format(path) for path in files}
+    unknown = next((path for path, text_format in found.items() if text_format is None), None)
+    if unknown is not None:
         raise DataError(f"{option} {str(unknown)!r}: unknown extension {unknown.suffix.lower()!r}; give a .tsv, "
                         ".csv or .jsonl file (or .jsonl.gz, .parquet)")
+    formats = {text_format.name for text_format in found.values()}
     if len(formats) > 1:
         raise DataError(f"{option} {text!r} mixes formats ({', '.join(sorted(formats))}); give files of one format, "
                         "e.g. a narrower pattern")

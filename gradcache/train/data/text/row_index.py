@@ -5,14 +5,13 @@ One streamed pass over the files (in order) records the byte offset of every usa
 alone, so a data-loader worker reads and tokenises only the rows of its batches. Large `.jsonl` files (64 MB in
 all) are indexed in min(cores, 8) forked processes, a byte range each, to the same result (`parallel_index.py`).
 
-- `.jsonl`, `.tsv` / `.csv`: the offset is where the record starts (records.py: a CSV record may span lines);
-  reading a row seeks there and parses one line, or one record with the file's own header.
-- `.parquet` and a `datasets` folder (save_to_disk): the offset is the row's number (`columnar.py`: memory-mapped
-  Arrow, Parquet decoded a row group at a time).
-- Usable rows as `read_text_pairs` has always kept them, by rows.py's rule (which the `.jsonl.gz` stream applies
-  too): a query, a positive and at least h non-empty hard negatives, the first h kept; h by default the count
-  most of the first 1,000 rows have. Unusable rows are skipped and counted as they are met.
-- `.jsonl.gz` is not indexed (a gzip file has no offsets to seek to): it is streamed (`gzip_rows.py`).
+- The offset is what the file's format says (formats/): where the record starts in a `.jsonl`, `.tsv` or `.csv`
+  file (a CSV record may span lines), the row's number in a `.parquet` file or a `datasets` folder; the
+  format's reader reads the record at an offset.
+- Usable rows by usable_rows.py's rule (which the streamed formats apply too): a query, a positive and at least h
+  non-empty hard negatives, the first h kept; h by default the count most of the first 1,000 rows have.
+  Unusable rows are skipped and counted as they are met.
+- A streamed format (`.jsonl.gz`) is not indexed (it has no offsets to seek to): streamed_rows.py reads it.
 - `save` / `load_row_index`: the index as .npz with the files' sizes and modification times and the options
   it was built under; a load that finds any of them changed returns None (the caller builds it again).
 """
@@ -27,22 +26,16 @@ import warnings
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from gradcache.train.data.text.columnar import (
-    ARROW_FOLDER,
-    PARQUET,
-    ColumnarReader,
-    columnar_names,
-    columnar_records,
-)
+from gradcache.train.data.bad_data import SHOWN_SKIPS, SkippedRows
+from gradcache.train.data.text.formats import IndexedFormat, format_named
+from gradcache.train.data.text.formats.text_format import FileRecords, RecordReader
 from gradcache.train.data.text.parallel_index import LineRange, map_line_ranges, parallel_processes
-from gradcache.train.data.text.records import JSON_LINES, SEPARATORS, file_records, jsonl_records
-from gradcache.train.data.text.rows import (
+from gradcache.train.data.text.usable_rows import (
     FIRST_ROWS,
-    SHOWN_SKIPS,
     check_columns,
     check_ids,
     clean_text,
@@ -50,71 +43,55 @@ from gradcache.train.data.text.rows import (
     no_usable_row,
     record_negatives,
     row_fields,
-    SkippedRows,
 )
 from gradcache.train.errors import DataDiskFull, DataError
 
 if TYPE_CHECKING:
     from gradcache.train.data.text.corpus import PassageCorpus
 
-COLUMNAR = (PARQUET, ARROW_FOLDER)  # rows by number: columnar.py
 _INDEX_VERSION = 1
 
 
 class RowIndex:
     """The usable rows of `files` (module docstring): `len(index)` rows, `row(i)` -> (query, positive, negatives)."""
 
-    def __init__(self, files: list[Path], text_format: str, headers: list[list[str] | None], offsets: np.ndarray,
-                 file_ends: np.ndarray, keys: tuple[str, str, tuple[str, ...]], requested: int | None,
-                 negatives_per_query: int, skipped: SkippedRows, rows_read: int,
+    def __init__(self, files: list[Path], text_format: IndexedFormat, headers: list[list[str] | None],
+                 offsets: np.ndarray, file_ends: np.ndarray, keys: tuple[str, str, tuple[str, ...]],
+                 requested: int | None, negatives_per_query: int, skipped: SkippedRows, rows_read: int,
                  stamps: list[tuple[int, int]]) -> None:
         self.files, self.text_format, self.headers = files, text_format, headers
         self.offsets, self.file_ends = offsets, file_ends  # (N,) int64 byte offsets; (files + 1,) row counts so far
         self.keys, self.requested, self.negatives_per_query = keys, requested, negatives_per_query
         self.skipped, self.rows_read, self.stamps = skipped, rows_read, stamps
         self.saved_at: Path | None = None  # where `save` wrote it, or `load_row_index` read it from
-        self._handles: dict[int, Any] = {}
+        self._readers: dict[int, RecordReader] = {}
         self._pid = os.getpid()
 
     def __len__(self) -> int:
         return len(self.offsets)
 
     def __getstate__(self) -> dict:  # a worker process opens its own file handles
-        return {**self.__dict__, "_handles": {}}
+        return {**self.__dict__, "_readers": {}}
 
-    def _handle(self, file_number: int):
+    def _reader(self, file_number: int) -> RecordReader:
         if self._pid != os.getpid():  # forked: the parent's handles share its file positions
-            self._handles, self._pid = {}, os.getpid()
-        if file_number not in self._handles:
-            file = self.files[file_number]
-            self._handles[file_number] = (ColumnarReader(file, self.text_format, self.headers[file_number])
-                                          if self.text_format in COLUMNAR else open(file, "rb"))  # noqa: SIM115
-        return self._handles[file_number]
+            self._readers, self._pid = {}, os.getpid()
+        if file_number not in self._readers:
+            self._readers[file_number] = self.text_format.reader(self.files[file_number], self.headers[file_number])
+        return self._readers[file_number]
 
     def row(self, index: int) -> tuple[str, str, list[str]]:
         """Row `index` (0 <= index < len): its query, positive and first h hard negatives, read from its file."""
         file_number = int(np.searchsorted(self.file_ends, index, side="right")) - 1
-        handle = self._handle(file_number)
-        if self.text_format in COLUMNAR:
-            record = handle.record(int(self.offsets[index]))
-        elif self.text_format == JSON_LINES:
-            handle.seek(int(self.offsets[index]))
-            record = json.loads(handle.readline().decode("utf-8"))
-        else:
-            handle.seek(int(self.offsets[index]))
-            lines = (raw.decode("utf-8") for raw in iter(handle.readline, b""))
-            reader = csv.DictReader(lines, fieldnames=self.headers[file_number],
-                                    delimiter=SEPARATORS[self.text_format])
-            record = next(reader)
+        record = self._reader(file_number).record(int(self.offsets[index]))
         query_key, positive_key, negative_keys = self.keys
         negatives = record_negatives(record, negative_keys)[:self.negatives_per_query]
         return clean_text(record.get(query_key)), clean_text(record.get(positive_key)), negatives
 
     def close(self) -> None:
-        for handle in self._handles.values():
-            if hasattr(handle, "close"):
-                handle.close()
-        self._handles = {}
+        for reader in self._readers.values():
+            reader.close()
+        self._readers = {}
 
     def __del__(self, getpid=os.getpid) -> None:  # bound now: at interpreter exit `os` may be gone already
         if getattr(self, "_pid", None) == getpid():
@@ -124,9 +101,10 @@ class RowIndex:
     def save(self, path: str | os.PathLike) -> None:
         """Write the index to `path` (.npz) atomically: a temporary file in the same folder, then a rename."""
         path = Path(path)
-        meta = {"version": _INDEX_VERSION, "files": [str(file) for file in self.files], "format": self.text_format,
-                "headers": self.headers, "keys": [self.keys[0], self.keys[1], list(self.keys[2])],
-                "requested": self.requested, "negatives_per_query": self.negatives_per_query,
+        meta = {"version": _INDEX_VERSION, "files": [str(file) for file in self.files],
+                "format": self.text_format.name, "headers": self.headers,
+                "keys": [self.keys[0], self.keys[1], list(self.keys[2])], "requested": self.requested,
+                "negatives_per_query": self.negatives_per_query,
                 "skipped": self.skipped.count, "skip_reasons": self.skipped.reasons, "rows_read": self.rows_read,
                 "stamps": self.stamps, "first_rows": FIRST_ROWS}
         partial = path.with_name(path.name + ".partial")
@@ -176,9 +154,10 @@ def load_row_index(path: str | os.PathLike, files: Sequence[Path], keys: tuple[s
             # a resumed run's configuration holds the h the index resolved to, which indexes the same rows
             and requested in (meta["requested"], meta["negatives_per_query"])
             and meta["first_rows"] == FIRST_ROWS)
-    if not same:
+    text_format = format_named(meta["format"])
+    if not same or not isinstance(text_format, IndexedFormat):
         return None
-    index = RowIndex(list(files), meta["format"], meta["headers"], offsets, file_ends, keys, requested,
+    index = RowIndex(list(files), text_format, meta["headers"], offsets, file_ends, keys, requested,
                      meta["negatives_per_query"], SkippedRows(meta["skipped"], meta["skip_reasons"]),
                      meta["rows_read"], [tuple(stamp) for stamp in meta["stamps"]])
     index.saved_at = path
@@ -191,7 +170,7 @@ class RowRule(NamedTuple):
 
     keys: tuple[str, str, tuple[str, ...]]
     negatives_per_query: int  # h, decided before the pass
-    text_format: str
+    text_format: IndexedFormat
     prefix: bool  # skip reasons name the file (several files)
     skip_reasons: int | None  # reasons kept (all when None)
     corpus: PassageCorpus | None
@@ -203,11 +182,11 @@ class PieceIndex(NamedTuple):
     file_number: int
     offsets: np.ndarray  # (usable rows,) int64
     skipped: SkippedRows
-    names: set  # the fields of its JSONL rows (a table's columns are added by `index_file`)
+    names: set  # the columns (fields) of its rows
     rows_read: int
 
 
-def index_rows(file_number: int, file: Path, records: Iterator[tuple[int, int, dict]], rule: RowRule,
+def index_rows(file_number: int, file: Path, records: FileRecords, rule: RowRule,
                on_kept: Callable[[dict], None] | None = None) -> PieceIndex:
     """The usable rows of `records` (`file`'s, in order) under `rule`; `on_kept(record)` for each.
 
@@ -216,16 +195,12 @@ def index_rows(file_number: int, file: Path, records: Iterator[tuple[int, int, d
     """
     offsets = array("q")  # 8 bytes a row while building too
     skipped = SkippedRows(keep=rule.skip_reasons)
-    names: set = set()
     rows_read = 0
-    jsonl = rule.text_format == JSON_LINES
-    unit = "row" if rule.text_format in COLUMNAR else "line"
+    unit = rule.text_format.unit
     keys, h, corpus = rule.keys, rule.negatives_per_query, rule.corpus  # looked up once, not a row
     try:
         for offset, line, record in records:
             rows_read += 1
-            if jsonl:
-                names.update(record)
             fields = row_fields(record, keys)
             if corpus is not None and not fields.empty:
                 check_ids(corpus, [fields.positive, *fields.negatives], file, line)
@@ -240,76 +215,61 @@ def index_rows(file_number: int, file: Path, records: Iterator[tuple[int, int, d
         raise
     except (OSError, ValueError, csv.Error) as error:  # UTF-8, csv and pyarrow's errors are ValueErrors
         raise DataError(f"cannot read {file}: {error}") from error
-    return PieceIndex(file_number, np.frombuffer(offsets, dtype=np.int64), skipped, names, rows_read)
+    return PieceIndex(file_number, np.frombuffer(offsets, dtype=np.int64), skipped, set(records.names), rows_read)
 
 
 def index_line_range(rule: RowRule, line_range: LineRange) -> PieceIndex:
-    """The usable rows of a byte range of a `.jsonl` file (parallel_index.py's task)."""
+    """The usable rows of a byte range of a file whose format may be cut at newlines (parallel_index.py's task)."""
     file = Path(line_range.path)
-    records = jsonl_records(file, line_range.start, line_range.end, line_range.first_line)
+    records = rule.text_format.records_between(file, line_range.start, line_range.end, line_range.first_line)
     return index_rows(line_range.file_number, file, records, rule)
-
-
-def _file_rows(file: Path, text_format: str, keys: tuple[str, str, tuple[str, ...]]
-               ) -> tuple[Iterator[tuple[int, int, dict]], list, list[str]]:
-    """(its rows, a list that holds its header once read, its columns) of `file`: a columnar source's header is
-    the columns of `keys` it has, a table's is read with the rows, a `.jsonl` file has none (its names come from
-    the rows)."""
-    if text_format in COLUMNAR:
-        available = columnar_names(file, text_format)
-        header = [key for key in (keys[0], keys[1], *keys[2]) if key in available]
-        return columnar_records(file, text_format, header), [header], available
-    header_out: list = []
-    return file_records(file, text_format, header_out), header_out, []
 
 
 def index_file(file_number: int, file: Path, rule: RowRule,
                on_kept: Callable[[dict], None] | None = None) -> tuple[PieceIndex, list[str] | None]:
-    """The usable rows of `file` and its header (None for a `.jsonl` file)."""
-    records, header_out, columns = _file_rows(file, rule.text_format, rule.keys)
-    piece = index_rows(file_number, file, records, rule, on_kept)
-    header = header_out[0] if header_out else None
-    piece.names.update(columns if rule.text_format in COLUMNAR else header or [])
-    return piece, header
+    """The usable rows of `file` and the header its format's reader needs."""
+    records = rule.text_format.records(file, rule.keys)
+    return index_rows(file_number, file, records, rule, on_kept), records.header
 
 
-def _head_records(files: Sequence[Path], text_format: str, keys: tuple[str, str, tuple[str, ...]]
+def _head_records(files: Sequence[Path], text_format: IndexedFormat, keys: tuple[str, str, tuple[str, ...]]
                   ) -> Iterator[dict]:
     """The records of `files` in order, up to the first that cannot be read: what the default h is read from (the
     pass over every row then meets that row and raises its error, naming it)."""
     try:
         for file in files:
-            for _, _, record in _file_rows(file, text_format, keys)[0]:
+            for _, _, record in text_format.records(file, keys):
                 yield record
     except (DataError, OSError, ValueError, csv.Error):
         return
 
 
-def build_row_index(files: Sequence[Path], text_format: str, query_key: str = "query",
+def build_row_index(files: Sequence[Path], format_name: str, query_key: str = "query",
                     positive_key: str = "positive", negative_keys: Sequence[str] = (),
                     negatives_per_query: int | None = None, warn: bool = True,
                     skip_reasons: int | None = SHOWN_SKIPS, on_kept: Callable[[dict], None] | None = None,
                     corpus: PassageCorpus | None = None, option: str = "--data") -> RowIndex:
-    """Index the usable rows of `files` (all of format `text_format`) as the module docstring says: h first
-    (given, or from the head of the files), then every row under it, in one pass or, for large `.jsonl` files,
-    in byte ranges in parallel processes (parallel_index.py), with the same result.
+    """Index the usable rows of `files` (all of the format named `format_name`) as the module docstring says: h
+    first (given, or from the head of the files), then every row under it, in one pass or, for large `.jsonl`
+    files, in byte ranges in parallel processes (parallel_index.py), with the same result.
 
     `on_kept(record)` is called with each usable row, in order (in this process: the serial pass); with `corpus`,
     the positive and negatives are passage ids that must be in it (corpus.py).
 
     Raises:
-        DataError: a file that cannot be read or parsed (the first bad row in file order), a column no row has
-            (naming the option), an id `corpus` lacks, or no usable row.
+        DataError: a format that is not indexed, a file that cannot be read or parsed (the first bad row in file
+            order), a column no row has (naming the option), an id `corpus` lacks, or no usable row.
     """
-    if text_format != JSON_LINES and text_format not in SEPARATORS and text_format not in COLUMNAR:
-        raise DataError(f"{option} {str(files[0])!r}: unknown extension {text_format!r}; give a .tsv, .csv, .jsonl "
+    text_format = format_named(format_name)
+    if not isinstance(text_format, IndexedFormat):
+        raise DataError(f"{option} {str(files[0])!r}: unknown extension {format_name!r}; give a .tsv, .csv, .jsonl "
                         "or .parquet file, or a datasets folder")
     keys = (query_key, positive_key, tuple(negative_keys))
     h = (first_rows_negatives(_head_records(files, text_format, keys), keys) if negatives_per_query is None
          else negatives_per_query)
     rule = RowRule(keys, h, text_format, len(files) > 1, skip_reasons, corpus)
     # on_kept wants every usable record, in order, here: the serial pass
-    processes = parallel_processes(files) if text_format == JSON_LINES and on_kept is None else 1
+    processes = parallel_processes(files) if text_format.cut_at_newlines and on_kept is None else 1
     if processes > 1:
         pieces = map_line_ranges(functools.partial(index_line_range, rule), files, processes)
         headers: list = [None] * len(files)

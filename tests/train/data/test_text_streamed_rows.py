@@ -13,7 +13,8 @@ from gradcache.train.data.order import StepSampler
 from gradcache.train.data.streams import Damaged, stream_loader
 from gradcache.train.data.text.corpus import read_corpus
 from gradcache.train.data.text.files import data_files
-from gradcache.train.data.text.gzip_rows import GzipBatches, GzipPart, gzip_lines, load_gzip_rows, read_rows
+from gradcache.train.data.text.formats.jsonl_gz import JSONL_GZ
+from gradcache.train.data.text.streamed_rows import StreamedRowBatches, load_streamed_rows, read_streamed_rows
 from gradcache.train.data.text.row_index import build_row_index
 from gradcache.train.errors import DataError
 
@@ -46,15 +47,15 @@ def _files(folder, count, per_file, first=0):
 
 
 def _load(files, test_size=None, seed=0, **options):
-    train, held = load_gzip_rows(files, KEYS, options.pop("negatives_per_query", None), options.pop("corpus", None),
-                                 options.pop("shuffle_buffer", 5), options.pop("train_num_samples", None), test_size,
-                                 seed, "test")
+    train, held = load_streamed_rows(JSONL_GZ, files, KEYS, options.pop("negatives_per_query", None),
+                                     options.pop("corpus", None), options.pop("shuffle_buffer", 5),
+                                     options.pop("train_num_samples", None), test_size, seed, "test")
     return train, held
 
 
 def _draw(rows, start, total, batch, rank=0, world=1, workers=1, seed=0):
     """Every batch a rank's workers make, in step order, as its loader interleaves them (in one process)."""
-    batches = GzipBatches(rows, StepSampler(len(rows), batch, seed, start, total, rank, world), workers, list)
+    batches = StreamedRowBatches(rows, StepSampler(len(rows), batch, seed, start, total, rank, world), workers, list)
     made = {}
     for worker in range(workers):
         for offset, item in enumerate(batches.worker_batches(worker)):
@@ -99,7 +100,7 @@ def test_every_row_once_per_epoch_across_2_ranks_x_2_loader_workers(tmp_path):
     train, _ = _load(_files(tmp_path, 4, 12))  # 48 rows, batch 8: 6 steps per epoch, 12 rows a slot
     seen = []
     for rank in range(2):
-        batches = GzipBatches(train, StepSampler(48, 8, 0, 0, 6, rank, 2), 2, list)
+        batches = StreamedRowBatches(train, StepSampler(48, 8, 0, 0, 6, rank, 2), 2, list)
         seen += _queries(stream_loader(batches, workers=2))
     assert sorted(seen) == sorted(_row(i)["query"] for i in range(48))
 
@@ -130,7 +131,7 @@ def test_bad_lines_a_truncated_file_and_a_file_that_is_not_gzip_are_skipped_and_
     (tmp_path / "b.jsonl.gz").write_bytes(whole + cut)
     (tmp_path / "c.jsonl.gz").write_text(_lines([_row(6)]))  # not gzip
     files, _ = data_files(tmp_path)
-    units = list(gzip_lines(GzipPart(str(files[1]))))
+    units = list(JSONL_GZ.lines(str(files[1])))
     assert [unit[1] for unit in units[:-1]] == [1, 2] and isinstance(units[-1], Damaged)
     train, _ = _load(files, negatives_per_query=2)
     assert len(train) == 4
@@ -146,12 +147,12 @@ def test_bad_lines_a_truncated_file_and_a_file_that_is_not_gzip_are_skipped_and_
 def test_eval_rows_are_read_whole_as_the_indexed_reader_reads_them(tmp_path):
     rows = [_row(i, negatives=1 + (i % 4 != 0)) for i in range(30)]
     gz = _write(tmp_path / "held.jsonl.gz", rows, plain=True)
-    whole = read_rows([gz], KEYS, option="--eval-data")
+    whole = read_streamed_rows(JSONL_GZ, [gz], KEYS, option="--eval-data")
     index = build_row_index([gz.with_suffix("")], ".jsonl", *KEYS)
     assert [whole.row(i) for i in range(len(whole))] == [index.row(i) for i in range(len(index))]
     assert whole.negatives_per_query == index.negatives_per_query and len(whole.skipped) == len(index.skipped)
     with pytest.raises(DataError, match="no column 'answer'.*--positive-key"):
-        read_rows([gz], ("query", "answer", ()))
+        read_streamed_rows(JSONL_GZ, [gz], ("query", "answer", ()))
 
 
 def test_corpus_ids_are_checked_by_the_count_or_as_rows_are_read_and_a_gzip_corpus_is_refused(tmp_path):

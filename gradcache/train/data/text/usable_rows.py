@@ -1,19 +1,19 @@
 """Which (query, positive, hard negatives) rows can train, written once for every reader of text rows (the row
-index of files, row_index.py, and the `.jsonl.gz` stream, gzip_rows.py).
+index of files, row_index.py, and the streamed formats, streamed_rows.py).
 
 - A row is usable with a query, a positive and at least h non-empty hard negatives; it keeps its first h
   (`RowFields.unusable`). Hard negatives are the named columns' passages, a list-valued field's in order
   (`record_negatives`).
 - h is `--negatives-per-query`, or else the count most of the first `FIRST_ROWS` (1,000) rows with a query and a
   positive have (all of them in a smaller set; `first_rows_negatives`).
-- Unusable rows are skipped and counted as they are met (`SkippedRows`: the count and the first ten reasons);
-  a key that names no column is refused naming its option (`check_columns`), and with `--corpus` a passage id the
-  corpus lacks (`check_ids`).
+- Unusable rows are skipped and counted as they are met (data/bad_data.py's `SkippedRows`: the count and the
+  first ten reasons); a key that names no column is refused naming its option (`check_columns`), and with
+  `--corpus` a passage id the corpus lacks (`check_ids`).
 """
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -23,43 +23,6 @@ if TYPE_CHECKING:
     from gradcache.train.data.text.corpus import PassageCorpus
 
 FIRST_ROWS = 1_000  # the default h is the count most of the first FIRST_ROWS rows with a query and positive have
-SHOWN_SKIPS = 10
-
-
-class SkippedRows(Sequence[str]):
-    """The rows left out: `len` is how many, the items are the reasons of the first `keep` (all when None)."""
-
-    def __init__(self, count: int = 0, reasons: list[str] | None = None, keep: int | None = SHOWN_SKIPS) -> None:
-        self.count, self.reasons, self.keep = count, list(reasons or []), keep
-
-    def add(self, reason: str) -> None:
-        self.count += 1
-        if self.keep is None or len(self.reasons) < self.keep:
-            self.reasons.append(reason)
-
-    def extend(self, reasons: list[str]) -> None:
-        for reason in reasons:
-            self.add(reason)
-
-    def merge(self, later: SkippedRows) -> None:
-        """Add the rows `later` left out, met after these: its count, and its reasons while there is room."""
-        room = len(later.reasons) if self.keep is None else max(self.keep - len(self.reasons), 0)
-        self.count += later.count
-        self.reasons.extend(later.reasons[:room])
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, item):
-        return self.reasons[item]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.reasons)
-
-    def summary(self, total: int, where: str) -> str:
-        """The warning that names them: 'skipped N of `total` rows of `where`: ' and the first SHOWN_SKIPS reasons."""
-        shown = "; ".join(self.reasons[:SHOWN_SKIPS]) + (" ..." if self.count > SHOWN_SKIPS else "")
-        return f"skipped {self.count} of {total} rows of {where}: {shown}"
 
 
 def clean_text(value: object) -> str:

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from gradcache.train.data.text.corpus import PassageCorpus
-from gradcache.train.data.text.pairs import TextPairs
 from gradcache.train.data.text.row_index import RowIndex
+from gradcache.train.data.text.text_pairs import TextPairs
 
 
 class IndexedPairs:

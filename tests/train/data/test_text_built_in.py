@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from gradcache.train.data.text.world import (
+from gradcache.train.data.text.built_in import (
     PASTIMES,
     PROFESSIONS,
     RELATIVES,

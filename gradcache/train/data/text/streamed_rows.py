@@ -1,16 +1,17 @@
-"""`.jsonl.gz` rows, streamed: the files are read in order with `gzip.open`, never by offset (a gzip file has none
-to seek to), each worker's through a shuffle buffer; data/streams.py says the order (files dealt to the ranks x
-workers slots, or row striding when there are fewer files than slots) and the resume.
+"""Rows of a streamed format (formats/, `.jsonl.gz`): the files are read in order through the format's `lines`,
+never by offset (a compressed file has none to seek to), each worker's through a shuffle buffer; data/streams.py
+says the order (files dealt to the ranks x workers slots, or row striding when there are fewer files than slots)
+and the resume.
 
 - A unit is a non-blank line (its file, number and bytes). A worker parses the lines it keeps as they enter its
-  stream and keeps the usable rows, by rows.py's rule (`RowFields.unusable`: a query, a positive and at
+  stream and keeps the usable rows, by usable_rows.py's rule (`RowFields.unusable`: a query, a positive and at
   least h non-empty hard negatives, the first h kept). A line that is not a JSON object, or not usable, is
   skipped and counted (`skipped_rows`, and --max-bad-share as the run goes) and never buffered: a worker holds
   at most --shuffle-buffer parsed rows, and since a bad row is known as it enters the stream, a resume with the
   same --workers replays the same rows, bad ones or not. (A plain .jsonl refuses a line that is not JSON when it
   is indexed, before the run; a stream meets it mid-run.)
-- A file that cannot be read to its end (truncated, corrupt, not gzip) is read up to its damage and counted once
-  as a bad row, and the stream goes on with the next file: it does not stop the run.
+- A file that cannot be read to its end (truncated, corrupt, not of its format) is read up to its damage and
+  counted once as a bad row, and the stream goes on with the next file: it does not stop the run.
 - h by default, and the check that every key names a field: from the first FIRST_ROWS rows with a query and a
   positive, read from the head of the files in name order (`row_reader`; rows.py's rule).
 - Epoch length: `--train-num-samples`, or counted at start in one streamed pass over the training rows, which
@@ -19,15 +20,13 @@ workers slots, or row striding when there are fewer files than slots) and the re
   the run there (DataError).
 - Held out (no --eval-data): the first --test-size usable rows of the files in a permutation seeded by
   --data-seed; a file wholly taken is not trained on, the file where they end trains from its next line.
-- A `.jsonl.gz` --eval-data (and `gradcache eval --data`) is read whole into memory (`read_rows`): the held-out
-  set is embedded whole anyway.
+- A streamed --eval-data (and `gradcache eval --data`) is read whole into memory (`read_streamed_rows`): the
+  held-out set is embedded whole anyway.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import warnings
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +34,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradcache.train.data.images.lazy import BadShare
-from gradcache.train.data.order import CountedBatches, StepSampler
+from gradcache.train.data.bad_data import SHOWN_SKIPS, BadShare, CountedBatches, SkippedRows
+from gradcache.train.data.order import StepSampler
 from gradcache.train.data.streams import Damaged, StreamBatches, stream_loader
-from gradcache.train.data.text.rows import (
+from gradcache.train.data.text.formats import StreamedFormat
+from gradcache.train.data.text.usable_rows import (
     FIRST_ROWS,
-    SHOWN_SKIPS,
-    SkippedRows,
     check_columns,
     check_ids,
     first_rows_negatives,
@@ -53,33 +51,18 @@ from gradcache.train.errors import DataError
 if TYPE_CHECKING:
     from gradcache.train.data.text.corpus import PassageCorpus
 
-GZIP = ".jsonl.gz"
 Row = tuple[str, str, list[str]]  # query, positive, h hard negatives (passage ids with a corpus)
-_READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip.BadGzipFile is an OSError; a file cut short ends in EOFError
 
 
 @dataclass(frozen=True)
-class GzipPart:
-    """A .jsonl.gz file from line `first_line` on (the lines before it were held out)."""
+class StreamPart:
+    """A streamed file from line `first_line` on (the lines before it were held out)."""
 
     path: str
     first_line: int = 1
 
     def __str__(self) -> str:
         return self.path if self.first_line == 1 else f"{self.path} (from line {self.first_line})"
-
-
-def gzip_lines(part: GzipPart) -> Iterator[tuple[str, int, bytes] | Damaged]:
-    """(path, line number, bytes) of each non-blank line of `part`, in order; a `Damaged` last when the file cannot
-    be read to its end."""
-    number = 0
-    try:
-        with gzip.open(part.path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                if number >= part.first_line and raw.strip():
-                    yield part.path, number, raw
-    except _READ_ERRORS as error:
-        yield Damaged(f"{part.path} (unreadable after line {number}: {error})")
 
 
 @dataclass
@@ -116,10 +99,11 @@ class RowReader:
         return fields.query, fields.positive, fields.negatives[:self.negatives_per_query]
 
 
-def row_reader(files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]], negatives_per_query: int | None,
-               corpus: PassageCorpus | None = None, option: str = "--data") -> RowReader:
-    """The reader of `files`' rows: h as given, else as most of the first FIRST_ROWS rows with a query and a
-    positive have it (read from the head of the files in name order).
+def row_reader(text_format: StreamedFormat, files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]],
+               negatives_per_query: int | None, corpus: PassageCorpus | None = None,
+               option: str = "--data") -> RowReader:
+    """The reader of `files`' rows (of `text_format`): h as given, else as most of the first FIRST_ROWS rows with
+    a query and a positive have it (read from the head of the files in name order).
 
     Raises:
         DataError: a key that names no field of those rows (naming its option).
@@ -128,7 +112,7 @@ def row_reader(files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]], ne
 
     def head() -> Iterator[dict]:  # the JSON objects of the files, in order, to the first file's damage
         for file in files:
-            for unit in gzip_lines(GzipPart(str(file))):
+            for unit in text_format.lines(str(file)):
                 if isinstance(unit, Damaged):
                     break
                 try:
@@ -147,11 +131,12 @@ def row_reader(files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]], ne
 
 
 @dataclass
-class GzipRows:
-    """Training rows streamed from `.jsonl.gz` files (data/streams.py's `StreamedFiles`); `len` is the epoch length
-    in rows; `skipped` counts the bad rows met (held out, and as the run reads them)."""
+class StreamedRows:
+    """Training rows streamed from files of `text_format` (data/streams.py's `StreamedFiles`); `len` is the epoch
+    length in rows; `skipped` counts the bad rows met (held out, and as the run reads them)."""
 
-    parts: list[GzipPart]
+    text_format: StreamedFormat
+    parts: list[StreamPart]
     num_samples: int
     shuffle_buffer: int
     reader: RowReader
@@ -166,11 +151,11 @@ class GzipRows:
         return self.reader.negatives_per_query
 
     @property
-    def files(self) -> list[GzipPart]:
+    def files(self) -> list[StreamPart]:
         return self.parts
 
-    def units(self, part: GzipPart) -> Iterator[tuple[str, int, bytes] | Damaged]:
-        return gzip_lines(part)
+    def units(self, part: StreamPart) -> Iterator[tuple[str, int, bytes] | Damaged]:
+        return self.text_format.lines(part.path, part.first_line)
 
     def item(self, unit: tuple[str, int, bytes]) -> Row | Damaged:
         return self.reader.item(unit)
@@ -178,7 +163,7 @@ class GzipRows:
 
 class RowList:
     """Rows in memory, by number, as a `RowIndex` gives them (`len`, `row(i)`, `negatives_per_query`, `skipped`):
-    what `IndexedPairs` reads held-out `.jsonl.gz` rows through."""
+    what `IndexedPairs` reads held-out streamed rows through."""
 
     def __init__(self, rows: list[Row], negatives_per_query: int, skipped: SkippedRows) -> None:
         self.rows, self.negatives_per_query, self.skipped = rows, negatives_per_query, skipped
@@ -190,20 +175,20 @@ class RowList:
         return self.rows[index]
 
 
-def read_rows(files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]], negatives_per_query: int | None = None,
-              corpus: PassageCorpus | None = None, option: str = "--data",
-              skip_reasons: int | None = SHOWN_SKIPS) -> RowList:
-    """Every usable row of the `.jsonl.gz` `files`, in memory (an --eval-data, `gradcache eval --data`); the bad
+def read_streamed_rows(text_format: StreamedFormat, files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]],
+                       negatives_per_query: int | None = None, corpus: PassageCorpus | None = None,
+                       option: str = "--data", skip_reasons: int | None = SHOWN_SKIPS) -> RowList:
+    """Every usable row of the `files` of `text_format`, in memory (an --eval-data, `gradcache eval --data`); the bad
     ones skipped, counted and named in a warning.
 
     Raises:
         DataError: a key that names no field, an id `corpus` lacks, or no usable row.
     """
-    reader = row_reader(files, keys, negatives_per_query, corpus, option)
+    reader = row_reader(text_format, files, keys, negatives_per_query, corpus, option)
     rows: list[Row] = []
     skipped = SkippedRows(keep=skip_reasons)
     for file in files:
-        for unit in gzip_lines(GzipPart(str(file))):
+        for unit in text_format.lines(str(file)):
             row = reader.item(unit)
             if isinstance(row, Damaged):
                 skipped.add(row.name)
@@ -217,32 +202,34 @@ def read_rows(files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]], neg
     return RowList(rows, reader.negatives_per_query, skipped)
 
 
-def load_gzip_rows(files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]], negatives_per_query: int | None,
-                   corpus: PassageCorpus | None, shuffle_buffer: int, train_num_samples: int | None,
-                   test_size: int | None, data_seed: int, spec: str) -> tuple[GzipRows, RowList | None]:
-    """The training rows of `files` (`--data` `spec`) and, given `test_size` (None: an --eval-data holds out), the
-    held-out rows; the epoch length `train_num_samples`, or counted (the module docstring says each rule).
+def load_streamed_rows(text_format: StreamedFormat, files: Sequence[Path], keys: tuple[str, str, tuple[str, ...]],
+                       negatives_per_query: int | None, corpus: PassageCorpus | None, shuffle_buffer: int,
+                       train_num_samples: int | None, test_size: int | None, data_seed: int,
+                       spec: str) -> tuple[StreamedRows, RowList | None]:
+    """The training rows of `files` (`--data` `spec`, of `text_format`) and, given `test_size` (None: an
+    --eval-data holds out), the held-out rows; the epoch length `train_num_samples`, or counted (the module
+    docstring says each rule).
 
     Raises:
         DataError: a key that names no field, an id `corpus` lacks, no usable training row, or a --test-size that
             takes every row.
     """
-    reader = row_reader(files, keys, negatives_per_query, corpus)
-    parts = [GzipPart(str(file)) for file in files]
+    reader = row_reader(text_format, files, keys, negatives_per_query, corpus)
+    parts = [StreamPart(str(file)) for file in files]
     skipped = SkippedRows()
     held = None
     if test_size is not None:
-        held, parts = _hold_out(parts, reader, test_size, data_seed, skipped, spec)
+        held, parts = _hold_out(text_format, parts, reader, test_size, data_seed, skipped, spec)
     if train_num_samples is None:
         train_num_samples = sum(not isinstance(reader.item(unit), Damaged) for part in parts
-                                for unit in gzip_lines(part))
+                                for unit in text_format.lines(part.path, part.first_line))
         if not train_num_samples:
             raise no_usable_row(f"--data {spec} (its training rows)", reader.negatives_per_query)
-    return GzipRows(parts, train_num_samples, shuffle_buffer, reader, skipped), held
+    return StreamedRows(text_format, parts, train_num_samples, shuffle_buffer, reader, skipped), held
 
 
-def _hold_out(parts: list[GzipPart], reader: RowReader, test_size: int, seed: int, skipped: SkippedRows,
-              spec: str) -> tuple[RowList, list[GzipPart]]:
+def _hold_out(text_format: StreamedFormat, parts: list[StreamPart], reader: RowReader, test_size: int, seed: int,
+              skipped: SkippedRows, spec: str) -> tuple[RowList, list[StreamPart]]:
     """The first `test_size` usable rows of `parts` in a permutation seeded by `seed`, and the parts left to train
     on, in name order (a part wholly taken left out, the one where the rows end from its next line on); the bad
     rows met go to `skipped`."""
@@ -250,7 +237,7 @@ def _hold_out(parts: list[GzipPart], reader: RowReader, test_size: int, seed: in
     rows: list[Row] = []
     training = dict(enumerate(parts))
     for number in order:
-        units, rest = gzip_lines(parts[number]), None
+        units, rest = text_format.lines(parts[number].path, parts[number].first_line), None
         for unit in units:
             row = reader.item(unit)
             if isinstance(row, Damaged):
@@ -259,7 +246,7 @@ def _hold_out(parts: list[GzipPart], reader: RowReader, test_size: int, seed: in
             rows.append(row)
             if len(rows) == test_size:
                 if next(units, None) is not None:  # lines remain: they train
-                    rest = GzipPart(parts[number].path, unit[1] + 1)
+                    rest = StreamPart(parts[number].path, unit[1] + 1)
                 break
         units.close()
         if rest is None:
@@ -274,11 +261,11 @@ def _hold_out(parts: list[GzipPart], reader: RowReader, test_size: int, seed: in
     return RowList(rows, reader.negatives_per_query, skipped), [training[number] for number in sorted(training)]
 
 
-class GzipBatches(StreamBatches):
-    """The batches of `gradcache train text` from `.jsonl.gz` rows: `tokenize` (batches.py's `TokenizeGroups`) of
+class StreamedRowBatches(StreamBatches):
+    """The batches of `gradcache train text` from streamed rows: `tokenize` (batches.py's `TokenizeGroups`) of
     each row's query and passages, positive first (a corpus's texts for its ids)."""
 
-    def __init__(self, data: GzipRows, sampler: StepSampler, workers: int,
+    def __init__(self, data: StreamedRows, sampler: StepSampler, workers: int,
                  tokenize: Callable[[list[tuple[str, list[str]]]], list]) -> None:
         super().__init__(data, sampler.seed, sampler.batch_size, sampler.start_step, sampler.total_steps,
                          sampler.rank, sampler.world_size, workers)
@@ -294,9 +281,9 @@ class GzipBatches(StreamBatches):
         return self.tokenize(examples)
 
 
-def gzip_batches(rows: GzipRows, sampler: StepSampler, tokenize: Callable, workers: int,
-                 max_bad_share: float) -> CountedBatches:
+def streamed_batches(rows: StreamedRows, sampler: StepSampler, tokenize: Callable, workers: int,
+                     max_bad_share: float) -> CountedBatches:
     """One batch per step of `sampler` (its seed, steps, rank and world size; not its order: the stream's), the
     bad rows read counted in `rows.skipped` and against `max_bad_share` as the run goes."""
-    loader = stream_loader(GzipBatches(rows, sampler, workers, tokenize), workers)
+    loader = stream_loader(StreamedRowBatches(rows, sampler, workers, tokenize), workers)
     return CountedBatches(loader, BadShare(max_bad_share, rows.skipped, items="rows", failure="could not be used"))

@@ -1,4 +1,5 @@
-"""The built-in text data: questions about the residents of an invented world, answered by one passage each.
+"""The built-in text data (`--data world`, `world-hard`): questions about the residents of an invented world,
+answered by one passage each.
 
 Each resident has a made-up name, a home town (invented names), a profession and a pastime. The passage states
 them plainly ("Orvel Daskin is a dentist in Quillby who keeps bees in his spare time."); the query never names
@@ -15,14 +16,17 @@ Deterministic given the seed.
 resident, with two attributes of their own drawn from the same vocabulary ("Her cousin, a pilot, lives in
 Velmora."), before or after the resident's sentence. So most passages share words with many queries whose answer
 they are not, and retrieval must bind each attribute to its person. A relative never has all three attributes
-stated, so still no passage but its positive answers a query. The default world is drawn exactly as before.
+stated, so still no passage but its positive answers a query. `hard=False` draws no relative: the default
+world's rows depend on its seed alone.
 """
 from __future__ import annotations
 
 import random
 
-from gradcache.train.data.text.pairs import TextPairs
+from gradcache.train.data.text.text_pairs import TextPairs
 
+BUILT_IN_TEXT = "world"
+BUILT_IN_HARD = "world-hard"  # the same world, every passage also telling of a relative: confusable passages
 TOWNS = ["Velmora", "Quillby", "Ostrand", "Harrowgate", "Penmarch", "Duskwater", "Brindlefen", "Caldmere",
          "Yarrowick", "Thornsby", "Elderholm", "Mirefield", "Saltcombe", "Rookhaven", "Ashcliff", "Fennimore",
          "Glenhurst", "Wyncroft", "Lindqvay", "Bramblest"]

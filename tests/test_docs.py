@@ -127,6 +127,39 @@ def test_the_readme_is_a_short_front_page_that_links_every_docs_page():
     assert "\npython -m pytest tests\n" in readme  # the command CI runs verbatim (.ci/run)
 
 
+def test_the_readme_quickstart_runs_as_pasted():
+    quickstart = FENCE.findall((ROOT / "README.md").read_text())[0]
+    exec(compile(quickstart, "README.md quickstart", "exec"), {})
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor, as a code host and MkDocs both make it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_of_the_readmes_and_pages_reaches_its_file_and_heading():
+    """MkDocs checks the links between pages; this checks those it does not build: the READMEs' links and the
+    pages' links to files outside docs/, each anchor included."""
+    sources = [ROOT / "README.md", ROOT / "gradcache" / "train" / "README.md", ROOT / "benchmarks" / "README.md",
+               *DOCS.glob("*.md")]
+    broken = []
+    for source in sources:
+        text = re.sub(r"^```.*?^```", "", source.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (source.parent / path).resolve() if path else source
+            if not file.exists():
+                broken.append(f"{source.relative_to(ROOT)}: {target}")
+            elif anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", file.read_text(), flags=re.S | re.M),
+                                      flags=re.M)
+                if anchor not in {slug(h) for h in headings}:
+                    broken.append(f"{source.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken
+
+
 def test_every_docs_page_is_in_the_site_s_nav():
     nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:", 1)[1]
     listed = set(re.findall(r"([\w-]+\.md)", nav))

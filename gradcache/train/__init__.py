@@ -1,5 +1,5 @@
-"""The training program behind `gradcache train`, `eval`, `export`, `encode` and `mine` (README.md beside this
-file says how to use it and where to add a data set, a model preset, a loss or a mode).
+"""The training program behind `gradcache train`, `eval`, `export`, `encode` and `mine` (docs/training.md says
+how to use it; README.md beside this file says where things live and where to add a mode, a format or a loss).
 
 At the top: the `gradcache` command line (`cli.py`), the run's configuration (`config.py`), the options of
 `gradcache train <mode>` (`train_options.py`), the checks before a run writes anything (`preflight.py`), what a run

@@ -1,7 +1,7 @@
 """What can go wrong in `gradcache train` and `gradcache eval`: each error type carries its exit status, so a
 scheduler (or a script) can tell what happened and what to do, and `gradcache.train.cli` maps an error to its
 status by type alone. The table of statuses, what each means and what to do next, with torchrun's part in them, is
-written once, for users: gradcache/train/README.md, "When things go wrong".
+written once, for users: docs/outputs.md, "Exit statuses".
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ and the resume.
 - A file that cannot be read to its end (truncated, corrupt, not of its format) is read up to its damage and
   counted once as a bad row, and the stream goes on with the next file: it does not stop the run.
 - h by default, and the check that every key names a field: from the first FIRST_ROWS rows with a query and a
-  positive, read from the head of the files in name order (`row_reader`; rows.py's rule).
+  positive, read from the head of the files in name order (`row_reader`; usable_rows.py's rule).
 - Epoch length: `--train-num-samples`, or counted at start in one streamed pass over the training rows, which
   also checks every passage id against `--corpus` (one it lacks: DataError naming the file, line and id, before
   anything is written); with `--train-num-samples` the ids are checked as rows are read, and a missing one stops

@@ -74,8 +74,8 @@ def table_records(path: str | os.PathLike, option: str = "--data") -> tuple[list
     path = Path(path)
     text_format = file_format(path)
     if text_format is None or not text_format.text_table:
-        raise DataError(f"{option} {str(path)!r}: unknown extension {path.suffix.lower()!r}; give a .tsv, .csv or "
-                        ".jsonl file")
+        raise DataError(f"{option} {str(path)!r}: unknown extension {path.suffix.lower()!r}; give a "
+                        f"{' or '.join(table_suffixes())} file")
     records = text_format.records(path, ("", "", ()))
     try:
         rows = [(f"line {line}", record) for _, line, record in records]

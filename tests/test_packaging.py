@@ -52,10 +52,12 @@ def test_every_package_folder_is_listed_in_pyproject():
     assert setuptools["package-dir"] == {"gradcache.models": "models"}
 
 
+@pytest.mark.slow
 def test_the_library_imports_nothing_beyond_torch(fresh):
     assert fresh[0]["library_imports"] == []  # a user's `models` on the path was not imported either
 
 
+@pytest.mark.slow
 def test_a_folder_with_its_own_models_package(fresh):
     """A script in a project with a `models/` of its own imports both: its own, and the encoders."""
     found, folder = fresh
@@ -77,6 +79,7 @@ runpy.run_module("gradcache", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 def test_the_command_without_the_train_extra_exits_2_naming_it():
     """The command's modules import with the library alone, and a missing program package names the extra
     (.ci/run checks the same on a wheel installed without it)."""

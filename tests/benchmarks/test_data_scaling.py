@@ -31,6 +31,7 @@ def test_the_generated_sets_hold_the_same_samples_as_the_program_reads_them(tmp_
     assert len(shards) == 4 and [count_samples(shard, captions=True) for shard in shards] == [8, 8, 8, 6]
 
 
+@pytest.mark.slow
 def test_image_data_scaling_runs_one_step_on_shards_with_a_worker(tmp_path: Path, read_csv) -> None:
     out, parts = tmp_path / "out", "clip-shards"
     flags = ["--parts", parts, "--workers", "1", "--data-dir", str(tmp_path / "data"), "--output-dir", str(out)]

@@ -6,12 +6,15 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from benchmarks import data_wait
 
 TINY = ["--size", "120", "--shard-size", "40", "--image-size", "16", "--test-size", "16", "--batch-size", "16",
         "--chunk-size", "8", "--threads", "1"]
 
 
+@pytest.mark.slow
 def test_a_run_on_shards_is_read_back_from_its_logs(tmp_path: Path, read_csv) -> None:
     out = tmp_path / "out"
     flags = [*TINY, "--workers", "1", "--rounds", "1", "--steps", "3", "--data-dir", str(tmp_path / "data"),

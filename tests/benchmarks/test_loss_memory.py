@@ -18,6 +18,7 @@ def _in_process(module: str, point: dict, time_budget_s: float | None) -> dict:
     return bench.run_one_point(point)
 
 
+@pytest.mark.slow
 def test_a_point_runs_in_a_fresh_process() -> None:
     result = run_point(bench.__spec__.name, {**POINT, "mode": "tiled"}, time_budget_s=120)
     assert result["status"] == "ok", result

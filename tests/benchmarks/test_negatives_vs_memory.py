@@ -52,6 +52,7 @@ def test_sweep_writes_csv_columns_and_plots(tmp_path: Path, monkeypatch: pytest.
     assert (tmp_path / "sweep.png").stat().st_size > 0 and (tmp_path / "sweep_by_batch.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_fresh_process_reports_an_over_budget_point_and_the_sweep_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     module = bench.__spec__.name
     # 1 MiB: the two views alone take 1.5 MiB, so the child's watchdog stops the point

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks import quality_vs_negatives as bench
 
 
+@pytest.mark.slow
 def test_one_tiny_run_per_strategy_writes_csv_summary_and_plot(tmp_path: Path, read_csv) -> None:
     argv = ["--batches", "4", "--chunk", "2", "--steps", "1", "--seeds", "0", "--train-size", "8", "--test-size",
             "8", "--width", "8", "--image-size", "16", "--knn-k", "2", "--threads", "0", "--output-dir",

@@ -16,6 +16,7 @@ def test_a_missing_trainer_names_the_extra_and_keeps_its_own_error():
     assert "gradcache_no_such_trainer" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_importing_gradcache_imports_no_trainer():
     code = ("import sys, gradcache, gradcache.integrations; "
             "print(sorted(m for m in ('lightning', 'transformers', 'sentence_transformers', 'open_clip') if m in sys.modules))")

@@ -20,6 +20,17 @@ def text_args(model, output_dir, *extra):
     return ["train", "text", "--model", str(model), *TINY["text"], "--output-dir", str(output_dir), *extra]
 
 
+@pytest.fixture(autouse=True)
+def curves_only_where_asked(request, monkeypatch):
+    """A run draws `curves.png` only in a test marked `curves`: matplotlib's layout and PNG take half of a tiny
+    run. `draw_curves` has tests of its own (run_folder/test_run_log.py); the smoke test of every mode draws it
+    end to end."""
+    if request.node.get_closest_marker("curves") is None:
+        from gradcache.train.run_folder.log import RunLog
+
+        monkeypatch.setattr(RunLog, "plot", lambda self: None)
+
+
 @pytest.fixture
 def tiny_args():
     def build(mode, output_dir, *extra):

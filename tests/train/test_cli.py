@@ -17,6 +17,7 @@ def _losses(folder):
 
 
 # every (mode, strategy), (mode, precision) and (strategy, precision) pair once: 6 runs, not the 12 of the grid
+@pytest.mark.curves
 @pytest.mark.parametrize(("mode", "strategy", "precision"), [
     ("simclr", "gradcache", "bf16"), ("simclr", "naive", "fp32"), ("simclr", "full", "bf16"),
     ("clip", "gradcache", "fp32"), ("clip", "naive", "bf16"), ("clip", "full", "fp32")])

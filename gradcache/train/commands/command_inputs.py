@@ -29,10 +29,9 @@ from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.images.files import IMAGE_EXTENSIONS, decode_image
 from gradcache.train.data.images.shards import decode_head, find_shards, is_shard_spec
-from gradcache.train.data.text.formats import table_records
+from gradcache.train.data.text.formats import is_text_lines, table_records
 from gradcache.train.errors import DataError
 
-TEXT_LINES = ".txt"
 CORPUS_ID, CORPUS_TEXT = "id", "text"  # the corpus table's column (field) names
 
 
@@ -58,7 +57,7 @@ def read_texts(path: str | os.PathLike, key: str | None) -> list[str]:
         DataError: no such file, a table without column `key` (or no `key` for a table), or no text at all.
     """
     path = _existing(path, "--data")
-    if path.suffix.lower() == TEXT_LINES:
+    if is_text_lines(path):
         try:
             texts = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as error:

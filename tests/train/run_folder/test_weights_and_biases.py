@@ -68,6 +68,7 @@ def _assert_equal(written: dict[int, dict[str, float]], expected: dict[int, dict
             assert written[step][tag] == value or math.isnan(value) and math.isnan(written[step][tag]), (step, tag)
 
 
+@pytest.mark.slow
 def test_an_offline_run_holds_the_csv_logs_and_a_resume_continues_its_id(tmp_path, tiny_args, killed_after_step,
                                                                        monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline by default

@@ -76,8 +76,8 @@ def data_files(pattern: str | Path, option: str = "--data") -> tuple[list[Path],
     found = {path: file_format(path) for path in files}
     unknown = next((path for path, text_format in found.items() if text_format is None), None)
     if unknown is not None:
-        raise DataError(f"{option} {str(unknown)!r}: unknown extension {unknown.suffix.lower()!r}; give a .tsv, "
-                        ".csv or .jsonl file (or .jsonl.gz, .parquet)")
+        raise DataError(f"{option} {str(unknown)!r}: unknown extension {unknown.suffix.lower()!r}; give a "
+                        f"{', '.join(file_suffixes())} file")
     formats = {text_format.name for text_format in found.values()}
     if len(formats) > 1:
         raise DataError(f"{option} {text!r} mixes formats ({', '.join(sorted(formats))}); give files of one format, "

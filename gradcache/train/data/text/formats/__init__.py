@@ -20,7 +20,7 @@ from gradcache.train.data.text.formats.text_format import IndexedFormat, Streame
 from gradcache.train.errors import DataError
 
 __all__ = ["FORMATS", "IndexedFormat", "StreamedFormat", "TextFormat", "file_format", "folder_format",
-           "format_named", "file_suffixes", "table_records", "table_separator", "table_suffixes"]
+           "format_named", "file_suffixes", "is_text_lines", "table_records", "table_separator", "table_suffixes"]
 
 FORMATS: list[TextFormat] = [  # in the order messages list them
     JSONL_GZ,
@@ -30,6 +30,12 @@ FORMATS: list[TextFormat] = [  # in the order messages list them
     PARQUET,
     ARROW_FOLDER,
 ]
+TEXT_LINES = ".txt"  # not a format of training rows: the plain texts `gradcache encode` embeds, one a line
+
+
+def is_text_lines(path: str | os.PathLike) -> bool:
+    """Whether `path` is a file of plain texts, one a line (`TEXT_LINES`)."""
+    return str(path).lower().endswith(TEXT_LINES)
 
 
 def file_suffixes(streamed: bool | None = None) -> list[str]:

@@ -105,6 +105,8 @@ def test_the_api_page_documents_every_public_name():
 @pytest.mark.parametrize("signature", SIGNATURES, ids=[s.split("(")[0] for s in SIGNATURES])
 def test_a_documented_signature_is_the_code_s(signature):
     name, arguments, returns = parsed(signature)
+    if name.startswith("gradcache.models."):  # the encoders install with the train extra (torchvision)
+        pytest.importorskip("gradcache.models", reason='the encoders come with pip install ".[train]"')
     target, method = resolved(name)
     code = inspect.signature(target)
     assert written(arguments) == actual(code, method), f"docs/api.md: {signature}\n    code: {name}{code}"

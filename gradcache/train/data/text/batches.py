@@ -69,8 +69,8 @@ class GroupedInfoNCE(nn.Module):
     g(q_i, p_i) - margin (`margin_strategy` "absolute") or g(q_i, p_i) - |g(q_i, p_i)| margin ("relative").
     `infonce` is the InfoNCE, or a `Matryoshka` around it (`--matryoshka-dims`)."""
 
-    def __init__(self, negatives_per_query: int, temperature: float, symmetric: bool = False,
-                 tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0, *,
+    def __init__(self, negatives_per_query: int, temperature: float, *, symmetric: bool = False,
+                 tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0,
                  margin_strategy: str = "absolute", margin: float = 0.0) -> None:
         super().__init__()
         self.negatives_per_query = negatives_per_query

@@ -48,7 +48,7 @@ class Options(TypedDict, total=False):
     memory_budget: bytes of autograd graphs that phase (1) may keep (GradCache, CachedLoss): chunks whose graphs
         fit are encoded once, with their graph, and back-propagated directly in phase (3); only the others are
         re-encoded. Counted as the bytes autograd saves for backward, each storage once, parameters and the
-        inputs left out (see `gradcache.graph_memory`). None (default): keep none, today's GradCache; a budget
+        inputs left out (see `gradcache.graph_memory`). None (default): keep none, every chunk re-encoded; a budget
         holding every chunk costs what accumulation at the same chunk size costs. Ignored by FullBatch and
         NaiveAccumulation, which keep every graph they build.
     chunk_tokens: for mapping inputs with a 2-D `attention_mask` (GradCache, CachedLoss): chunks of at most this

@@ -23,6 +23,7 @@ from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.held_out import held_out_order
 from gradcache.train.data.images.sets import DataSplits, ImageSet, check_descriptions
+from gradcache.train.data.worker_failures import ReadingFailed
 from gradcache.train.errors import DataError
 
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
@@ -96,6 +97,7 @@ class LazyImageSet:
 
         Raises:
             DataError: no image of the set decodes.
+            ReadingFailed: decoding a file raised an error that no decoder raises for a bad file (its cause).
         """
         failed = []
         for step in range(len(self.paths)):
@@ -104,6 +106,8 @@ class LazyImageSet:
                 return candidate, decode_image(self.paths[candidate], self.image_size), step + 1, failed
             except DECODE_ERRORS:
                 failed.append(self.paths[candidate])
+            except Exception as error:  # no decoder's way of failing: the run stops, naming the file
+                raise ReadingFailed(self.paths[candidate]) from error
         raise DataError(f"none of the {len(self.paths)} training images decodes (first: {self.paths[0]}); "
                         "check that the files are images")
 

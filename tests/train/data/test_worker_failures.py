@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from gradcache.train import errors
 from gradcache.train.data.held_out import held_out_order
-from gradcache.train.data.worker_failures import WorkerLoader
+from gradcache.train.data.worker_failures import WorkerLoader, dead_worker
 from gradcache.train.errors import DataWorkerFailed
 from gradcache.train.preemption import ignore_stop_signals
 from tests.train.conftest import TINY
@@ -79,6 +79,30 @@ def test_a_killed_worker_is_one_line_naming_the_signal():
     with pytest.raises(DataWorkerFailed, match=r"worker \(pid \d+\) was killed by SIGKILL"):
         list(_loader(_Numbers(bad=3, kill=True), workers=2))
     assert time.monotonic() - started < 30 and not multiprocessing.active_children()
+
+
+def _exit(status: int) -> None:
+    os._exit(status)
+
+
+def test_a_dead_worker_is_named_by_its_signal_or_exit_status_wherever_torch_reported_it():
+    """What the training loop reports when torch's SIGCHLD handler raised in the middle of a step."""
+    fork = multiprocessing.get_context("fork")
+    living, ended, failed = (fork.Process(target=time.sleep, args=(30,)), fork.Process(target=_exit, args=(0,)),
+                             fork.Process(target=_exit, args=(3,)))
+    killed = fork.Process(target=time.sleep, args=(30,))
+    for process in (living, ended, failed, killed):
+        process.start()
+    killed.kill()
+    ended.join(), failed.join(), killed.join()
+    try:
+        assert dead_worker([living, ended]) is None
+        assert f"(pid {failed.pid}) exited with status 3" in str(dead_worker([living, ended, failed]))
+        message = str(dead_worker([living, killed]))
+        assert f"(pid {killed.pid}) was killed by SIGKILL" in message and "--workers" in message
+    finally:
+        living.kill()
+        living.join()
 
 
 def _wait_for_file(path: Path, timeout: float = 30.0) -> None:

@@ -42,6 +42,13 @@ class DataTooLarge(DataError):
     exit_status = DATA_ERROR
 
 
+class DataWorkerFailed(RuntimeError):
+    """A data-loader worker raised an error or was killed (by a signal: the out-of-memory killer's SIGKILL, ...);
+    the message names the error and the file it was reading, or the signal."""
+
+    exit_status = DATA_ERROR
+
+
 class CheckpointError(ValueError):
     """A checkpoint cannot be read, fails its checksum, or does not belong to the run that tries to use it."""
 

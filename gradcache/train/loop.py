@@ -28,7 +28,8 @@ from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.splits import Splits
-from gradcache.train.errors import Preempted, TrainingDiverged
+from gradcache.train.data.worker_failures import dead_worker
+from gradcache.train.errors import Preempted, TrainingDiverged, exit_status_of
 from gradcache.train.export.write import MODEL_FOLDER, export_model
 from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes import MODES
@@ -45,6 +46,7 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | 
 
     Raises:
         TrainingDiverged: a non-finite loss, embedding, gradient or weight (no checkpoint of it is written).
+        errors.DataWorkerFailed: a data-loader worker raised an error or was killed (data/worker_failures.py).
         Preempted: SIGTERM or SIGINT once training started; the step in progress finished and its checkpoint
             was saved.
         KeyboardInterrupt: SIGTERM or SIGINT before training started (loading data, building the model, loading
@@ -55,8 +57,14 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | 
     placement = placement_for(config)
     # `closing` closes the log (its --report-to writers) on every way out: the end, an error, a pre-emption
     with placement.process_group(), StopSignals() as signals, ExitStack() as closing:
-        return _train(config, saved, data if data is not None else MODES[config.mode].load_data(config), placement,
-                      signals, closing)
+        try:
+            return _train(config, saved, data if data is not None else MODES[config.mode].load_data(config),
+                          placement, signals, closing)
+        except RuntimeError as error:  # torch's SIGCHLD handler reports a dead worker wherever the loop was
+            failure = None if exit_status_of(error) is not None else dead_worker()
+            if failure is None:
+                raise
+            raise failure from None
 
 
 def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placement: Placement,

@@ -18,7 +18,9 @@ previous checkpoint stays intact.
 
 Schedulers signal the whole process group (SLURM, `kill -TERM -PGID`), so the data loader's workers get the
 signal too: `ignore_stop_signals` is their `worker_init_fn`, so they keep feeding the main process, which
-decides when to stop and shuts them down.
+decides when to stop and shuts them down. A worker still obeys the SIGTERM of its main process (the loader's and
+multiprocessing's way of stopping a worker that does not stop when asked: a worker that ignored it would keep the
+interpreter's exit waiting on it for ever), and on Linux it dies with its main process, so none is left behind.
 """
 from __future__ import annotations
 
@@ -73,11 +75,45 @@ class StopSignals:
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """A DataLoader `worker_init_fn`: the worker ignores SIGTERM and SIGINT; the main process stops it. A worker
-    whose main process ended at once (a second signal) says nothing of the connection it lost."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+    """A DataLoader `worker_init_fn`: the worker ignores SIGTERM and SIGINT, except a SIGTERM from its main process,
+    which ends it at once; on Linux the worker is killed when its main process dies. A worker whose main process
+    ended at once (a second signal) says nothing of the connection it lost."""
+    main_process = os.getppid()  # fork and spawn alike: the process that started the worker
+    if hasattr(signal, "sigwaitinfo"):  # who sent a signal is known there: the main process's SIGTERM stops it
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # held pending for the thread that waits on them
+        threading.Thread(target=_obey_main_process, args=(main_process,), name="stop signals", daemon=True).start()
+    else:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+    _die_with(main_process)
     sys.excepthook = _silent_on_lost_connection(sys.excepthook)
+
+
+def _obey_main_process(main_process: int) -> None:
+    """Wait for the blocked stop signals; end the worker on one that its main process sent, drop the others."""
+    while True:
+        if signal.sigwaitinfo(STOP_SIGNALS).si_pid == main_process:
+            # Status 0: torch's loader takes a worker's non-zero exit for a failure, and its main process stops
+            # a worker this way only once it no longer needs it.
+            os._exit(0)
+
+
+def _die_with(main_process: int) -> None:
+    """Linux: SIGKILL to this process when `main_process` dies (PR_SET_PDEATHSIG), and exit now if it already
+    did; elsewhere nothing (the loader's workers notice a dead main process within seconds when idle)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (AttributeError, OSError):  # no prctl in this C library
+        return
+    if os.getppid() != main_process:  # it died before the request took effect
+        os._exit(0)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _silent_on_lost_connection(hook):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from gradcache.train.data.worker_failures import WorkerLoader
 from gradcache.train.preemption import ignore_stop_signals
 
 _EPOCH_STRIDE = 1_000_003  # seeds of consecutive epochs stay apart from those of nearby run seeds
@@ -70,7 +71,8 @@ def step_loader(dataset: Dataset, sampler: StepSampler, collate: Callable, worke
     checkpoint's step, just after restoring the global state, so that one draw would shift every dropout mask
     and random number after it. Its own generator, seeded by the run seed, keeps the global state the
     checkpoint's (what each sample draws is seeded by (seed, epoch, index), so the workers' seeds matter not).
+    A worker that raises or dies stops the run (`WorkerLoader`: DataWorkerFailed, status 4).
     """
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
+    return WorkerLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
                       persistent_workers=False, prefetch_factor=2 if workers else None,
                       worker_init_fn=ignore_stop_signals, generator=torch.Generator().manual_seed(sampler.seed))

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from gradcache.train.data.worker_failures import WorkerLoader
 from gradcache.train.errors import DataError
 from gradcache.train.preemption import ignore_stop_signals
 
@@ -179,7 +180,8 @@ def _as_is(batch):
 
 
 def stream_loader(batches: StreamBatches, workers: int) -> DataLoader:
-    """The loader of `batches`: its workers' batches in turn (step order), drawing nothing from the global state."""
-    return DataLoader(batches, batch_size=None, num_workers=workers, collate_fn=_as_is,
+    """The loader of `batches`: its workers' batches in turn (step order), drawing nothing from the global state;
+    a worker that raises or dies stops the run (`WorkerLoader`: DataWorkerFailed, status 4)."""
+    return WorkerLoader(batches, batch_size=None, num_workers=workers, collate_fn=_as_is,
                       prefetch_factor=2 if workers else None, worker_init_fn=ignore_stop_signals,
                       generator=torch.Generator().manual_seed(batches.seed))

@@ -23,25 +23,44 @@ from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.held_out import held_out_order
 from gradcache.train.data.images.sets import DataSplits, ImageSet, check_descriptions
+from gradcache.train.data.worker_failures import ReadingFailed
 from gradcache.train.errors import DataError
 
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
 
 
+EXACT_ASPECT = 16  # up to this aspect ratio an image is resized whole, then cropped; past it only the kept box
+
+
 def decode_image(path: str | Path, image_size: int) -> torch.Tensor:
-    """(3, image_size, image_size) uint8: the shorter side resized to `image_size`, then centre-cropped."""
+    """(3, image_size, image_size) uint8: the shorter side resized to `image_size`, then centre-cropped
+    (`centre_square`: the work bounded by the pixels kept, whatever the aspect ratio)."""
     with Image.open(path) as opened:
         image = opened.convert("RGB")
-    width, height = image.size
-    scale = image_size / min(width, height)
-    resized = image.resize((max(image_size, round(width * scale)), max(image_size, round(height * scale))),
-                           Image.Resampling.BILINEAR)
-    left = (resized.width - image_size) // 2
-    top = (resized.height - image_size) // 2
-    cropped = resized.crop((left, top, left + image_size, top + image_size))
+    cropped = centre_square(image, image_size)
     return torch.frombuffer(bytearray(cropped.tobytes()), dtype=torch.uint8).view(image_size, image_size, 3).permute(
         2, 0, 1
     )
+
+
+def centre_square(image: Image.Image, size: int) -> Image.Image:
+    """The centre `size` x `size` square of `image` with its shorter side resized (bilinear) to `size`.
+
+    Up to an aspect ratio of EXACT_ASPECT it is the whole image resized, then cropped. Past it the whole resize
+    would be mostly thrown away, and would cost memory in proportion to the long side (a 1 x 2,000,000 PNG of
+    4 KB would become 16 x 32,000,000 pixels, 3.3 GB): only the box that the crop keeps is resampled, which
+    differs from the whole resize by at most one level (rounding in the resampling coordinates).
+    """
+    width, height = image.size
+    scale = size / min(width, height)
+    resized_width, resized_height = max(size, round(width * scale)), max(size, round(height * scale))
+    left, top = (resized_width - size) // 2, (resized_height - size) // 2
+    if max(resized_width, resized_height) <= EXACT_ASPECT * size:
+        resized = image.resize((resized_width, resized_height), Image.Resampling.BILINEAR)
+        return resized.crop((left, top, left + size, top + size))
+    across, down = width / resized_width, height / resized_height  # source pixels per resized pixel
+    box = (left * across, top * down, (left + size) * across, (top + size) * down)
+    return image.resize((size, size), Image.Resampling.BILINEAR, box=box)
 
 
 @dataclass
@@ -78,6 +97,7 @@ class LazyImageSet:
 
         Raises:
             DataError: no image of the set decodes.
+            ReadingFailed: decoding a file raised an error that no decoder raises for a bad file (its cause).
         """
         failed = []
         for step in range(len(self.paths)):
@@ -86,6 +106,8 @@ class LazyImageSet:
                 return candidate, decode_image(self.paths[candidate], self.image_size), step + 1, failed
             except DECODE_ERRORS:
                 failed.append(self.paths[candidate])
+            except Exception as error:  # no decoder's way of failing: the run stops, naming the file
+                raise ReadingFailed(self.paths[candidate]) from error
         raise DataError(f"none of the {len(self.paths)} training images decodes (first: {self.paths[0]}); "
                         "check that the files are images")
 

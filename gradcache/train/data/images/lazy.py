@@ -22,6 +22,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.held_out import held_out_order
+from gradcache.train.data.images.bit_depth import as_rgb8
 from gradcache.train.data.images.sets import DataSplits, ImageSet, check_descriptions
 from gradcache.train.errors import DataError
 
@@ -31,7 +32,7 @@ DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.Decompressio
 def decode_image(path: str | Path, image_size: int) -> torch.Tensor:
     """(3, image_size, image_size) uint8: the shorter side resized to `image_size`, then centre-cropped."""
     with Image.open(path) as opened:
-        image = opened.convert("RGB")
+        image = as_rgb8(opened)  # 16-bit samples scaled, not clipped
     width, height = image.size
     scale = image_size / min(width, height)
     resized = image.resize((max(image_size, round(width * scale)), max(image_size, round(height * scale))),

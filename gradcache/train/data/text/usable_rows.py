@@ -11,10 +11,13 @@ index of files, row_index.py, and the streamed formats, streamed_rows.py).
   positive have (all of them in a smaller set; `first_rows_negatives`).
 - Unusable rows are skipped and counted as they are met (data/bad_data.py's `SkippedRows`: the count and the
   first ten reasons); a key that names no column is refused naming its option (`check_columns`), and with
-  `--corpus` a passage id the corpus lacks (`check_ids`).
+  `--corpus` a passage id the corpus lacks (`check_ids`). A column named like hard negatives that no key names
+  is trained without, with a warning naming `--negative-keys` (`unused_negatives`).
 """
 from __future__ import annotations
 
+import re
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -25,6 +28,7 @@ from gradcache.train.errors import DataError
 if TYPE_CHECKING:
     from gradcache.train.data.text.corpus import PassageCorpus
 
+NEGATIVE_COLUMN = re.compile(r"(hard_?)?negatives?([_-]?\d+)?", re.IGNORECASE)  # a column named like negatives
 FIRST_ROWS = 1_000  # the default h is the count most of the first FIRST_ROWS rows with a query and positive have
 
 
@@ -114,8 +118,23 @@ def no_usable_row(where: str, h: int, read: int | None = None, first_skip: str =
                      "files and the column options")
 
 
+def unused_negatives(names: set, keys: tuple[str, str, Sequence[str]]) -> list[str]:
+    """The columns of `names` named like hard negatives (`negative`, `negatives`, `negative_1`, `hard_negatives`
+    ...; `NEGATIVE_COLUMN`) that no key of `keys` names, in natural order."""
+    named = {keys[0], keys[1], *keys[2]}
+    found = [name for name in names if isinstance(name, str) and NEGATIVE_COLUMN.fullmatch(name) and name not in named]
+    return sorted(found, key=lambda name: (len(name), name))
+
+
 def check_columns(names: set, keys: tuple[str, str, Sequence[str]], where: str, option: str) -> None:
-    """Refuse a key that names no column (field) of `names`, those of the rows `where` says, naming its option."""
+    """Refuse a key that names no column (field) of `names`, those of the rows `where` says, naming its option;
+    warn (once: the check runs once per data set) of columns named like hard negatives that no key names, which
+    the run would train without."""
+    unused = unused_negatives(names, keys)
+    if unused:
+        columns = ", ".join(repr(name) for name in unused)
+        warnings.warn(f"{where} has hard-negative columns that no --negative-keys names ({columns}): the run trains "
+                      f"without them. To train with them, pass --negative-keys {' '.join(unused)}", stacklevel=3)
     query_key, positive_key, negative_keys = keys
     for flag, key in [("--query-key", query_key), ("--positive-key", positive_key),
                       *[("--negative-keys", key) for key in negative_keys]]:

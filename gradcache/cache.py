@@ -38,7 +38,7 @@ from gradcache.inputs import check_embedding_count, encode, tensors_of, trim_pad
 from gradcache.autocast import AutocastState, autocast_context, autocast_off_everywhere, upcast
 from gradcache.random_state import RandomState
 from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
-from gradcache.strategy import LossFn, Strategy
+from gradcache.strategy import LossFn, Strategy, check_output_learns
 from gradcache.token_chunks import cut, split_to_count, token_plan
 
 
@@ -70,6 +70,8 @@ class GradCache(Strategy):
         RecomputationMismatchError, NonFiniteRecomputationError: in (3), a re-encoded chunk differs from its
             cached embedding (or is NaN/inf only there), before that chunk's backward; `.grad`s that were None
             when the step began are None again.
+        ValueError: in (3), an encoder with parameters requiring grad returned an output that does not require
+            grad (detached from them, or computed under no_grad), named with its input; `.grad`s as above.
 
     Example:
         >>> cache = GradCache([image_tower, text_tower], ClipLoss(), chunk_size=64)
@@ -224,6 +226,7 @@ class GradCache(Strategy):
                         with replay.first.random_states[i][k].replay(), replay.autocast_state.apply():
                             chunk, name = replay.chunks[i][k], f"input {i}"
                             outputs = encode(encoder, chunk, self.options["get_embedding"], name)
+                        check_output_learns(encoder, outputs, name)  # else its backward would reach no parameter
                         _check_recomputed(check, outputs, replay, i, k)  # before this chunk's backward writes any .grad
                         _backward(encoder, list(zip(outputs, gradients[i][k])), final, later[key])
                 for i in members:

@@ -179,13 +179,15 @@ class Strategy:
         """Each input (or its micro-batch) through its encoder in one forward, under the autocast option: the
         loss arguments, one per embedding in input order (an encoder returning several gives several);
         half-precision embeddings come back as float32 for the loss."""
+        embeddings = []
         with autocast_context(self.options["autocast_dtype"], self.device_type()):
             trim = self.options["trim_padding"]
-            embeddings = [
-                e for i, v in enumerate(values)
-                for e in encode(self.encoder_for(i), trim_padding(v) if trim else v, self.options["get_embedding"],
-                                f"input {i}")
-            ]
+            for i, v in enumerate(values):
+                encoder, name = self.encoder_for(i), f"input {i}"
+                outputs = encode(encoder, trim_padding(v) if trim else v, self.options["get_embedding"], name)
+                if torch.is_grad_enabled():
+                    check_output_learns(encoder, outputs, name)
+                embeddings.extend(outputs)
         return [upcast(e) for e in embeddings]
 
     def loss_over(self, embeddings: list[torch.Tensor], loss_kwargs: dict[str, Any], where: str = "") -> torch.Tensor:
@@ -197,3 +199,17 @@ class Strategy:
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         return self.options["scaler"].scale(loss) if self.options["scaler"] is not None else loss
+
+
+def check_output_learns(encoder: nn.Module, outputs: Sequence[torch.Tensor], name: str) -> None:
+    """ValueError naming the encoder of `name` when it has parameters that require grad but none of its `outputs`
+    (encoded with gradients enabled) does: the output is detached from the parameters, and a step would leave
+    their `.grad` None without a word. A frozen encoder (no parameter requiring grad) passes."""
+    if any(e.requires_grad for e in outputs) or not any(p.requires_grad for p in encoder.parameters()):
+        return
+    raise ValueError(
+        f"the encoder of {name} ({type(encoder).__name__}) has parameters that require grad, but its output does "
+        "not require grad: it is detached from them (a .detach(), torch.no_grad() or inference_mode inside its "
+        "forward, or a round trip through numpy), so no gradient would reach them. Return the output as computed "
+        "from the parameters, or freeze the encoder with encoder.requires_grad_(False)."
+    )

@@ -62,12 +62,25 @@ def _pooling_mode(config: dict) -> str:
     return "+".join(modes)
 
 
+def _inside(root: Path, module_path: str) -> Path:
+    """`root / module_path`, refused (ValueError naming it) where it leaves `root`: a path of modules.json loads
+    a module from the folder it describes, never from elsewhere (`..`, an absolute path)."""
+    if not isinstance(module_path, str):
+        raise ValueError(f"{root / 'modules.json'} gives a module path {module_path!r}; a path is a string")
+    joined = Path(os.path.normpath(root / module_path))
+    if not Path(os.path.abspath(joined)).is_relative_to(os.path.abspath(root)):
+        raise ValueError(f"{root / 'modules.json'} gives the module path {module_path!r}, which leads outside the "
+                         f"folder (to {joined}); a module of a sentence-transformers folder lies inside it: fix "
+                         "the path, or copy the module into the folder")
+    return joined
+
+
 def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransformerLayout | None:
     """The layout of a sentence-transformers folder, or None when ``path`` has no ``modules.json``.
 
     Raises:
-        ValueError: ``modules.json`` or a module config is unreadable, or lists a module that changes the
-            embedding beyond pooling and normalisation (``Dense`` ...).
+        ValueError: ``modules.json`` or a module config is unreadable, lists a module that changes the
+            embedding beyond pooling and normalisation (``Dense`` ...), or a module path outside the folder.
     """
     root = Path(path)
     if not (root / "modules.json").is_file():
@@ -78,7 +91,7 @@ def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransfo
     model_path, pooling, normalize = root, None, False
     for entry in sorted(entries, key=lambda item: item.get("idx", 0)):
         kind = _module_kind(entry)
-        module_path = root / entry.get("path", "")
+        module_path = _inside(root, entry.get("path", ""))
         if kind == "Transformer":
             model_path = module_path
         elif kind == "Pooling":

@@ -126,3 +126,30 @@ def test_tokenizer_errors(tmp_path):
         HuggingFaceTokenizer(path, max_length=1)
     with pytest.raises(TypeError, match="wrap a single text"):
         HuggingFaceTokenizer(write_tiny_bert(tmp_path / "other"))("one text")
+
+
+@pytest.mark.parametrize("module_path", ["../../..", "../outside", "/abs/elsewhere", "0_Transformer/../../x"])
+def test_a_module_path_that_leaves_the_folder_is_refused_naming_it(tmp_path, module_path):
+    """modules.json names a module by a path inside the folder; one that leaves it would load another model."""
+    root = write_tiny_bert(tmp_path / "a" / "b" / "st", sentence_transformers={"pooling_mode": "mean"})
+    modules = json.loads((root / "modules.json").read_text())
+    modules[0]["path"] = module_path
+    (root / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ValueError) as caught:
+        read_sentence_transformer_folder(root)
+    message = str(caught.value)
+    assert repr(module_path) in message and "modules.json" in message and "outside" in message
+
+
+def test_the_program_refuses_such_a_folder_with_status_2_naming_option_and_path(tmp_path, capsys):
+    from gradcache.cli import main
+    from tests.train.conftest import text_args
+
+    root = write_tiny_bert(tmp_path / "st", sentence_transformers={"pooling_mode": "mean"})
+    modules = json.loads((root / "modules.json").read_text())
+    modules[0]["path"] = "../../.."
+    (root / "modules.json").write_text(json.dumps(modules))
+    assert main(text_args(root, tmp_path / "run", "--steps", "1")) == 2
+    err = capsys.readouterr().err
+    assert f"--model {root}" in err and "'../../..'" in err and "outside the folder" in err
+    assert not (tmp_path / "run").exists()

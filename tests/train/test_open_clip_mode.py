@@ -96,6 +96,19 @@ def test_bad_open_clip_options_exit_2_and_write_nothing(tmp_path, capsys, argv, 
     assert not output.exists()
 
 
+@pytest.mark.parametrize("model, size, patch, nearest", [(f"open_clip:{ARCHITECTURE}", 60, 32, "32 or 64"),
+                                                         ("vit_tiny", 30, 4, "28 or 32")])
+def test_an_image_size_the_patches_do_not_tile_exits_2_naming_the_nearest_sizes(tmp_path, capsys, model, size,
+                                                                                 patch, nearest):
+    """A ViT's patches must tile the image: 60 px on a 32 px patch would train on the top-left 32 px only."""
+    argv = [*RUN[:3], model, "--image-size", str(size), *RUN[6:]]
+    assert main([*argv, "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"--image-size {size}" in err and f"patch size {patch}" in err
+    assert f"use --image-size {nearest}" in err
+    assert not (tmp_path / "run").exists()
+
+
 # --- a SigLIP architecture: the sigmoid loss with a learned temperature and bias ------------------------------
 SIGLIP_RUN = ["train", "clip", "--model", f"open_clip:{register_tiny_siglip()}", "--image-size", "32",
               "--train-size", "32", "--test-size", "16", "--batch-size", "8", "--chunk-size", "4", "--steps", "1",

@@ -19,6 +19,7 @@ from gradcache.models import (
 )
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
+from gradcache.train.modes.patches import check_patches_tile
 
 CONVNET_MIN_IMAGE_SIZE = 8  # its three 2 x 2 max-pools leave 1 x 1 of an 8 x 8 image
 BACKBONE_HELP = f"image encoder: a preset of gradcache.models ({', '.join(IMAGE_ENCODER_PRESETS)})"
@@ -50,6 +51,5 @@ def check_backbone(config: RunConfig) -> None:
     if isinstance(preset, ConvNetConfig) and config.image_size < CONVNET_MIN_IMAGE_SIZE:
         raise UsageError(f"--model {config.model} halves the image three times and needs --image-size at least "
                          f"{CONVNET_MIN_IMAGE_SIZE}, got {config.image_size}")
-    if isinstance(preset, ViTConfig) and config.image_size % preset.patch_size:
-        raise UsageError(f"--model {config.model} needs --image-size divisible by its patch size {preset.patch_size}, "
-                         f"got {config.image_size}")
+    if isinstance(preset, ViTConfig):
+        check_patches_tile(config.model, config.image_size, preset.patch_size)

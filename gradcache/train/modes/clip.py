@@ -39,6 +39,7 @@ from gradcache.train.export.open_clip import write_open_clip_folder
 from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes.backbone import BACKBONE_HELP, backbone_options, build_backbone, check_backbone
 from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.patches import check_patches_tile
 from gradcache.train.modes.image import ImageMode
 
 
@@ -86,9 +87,11 @@ class CLIP(ImageMode):
                 check_architecture,  # needs the open-clip extra
             )
 
-            check_architecture(architecture)
+            vision = check_architecture(architecture).get("vision_cfg", {})
         except (ImportError, ValueError) as error:
             raise UsageError(f"--model {config.model}: {error}") from error
+        if isinstance(vision.get("patch_size"), int) and "timm_model_name" not in vision:  # a ViT of open_clip's own
+            check_patches_tile(config.model, config.image_size, vision["patch_size"])
         if config.pretrained is not None and not Path(config.pretrained).is_file():
             raise UsageError(f"--pretrained {config.pretrained!r} is not a file; give a local open_clip checkpoint "
                              "(.pt, .bin or .safetensors); this program never downloads weights")

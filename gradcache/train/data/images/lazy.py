@@ -22,6 +22,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.held_out import held_out_order
+from gradcache.train.data.images.bit_depth import as_rgb8
 from gradcache.train.data.images.sets import DataSplits, ImageSet, check_descriptions
 from gradcache.train.data.worker_failures import ReadingFailed
 from gradcache.train.errors import DataError
@@ -36,7 +37,7 @@ def decode_image(path: str | Path, image_size: int) -> torch.Tensor:
     """(3, image_size, image_size) uint8: the shorter side resized to `image_size`, then centre-cropped
     (`centre_square`: the work bounded by the pixels kept, whatever the aspect ratio)."""
     with Image.open(path) as opened:
-        image = opened.convert("RGB")
+        image = as_rgb8(opened)  # 16-bit samples scaled, not clipped
     cropped = centre_square(image, image_size)
     return torch.frombuffer(bytearray(cropped.tobytes()), dtype=torch.uint8).view(image_size, image_size, 3).permute(
         2, 0, 1

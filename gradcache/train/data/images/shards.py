@@ -1,5 +1,6 @@
 """webdataset shards: `.tar` files of samples `KEY.jpg|.jpeg|.png|.webp` with, for CLIP, `KEY.txt` (the caption)
-and optionally `KEY.cls` (an integer class: SimCLR's kNN evaluation needs it), read with the standard library's
+and optionally `KEY.cls` (an integer class in [0, MAX_SHARD_CLASSES): SimCLR's kNN evaluation needs it; CLIP never
+reads it), read with the standard library's
 `tarfile` (no extra dependency; a seekable tar's headers are read without its contents, which makes skipping
 cheap, and a shard's members are read by offset only when a batch takes them).
 
@@ -13,9 +14,10 @@ What a run keeps in memory: per shard its path and sample count; per worker a sh
   held-out set, and those shards are not trained on (the rest of the last one is left out, too).
 - Order and resume: data/streams.py, each slot's stream of samples by their headers (a resume skips by headers
   only); a sample that fails to decode is found only when its batch is made, the case whose resume it names.
-- Bad data: a member that fails to decode (and in CLIP a sample without a caption) is skipped and counted, and
-  the next sample takes its place; a truncated shard is read up to its damage, counted once, and the stream goes
-  on with the next shard. Both count in `skipped_images` and --max-bad-share (`BadShare`).
+- Bad data: a member that fails to decode (in CLIP a sample without a caption, in SimCLR's held-out and
+  reference samples a `.cls` that is not a class) is skipped and counted, and the next sample takes its place; a
+  truncated shard is read up to its damage, counted once, and the stream goes on with the next shard. Both count
+  in `skipped_images` and --max-bad-share (`BadShare`).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from gradcache.train.data.streams import SEED_STRIDE, Damaged, StreamBatches, st
 from gradcache.train.errors import DataError
 
 SHARD_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+MAX_SHARD_CLASSES = 100_000  # a KEY.cls is a class in [0, MAX_SHARD_CLASSES); the kNN scores are (M, classes)
 shard_loader = stream_loader  # the loader of `ShardBatches`
 
 
@@ -153,11 +156,29 @@ def _read(member: tarfile.TarInfo, shard: str) -> bytes:
     return data
 
 
-def decode_sample(sample: _Sample, image_size: int, captions: bool) -> tuple[torch.Tensor, str | None, int | None]:
-    """(the (3, S, S) uint8 image, the caption or None, the class or None) of `sample`.
+def shard_class(sample: _Sample) -> int | None:
+    """The class of `sample`'s `KEY.cls` (None without one).
 
     Raises:
-        ValueError / OSError: no image member, an image that fails to decode, a missing caption in CLIP.
+        ValueError: naming the member, unless it holds an integer in [0, MAX_SHARD_CLASSES).
+    """
+    if "cls" not in sample.members:
+        return None
+    member = sample.members["cls"]
+    text = _read(member, sample.shard).decode("utf-8", errors="replace").strip()
+    if not text.isdecimal() or not text.isascii() or int(text) >= MAX_SHARD_CLASSES:
+        raise ValueError(f"{member.name}: class {text[:40]!r} is not an integer in [0, {MAX_SHARD_CLASSES})")
+    return int(text)
+
+
+def decode_sample(sample: _Sample, image_size: int, captions: bool,
+                  labels: bool = False) -> tuple[torch.Tensor, str | None, int | None]:
+    """(the (3, S, S) uint8 image, the caption or None, the class or None) of `sample`; the class is read only
+    with `labels` (`shard_class`), and never in CLIP (`captions`), which has no use for it.
+
+    Raises:
+        ValueError / OSError: no image member, an image that fails to decode, a missing caption in CLIP, a bad
+            class.
     """
     extension = next((ext for ext in SHARD_IMAGE_EXTENSIONS if ext in sample.members), None)
     if extension is None:
@@ -170,7 +191,7 @@ def decode_sample(sample: _Sample, image_size: int, captions: bool) -> tuple[tor
         caption = _read(sample.members["txt"], sample.shard).decode("utf-8").strip()
         if not caption:
             raise ValueError("empty caption")
-    label = int(_read(sample.members["cls"], sample.shard).decode().strip()) if "cls" in sample.members else None
+    label = shard_class(sample) if labels and not captions else None
     return image, caption, label
 
 
@@ -219,7 +240,7 @@ def decode_head(shards: list[str], count: int, image_size: int, captions: bool, 
                 failed.append(sample.name)
                 continue
             try:
-                image, caption, label = decode_sample(sample, image_size, captions)
+                image, caption, label = decode_sample(sample, image_size, captions, labels=True)
             except (*DECODE_ERRORS, UnicodeDecodeError) as error:
                 failed.append(f"{sample.shard}:{sample.key} ({error})")
                 continue

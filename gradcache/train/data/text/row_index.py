@@ -291,7 +291,7 @@ def build_row_index(files: Sequence[Path], format_name: str, query_key: str = "q
     if skipped and warn:
         warnings.warn(skipped.summary(rows_read, where_name), stacklevel=3)
     if not kept.sum():
-        raise no_usable_row(where_name, h, rows_read)
+        raise no_usable_row(where_name, h, rows_read, skipped[0] if skipped.reasons else "")
     offsets = pieces[0].offsets if len(pieces) == 1 else np.concatenate([piece.offsets for piece in pieces])
     file_ends = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
     return RowIndex(list(files), text_format, headers, offsets, file_ends, keys, negatives_per_query, h, skipped,

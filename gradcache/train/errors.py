@@ -6,6 +6,8 @@ written once, for users: docs/outputs.md, "Exit statuses".
 from __future__ import annotations
 
 import errno
+import os
+import shutil
 from pathlib import Path
 
 OK = 0
@@ -16,6 +18,7 @@ COLLECTIVE_TIMEOUT = 5
 DISK_FULL = 74  # EX_IOERR of sysexits.h
 PREEMPTED = 75  # EX_TEMPFAIL of sysexits.h
 INTERRUPTED = 130  # 128 + SIGINT
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full disk or quota
 
 
 class UsageError(ValueError):
@@ -100,6 +103,32 @@ class Preempted(Exception):
 def exit_status_of(error: BaseException) -> int | None:
     """The exit status `error`'s type carries, or None for an error no command raises on purpose (a bug)."""
     return getattr(error, "exit_status", None)
+
+
+def out_of_space(error: BaseException, folder: str | os.PathLike, needed_bytes: int) -> bool:
+    """Whether `error`, raised while `needed_bytes` were written into `folder`, came of a full disk: an ENOSPC or
+    EDQUOT anywhere in its chain (torch re-raises a failed write as `RuntimeError: ... unexpected pos`, with the
+    OSError as its context; torch.distributed.checkpoint gathers each rank's failure), or, where a library keeps
+    no OSError (safetensors reports one in its message alone), less room left in `folder` than the bytes written."""
+    if _no_space_in_chain(error):
+        return True
+    try:
+        return shutil.disk_usage(folder).free < needed_bytes
+    except OSError:
+        return False
+
+
+def _no_space_in_chain(error: BaseException | None) -> bool:
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return True
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict) and any(_no_space_in_chain(getattr(f, "exc", f)) for f in failures.values()
+                                              if isinstance(getattr(f, "exc", f), BaseException)):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
 
 
 def _megabytes(size: int) -> str:

@@ -81,6 +81,17 @@ class DiskFull(OSError):
                          f"already there are kept. Free space, then continue with --resume {folder}")
 
 
+class ModelFolderDiskFull(DiskFull):
+    """Writing a model folder (RUN/model, `gradcache export`) ran out of space; what the folder held is kept and no
+    temporary folder is left."""
+
+    def __init__(self, output: Path, needed_bytes: int, free_bytes: int, again: str) -> None:
+        self.folder, self.needed_bytes, self.free_bytes = output, needed_bytes, free_bytes
+        OSError.__init__(self, errno.ENOSPC, f"no space left to write the model folder {output}: it needs about "
+                         f"{_megabytes(needed_bytes)} free, {_megabytes(free_bytes)} is free; what it held is kept. "
+                         f"Free space, then write it with {again}")
+
+
 class DataDiskFull(OSError):
     """The disk filled while the data was read or its index written; no partial file is left."""
 

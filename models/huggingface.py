@@ -56,6 +56,7 @@ def check_weights(folder: str | os.PathLike) -> None:
     folder = os.fspath(folder)
     weights = os.path.join(folder, "model.safetensors")
     if not os.path.isfile(weights):
+        _check_unpickles(os.path.join(folder, "pytorch_model.bin"))
         return
     found = tensor_shapes(weights)
     try:
@@ -72,6 +73,24 @@ def check_weights(folder: str | os.PathLike) -> None:
     if differ:
         raise ValueError(f"{weights} does not hold the model its config.json describes ({len(differ)} tensors "
                          f"differ, e.g. {'; '.join(differ[:3])}); the folder was edited or mixed: save it again")
+
+
+def _check_unpickles(path: str) -> None:
+    """A `pytorch_model.bin` at `path`, if there is one, holds tensors alone (torch.load's weights-only unpickler,
+    as transformers loads it; memory-mapped where the file's format allows, so no tensor is read), else ValueError:
+    one that would run code is refused before anything is written."""
+    if not os.path.isfile(path):
+        return
+    try:
+        try:
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy format, which cannot be memory-mapped
+            torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"{path} holds more than tensors, which could run code, so it is not loaded; save the "
+                         "model as model.safetensors") from error
+    except (RuntimeError, OSError, EOFError):
+        return  # damaged rather than hostile: transformers' own load names it
 
 
 def _drop_unused_pooler(model: nn.Module) -> None:

@@ -86,17 +86,19 @@ def test_a_tampered_model_folder_exits_2_naming_the_file(tmp_path, tiny_bert, ca
     assert status == errors.USAGE, err
     assert str(named) in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     cause = {"config": "does not hold the model its config.json describes", "header": "corrupt safetensors header",
-             "code": "hold more than tensors"}
+             "code": "more than tensors, which could run code"}
     assert cause[next(word for word in cause if word in kind)] in err
     assert not (tmp_path / "out.npy").exists() and not (tmp_path / "ran-code.txt").exists()
 
 
-@pytest.mark.parametrize("kind", ["hugging face huge config", "hugging face corrupt header"])
-def test_train_text_refuses_a_tampered_model_before_writing(tmp_path, tiny_bert, capsys, kind):
+@pytest.mark.parametrize("kind", ["hugging face huge config", "hugging face corrupt header",
+                                  "hugging face .bin that runs code"])
+def test_train_text_refuses_a_tampered_model_before_writing(tmp_path, tiny_bert, capsys, monkeypatch, kind):
     from tests.train.conftest import text_args
 
     folder, named = _tampered(kind, tmp_path, tiny_bert)
+    monkeypatch.chdir(tmp_path)
     status = main(text_args(folder, tmp_path / "run"))
     err = capsys.readouterr().err
     assert status == errors.USAGE and f"--model {folder}" in err and str(named) in err, err
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists() and not (tmp_path / "ran-code.txt").exists()

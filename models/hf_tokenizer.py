@@ -27,8 +27,8 @@ class HuggingFaceTokenizer:
 
     L is the longest text of the batch after truncation to ``max_length`` tokens (special tokens included), so a
     batch is padded only as far as it needs. A text is cut to ``max_length * CHARACTERS_PER_TOKEN`` characters
-    before the tokenizer reads it, so a huge text costs no more than an ordinary long one. ``token_type_ids`` is left out: one-segment inputs take its default.
-    A sentence-transformers folder's tokenizer is read from its ``Transformer`` module's path.
+    before the tokenizer reads it, so a huge text costs no more than an ordinary long one. ``token_type_ids`` is
+    left out: one-segment inputs take its default. A sentence-transformers folder's tokenizer is read from its ``Transformer`` module's path.
 
     Args:
         path: a local model folder (``save_pretrained`` of a model and its tokenizer).

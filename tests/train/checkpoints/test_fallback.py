@@ -152,8 +152,8 @@ def _third_save_on_a_full_disk(how, monkeypatch):
         usage = shutil.disk_usage
 
         def no_space_left(path):
-            total, used, free = usage(path)
-            return type(usage(path))(total, total, 0) if len(saves) == 3 else usage(path)
+            real = usage(path)
+            return real._replace(used=real.total, free=0) if len(saves) == 3 else real
 
         monkeypatch.setattr(errors.shutil, "disk_usage", no_space_left)
     return saves

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from gradcache.cli import main
 from gradcache.models.pretrained import PretrainedConfig

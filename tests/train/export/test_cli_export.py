@@ -103,8 +103,7 @@ def test_a_full_disk_during_export_exits_74_and_keeps_the_earlier_export(run, tm
 
     usage = shutil.disk_usage
     monkeypatch.setattr(safetensors.torch, "save_file", save_on_a_full_disk)
-    monkeypatch.setattr(errors.shutil, "disk_usage", lambda path: type(usage(path))(usage(path).total,
-                                                                                     usage(path).total, 0))
+    monkeypatch.setattr(errors.shutil, "disk_usage", lambda path: usage(path)._replace(used=usage(path).total, free=0))
     capsys.readouterr()
     status = main(["export", str(run), "--output", str(output)])
     monkeypatch.undo()

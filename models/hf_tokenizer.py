@@ -9,6 +9,13 @@ import torch
 
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
+# A generous bound on the characters one token covers (English text averages about 4). The tokenizer reads a text
+# whole before it truncates it, so each text is first cut to max_length x this many characters: a row of hundreds
+# of megabytes would otherwise exhaust memory (the Rust tokenizer aborts the process), and the tokens kept are
+# those of the whole text, unless a text's first max_length tokens span more than that (runs of whitespace longer
+# than this bound between them).
+CHARACTERS_PER_TOKEN = 64
+
 # Files of which a folder needs at least one to hold a tokenizer's vocabulary. Without any, transformers 5 builds
 # an empty tokenizer of special tokens alone instead of failing, and every text would become [CLS] [UNK] ... [SEP].
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
@@ -19,8 +26,9 @@ class HuggingFaceTokenizer:
     """texts -> ``{"input_ids": (B, L), "attention_mask": (B, L)}`` int64, by the folder's own ``AutoTokenizer``.
 
     L is the longest text of the batch after truncation to ``max_length`` tokens (special tokens included), so a
-    batch is padded only as far as it needs. ``token_type_ids`` is left out: one-segment inputs take its default.
-    A sentence-transformers folder's tokenizer is read from its ``Transformer`` module's path.
+    batch is padded only as far as it needs. A text is cut to ``max_length * CHARACTERS_PER_TOKEN`` characters
+    before the tokenizer reads it, so a huge text costs no more than an ordinary long one. ``token_type_ids`` is
+    left out: one-segment inputs take its default. A sentence-transformers folder's tokenizer is read from its ``Transformer`` module's path.
 
     Args:
         path: a local model folder (``save_pretrained`` of a model and its tokenizer).
@@ -65,6 +73,8 @@ class HuggingFaceTokenizer:
     def __call__(self, texts: list[str]) -> dict[str, torch.Tensor]:
         if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
             raise TypeError(f"texts must be a list of str, got {type(texts).__name__}; wrap a single text as [text].")
-        batch = self.tokenizer(list(texts), padding="longest", truncation=True, max_length=self.max_length,
+        kept = self.max_length * CHARACTERS_PER_TOKEN
+        texts = [text[:kept] if isinstance(text, str) else text for text in texts]
+        batch = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_length,
                                return_tensors="pt")
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}

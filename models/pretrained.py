@@ -14,11 +14,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from gradcache.models.clip import CLIP
 from gradcache.models.factory import build_image_encoder
 from gradcache.models.heads import ProjectionHead
+from gradcache.models.safetensors_header import check_shapes
 from gradcache.models.simclr import SimCLRModel
 from gradcache.models.text import TextEncoder
 from gradcache.models.tokenizer import ByteTokenizer
@@ -133,7 +135,8 @@ def from_pretrained(folder: str | os.PathLike) -> nn.Module:
 
     Raises:
         FileNotFoundError: ``folder`` lacks ``config.json`` or ``model.safetensors``.
-        ValueError: the config is not a gradcache one, or the weights do not fit it.
+        ValueError: the config is not a gradcache one, or the weights do not fit it (checked against the
+            weights' header before the model is built), or the weights file is corrupt; it names the file.
 
     Example:
         >>> model = gradcache.models.from_pretrained("runs/simclr-20261130-170000/model")
@@ -145,6 +148,11 @@ def from_pretrained(folder: str | os.PathLike) -> nn.Module:
     weights = Path(folder) / WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"{folder} has {CONFIG_FILE} but no {WEIGHTS_FILE}; export the run again")
+    try:  # the config against the weights' header before anything of the config's size is allocated
+        with torch.device("meta"):
+            check_shapes(config.build(), weights)
+    except TypeError as error:
+        raise ValueError(f"{Path(folder) / CONFIG_FILE} does not build a model: {error}") from error
     model = config.build()
     try:
         model.load_state_dict(load_file(weights))

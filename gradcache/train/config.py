@@ -5,7 +5,9 @@ A field's default here is the option's default; a mode (gradcache/train/modes/) 
 - `modes`: the modes that read it (none: every mode);
 - `model`: it fixes the shapes of the parameters, so a checkpoint resumes only into the same value;
 - `at_least`, `above`, `at_most`, `below`, `why`: its valid range and the reason, checked before a run writes
-  anything (gradcache/train/preflight.py); an option the library checks (a loss's, a strategy's) has no range here;
+  anything (gradcache/train/preflight.py); an option the library checks (a loss's, a strategy's) has no range here,
+  and a value whose memory depends on other options (`--image-size`, `--queue-size`) is bounded by the memory
+  there is, in preflight.py (`check_memory`);
 - `path`: it names a file or folder, stored absolute;
 - `run_local`: a resume may give it anew (gradcache/train/checkpoints/resume.py); `kept_unless_given`: a resume
   that does not give it keeps the run's value instead of the default;
@@ -73,7 +75,8 @@ class RunConfig:
     norm: str = option("group", modes=IMAGES, model=True)
     projection_dim: int = option(128, modes=IMAGES, model=True, at_least=1)
     hidden_dim: int = option(512, modes=SIMCLR, model=True, at_least=1)  # projection head
-    context_length: int = option(96, modes=CLIP, model=True, at_least=1)  # text tower
+    context_length: int = option(96, modes=CLIP, model=True, at_least=3,
+                                 why="a start token, one byte and an end token")  # text tower
     text_width: int = option(128, modes=CLIP, model=True, at_least=1)
     text_layers: int = option(2, modes=CLIP, model=True, at_least=1)
     text_heads: int = option(4, modes=CLIP, model=True, at_least=1)
@@ -116,7 +119,9 @@ class RunConfig:
     fsdp: bool = option(False, added=2)
     fsdp_reduce: str = option("chunk", added=2)
     cpu_offload: bool = option(False, run_local=True, added=2)  # where the shards live: a resume may change it
-    seed: int = 0
+    # each sample's generator is seeded by about seed x 10^13 (data/order.py, data/streams.py): 64 bits hold that
+    seed: int = option(0, at_least=-900_000, at_most=1_800_000, why="each sample's generator seed, about seed x "
+                       "10^13, must fit in 64 bits")
     collective_timeout: float = option(1800.0, run_local=True, added=5)  # seconds a collective waits (torchrun)
     # output
     output_dir: str | None = option(None, run_local=True)

@@ -6,6 +6,8 @@ written once, for users: docs/outputs.md, "Exit statuses".
 from __future__ import annotations
 
 import errno
+import os
+import shutil
 from pathlib import Path
 
 OK = 0
@@ -16,6 +18,7 @@ COLLECTIVE_TIMEOUT = 5
 DISK_FULL = 74  # EX_IOERR of sysexits.h
 PREEMPTED = 75  # EX_TEMPFAIL of sysexits.h
 INTERRUPTED = 130  # 128 + SIGINT
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full disk or quota
 
 
 class UsageError(ValueError):
@@ -85,6 +88,17 @@ class DiskFull(OSError):
                          f"already there are kept. Free space, then continue with --resume {folder}")
 
 
+class ModelFolderDiskFull(DiskFull):
+    """Writing a model folder (RUN/model, `gradcache export`) ran out of space; what the folder held is kept and no
+    temporary folder is left."""
+
+    def __init__(self, output: Path, needed_bytes: int, free_bytes: int, again: str) -> None:
+        self.folder, self.needed_bytes, self.free_bytes = output, needed_bytes, free_bytes
+        OSError.__init__(self, errno.ENOSPC, f"no space left to write the model folder {output}: it needs about "
+                         f"{_megabytes(needed_bytes)} free, {_megabytes(free_bytes)} is free; what it held is kept. "
+                         f"Free space, then write it with {again}")
+
+
 class DataDiskFull(OSError):
     """The disk filled while the data was read or its index written; no partial file is left."""
 
@@ -107,6 +121,32 @@ class Preempted(Exception):
 def exit_status_of(error: BaseException) -> int | None:
     """The exit status `error`'s type carries, or None for an error no command raises on purpose (a bug)."""
     return getattr(error, "exit_status", None)
+
+
+def out_of_space(error: BaseException, folder: str | os.PathLike, needed_bytes: int) -> bool:
+    """Whether `error`, raised while `needed_bytes` were written into `folder`, came of a full disk: an ENOSPC or
+    EDQUOT anywhere in its chain (torch re-raises a failed write as `RuntimeError: ... unexpected pos`, with the
+    OSError as its context; torch.distributed.checkpoint gathers each rank's failure), or, where a library keeps
+    no OSError (safetensors reports one in its message alone), less room left in `folder` than the bytes written."""
+    if _no_space_in_chain(error):
+        return True
+    try:
+        return shutil.disk_usage(folder).free < needed_bytes
+    except OSError:
+        return False
+
+
+def _no_space_in_chain(error: BaseException | None) -> bool:
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return True
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict) and any(_no_space_in_chain(getattr(f, "exc", f)) for f in failures.values()
+                                              if isinstance(getattr(f, "exc", f), BaseException)):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
 
 
 def _megabytes(size: int) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,8 +30,10 @@ from gradcache.train.checkpoints.resume import (
     choose_checkpoint,
     merge_resume,
 )
-from gradcache.train.config import RunConfig, with_absolute_paths
+from gradcache.models import IMAGE_ENCODER_PRESETS
+from gradcache.train.config import MODEL_FIELDS, RunConfig, with_absolute_paths
 from gradcache.train.data.bad_data import check_bad_share
+from gradcache.train.data.images.files import BUILT_IN_DATA
 from gradcache.train.data.resources import reading_data
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
@@ -142,14 +145,95 @@ def check_options(config: RunConfig) -> None:
     if config.queue_size and config.fsdp:
         raise UsageError("--queue-size with --fsdp: the sharded checkpoint cannot load a queue sized on the first "
                          "step yet; drop --fsdp (DDP keeps the queue) or --queue-size")
+    _check_device(config.device)
     MODES[config.mode].check(config)
     MODES[config.mode].check_model(config)  # after the plain values: it may load a model folder
+    _check_builds(config)
+    check_memory(config)
     if config.matryoshka_dims is not None:  # after the model: its width may come from its folder
         check_dims(config.matryoshka_dims, MODES[config.mode].embedding_width(config))
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {config.device}: CUDA is not available here; use --device cpu")
     _check_sharding(config)
     check_report_to(config.report_to)
+
+
+def _check_device(device: str) -> None:
+    """--device names a device that holds data and is here: cpu, cuda (cuda:N below the GPU count) or mps."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise UsageError(f"--device {device}: not a device ({error}); use --device cpu, cuda or cuda:N") from error
+    if parsed.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"--device {device}: a {parsed.type} device cannot train (its tensors hold no data or "
+                         "this program does not run on it); use --device cpu, cuda or cuda:N")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: CUDA is not available here; use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s); use --device "
+                         "cuda (the first, or each process's own under torchrun) or cuda:N below that count")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
+
+
+def _check_builds(config: RunConfig) -> None:
+    """A model built from the options alone (a gradcache.models preset, not a folder or open_clip) builds: its
+    shapes are built on the meta device, which allocates nothing, so a constructor's refusal (a text width its
+    heads do not divide) names the options before anything is written."""
+    if config.model not in IMAGE_ENCODER_PRESETS:
+        return
+    try:
+        with torch.device("meta"):
+            MODES[config.mode].build_model(config)
+    except ValueError as error:
+        given = " ".join(f"--{_dashed(name)} {getattr(config, name)}" for name in MODEL_FIELDS
+                         if name not in ("mode", "model") and _applies(config, name))
+        raise UsageError(f"{given} (the model options of --model {config.model}) build no model: {error} Change "
+                         "the option it names") from error
+
+
+def check_memory(config: RunConfig) -> None:
+    """The values that allocate in proportion to their size, against the memory of the machine (CPU) or of the
+    --device (a GPU): one batch of --batch-size images of 3 x --image-size^2 float32 (and, for built-in data, its
+    --train-size + --test-size images of 3 x --image-size^2 bytes), and the queue of --queue-size embeddings. A
+    value that cannot fit is refused with the largest one that might; one that fits may still not, with the model."""
+    memory = _memory_bytes(config.device)
+    if _applies(config, "image_size"):
+        pixels, count = 3 * config.image_size ** 2, config.train_size + config.test_size
+        images = [(config.batch_size * pixels * 4, f"one batch of --batch-size {config.batch_size} images of 3 x "
+                   f"{config.image_size} x {config.image_size} float32", config.batch_size * 12)]
+        if config.data in BUILT_IN_DATA:
+            images.append((count * pixels, f"the built-in --data {config.data}'s --train-size + --test-size, {count} "
+                           f"images of 3 x {config.image_size} x {config.image_size} bytes,", count * 3))
+        largest = min(math.isqrt(memory // per_squared_pixel) for _, _, per_squared_pixel in images)
+        for needed, what, _ in images:
+            if needed > memory:
+                raise UsageError(f"--image-size {config.image_size}: {what} would take {_gibibytes(needed)}, more "
+                                 f"than the {_gibibytes(memory)} of memory here; use --image-size at most {largest}")
+    if config.queue_size > 0:
+        width = MODES[config.mode].embedding_width(config)
+        size = 2 if config.precision in ("fp16", "bf16") else 4
+        needed = config.queue_size * width * size
+        if needed > memory:
+            raise UsageError(f"--queue-size {config.queue_size}: a queue of that many embeddings of {width} numbers "
+                             f"would take {_gibibytes(needed)}, more than the {_gibibytes(memory)} of memory of "
+                             f"--device {config.device}; use --queue-size at most {memory // (width * size)} (a "
+                             "few times --batch-size is usual)")
+
+
+def _memory_bytes(device: str) -> int:
+    """The memory of `device`: a GPU's own, else the machine's physical memory."""
+    parsed = torch.device(device)
+    if parsed.type == "cuda":
+        return torch.cuda.get_device_properties(parsed.index or 0).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _gibibytes(size: int) -> str:
+    return f"{size / 2**30:,.1f} GiB"
+
+
+def _applies(config: RunConfig, name: str) -> bool:
+    modes = RunConfig.__dataclass_fields__[name].metadata.get("modes")
+    return not modes or config.mode in modes
 
 
 def _check_range(option: dataclasses.Field, value: object) -> None:

@@ -61,3 +61,29 @@ def test_out_of_range_values_exit_2_naming_the_option_and_write_nothing(tmp_path
 def test_the_smallest_image_size_of_the_convnet_trains(tmp_path, tiny_args):
     """8 is the refused 7's neighbour: the limit is the model's, not a guess."""
     assert main(tiny_args("simclr", tmp_path, "--image-size", "8", "--steps", "1")) == errors.OK
+
+
+@pytest.mark.parametrize(("mode", "flags", "cause"), [
+    ("clip", ["--text-width", "16", "--text-heads", "3"], "not divisible"),  # the text tower's heads
+    ("clip", ["--context-length", "1"], "at least 3"),  # a start token, one byte, an end token
+    ("simclr", ["--width", "1"], "--norm group"),  # GroupNorm's 8 groups
+    ("clip", ["--width", "1"], "--norm group"),
+    ("simclr", ["--seed", "1" * 24], "in ["),
+    ("simclr", ["--device", "meta"], "--device cpu"),
+    ("simclr", ["--device", "nonsense"], "--device cpu"),
+    ("simclr", ["--image-size", "100000"], "memory"),  # one batch of images would need terabytes
+    ("simclr", ["--queue-size", "10000000000"], "memory"),
+    ("clip", ["--queue-size", "10000000000"], "memory"),
+], ids=lambda value: " ".join(value) if isinstance(value, list) else value)
+def test_options_that_cannot_build_or_allocate_exit_2_naming_flag_value_and_fix(tmp_path, capsys, mode, flags, cause):
+    output = tmp_path / "run"
+    assert main(["train", mode, *flags, "--output-dir", str(output)]) == errors.USAGE
+    error = capsys.readouterr().err
+    assert f"{flags[-2]} {flags[-1]}" in error and cause in error, error
+    assert len(error.strip().splitlines()) == 1 and "Traceback" not in error
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("seed", ["-900000", "1800000"])
+def test_the_extreme_seeds_the_range_allows_train(tmp_path, tiny_args, seed):
+    assert main(tiny_args("simclr", tmp_path, "--seed", seed, "--steps", "1")) == 0

@@ -9,7 +9,6 @@ plus `CHECKSUM_KEY`: the sha256 of the rest (gradcache/train/checkpoints/checksu
 """
 from __future__ import annotations
 
-import errno
 import os
 import random
 import shutil
@@ -20,11 +19,10 @@ from typing import Any
 import torch
 
 from gradcache.train.checkpoints.checksum import CHECKSUM_KEY, content_sha256
-from gradcache.train.errors import CheckpointError, DiskFull
+from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
 from gradcache.train.run_folder.permissions import as_if_created
 
 EXTRA_FILE = "extra.pt"  # in a sharded checkpoint folder: rank 0's step, run options and random state
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 def is_sharded_folder(path: str | os.PathLike) -> bool:
@@ -40,7 +38,8 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: st
     `previous` held is restored from where it was set aside.
 
     Raises:
-        DiskFull: the file system ran out of space (or quota); it names the folder and the space needed.
+        DiskFull: the file system ran out of space (or quota), whatever error a write's ENOSPC became in torch
+            (gradcache.train.errors.out_of_space); it names the folder and the space needed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,9 +55,10 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: st
             rotate_into_place(Path(handle.name), path, Path(previous))
         else:
             os.replace(handle.name, path)
-    except OSError as error:
+    except Exception as error:
+        full = out_of_space(error, path.parent, _size_needed(state, path))  # before the partial file goes
         Path(handle.name).unlink(missing_ok=True)
-        if error.errno in NO_SPACE:
+        if full:
             raise DiskFull(path.parent, _size_needed(state, path), shutil.disk_usage(path.parent).free) from error
         raise
     except BaseException:
@@ -94,9 +94,7 @@ def rotate_into_place(new: Path, path: Path, previous: Path) -> None:
 
 
 def _size_needed(state: dict[str, Any], path: Path) -> int:
-    """The size of the checkpoint already there, else the bytes of the tensors being saved."""
-    if path.is_file():
-        return path.stat().st_size
+    """The bytes of the tensors being saved, or the size of the checkpoint already there if larger."""
     total, stack = 0, [state]
     while stack:
         value = stack.pop()
@@ -106,7 +104,7 @@ def _size_needed(state: dict[str, Any], path: Path) -> int:
             stack.extend(value.values())
         elif isinstance(value, (list, tuple)):
             stack.extend(value)
-    return total
+    return max(total, path.stat().st_size if path.is_file() else 0)
 
 
 def _fsync_directory(folder: Path) -> None:

@@ -21,14 +21,13 @@ from torch.distributed.checkpoint.state_dict import (
 from gradcache import distributed
 from gradcache.train.checkpoints.atomic import (
     EXTRA_FILE,
-    NO_SPACE,
     is_sharded_folder,
     read_checked,
     rotate_into_place,
     save_checkpoint,
 )
 from gradcache.train.checkpoints.checksum import files_sha256
-from gradcache.train.errors import CheckpointError, DiskFull
+from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
 
 FILES_KEY = "files"  # in extra.pt: sha256 of every other file of the folder, checked by check_sharded_files
 
@@ -67,7 +66,7 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     except Exception as error:
         if leader:
             shutil.rmtree(partial, ignore_errors=True)
-        if _out_of_space(error) and not isinstance(error, DiskFull):
+        if not isinstance(error, DiskFull) and out_of_space(error, folder.parent, _folder_size(folder)):
             raise DiskFull(folder.parent, _folder_size(folder), shutil.disk_usage(folder.parent).free) from error
         raise
     if leader:
@@ -84,20 +83,6 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     if grouped:
         dist.barrier()  # nobody reads the folder before it is whole
     return folder
-
-
-def _out_of_space(error: BaseException | None) -> bool:
-    """An ENOSPC anywhere in `error`'s chain, or in the per-rank failures torch.distributed.checkpoint gathers."""
-    seen = 0
-    while error is not None and seen < 20:
-        if isinstance(error, OSError) and error.errno in NO_SPACE:
-            return True
-        failures = getattr(error, "failures", None)
-        if isinstance(failures, dict) and any(_out_of_space(getattr(f, "exc", f)) for f in failures.values()
-                                              if isinstance(getattr(f, "exc", f), BaseException)):
-            return True
-        error, seen = error.__cause__ or error.__context__, seen + 1
-    return False
 
 
 def _folder_size(folder: Path) -> int:

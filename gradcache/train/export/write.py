@@ -18,7 +18,7 @@ from torch import nn
 
 from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, locate
 from gradcache.train.config import RunConfig
-from gradcache.train.errors import CheckpointError, UsageError
+from gradcache.train.errors import CheckpointError, ModelFolderDiskFull, UsageError, out_of_space
 from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 from gradcache.train.modes import MODES
 from gradcache.train.run_folder.permissions import as_if_created
@@ -50,7 +50,12 @@ def check_output(output: str | os.PathLike) -> None:
 
 def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: str | os.PathLike) -> Path:
     """Write `model` (with its trained `loss`: CLIP's temperature) in its mode's format to the folder `output`,
-    atomically, replacing a previous export there; return `output`."""
+    atomically, replacing a previous export there; return `output`.
+
+    Raises:
+        ModelFolderDiskFull: the disk filled (exit status 74), whatever error the writing library made of it;
+            `output` keeps what it held.
+    """
     output = Path(output)
     check_output(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -66,10 +71,28 @@ def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: s
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(partial, output)
+    except Exception as error:
+        needed = _bytes_of(model, loss)
+        full = out_of_space(error, partial, needed)  # before the partial folder goes
+        shutil.rmtree(partial, ignore_errors=True)
+        if full:
+            raise ModelFolderDiskFull(output, needed, shutil.disk_usage(output.parent).free,
+                                      _export_command(config, output)) from error
+        raise
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return output
+
+
+def _bytes_of(*modules: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for module in modules for t in module.state_dict().values())
+
+
+def _export_command(config: RunConfig, output: Path) -> str:
+    """The command that writes `output` again from the run's last checkpoint."""
+    default = Path(config.output_dir) / MODEL_FOLDER if config.output_dir else None
+    return f"gradcache export {config.output_dir}" + ("" if output == default else f" --output {output}")
 
 
 def choose_checkpoint(run: str | os.PathLike, checkpoint: str = "last") -> RunCheckpoint:

@@ -48,6 +48,10 @@ def check_backbone(config: RunConfig) -> None:
     if preset is None:
         raise UsageError(f"--model {config.model!r} is not an image encoder preset; choose one of "
                          f"{', '.join(IMAGE_ENCODER_PRESETS)}")
+    if isinstance(preset, ConvNetConfig) and config.norm == "group" and config.width % preset.groups:
+        raise UsageError(f"--width {config.width} with --norm group: GroupNorm splits every layer's channels into "
+                         f"{preset.groups} groups, so --width must be a multiple of {preset.groups}; use --width "
+                         f"{max(preset.groups, config.width - config.width % preset.groups)}, or --norm batch")
     if isinstance(preset, ConvNetConfig) and config.image_size < CONVNET_MIN_IMAGE_SIZE:
         raise UsageError(f"--model {config.model} halves the image three times and needs --image-size at least "
                          f"{CONVNET_MIN_IMAGE_SIZE}, got {config.image_size}")

@@ -175,7 +175,10 @@ class Text(Mode):
     def build_model(self, config: RunConfig) -> nn.Module:
         folder = _model_folder(config.model)
         _quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
-        towers = [HuggingFaceEncoder(folder, pooling=config.pooling) for _ in range(1 + config.separate_towers)]
+        try:
+            towers = [HuggingFaceEncoder(folder, pooling=config.pooling) for _ in range(1 + config.separate_towers)]
+        except ValueError as error:  # weights that do not load (checked in check_model, unless a resume builds first)
+            raise UsageError(f"--model {config.model}: {error}") from error
         return BiEncoder(*towers)
 
     def build_loss(self, config: RunConfig) -> nn.Module:

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from gradcache import distributed
-from gradcache.train.errors import CheckpointError, RunFolderInUse, UsageError
+from gradcache.train.errors import NO_SPACE, CheckpointError, RunFolderInUse, UsageError
 
 try:
     import fcntl
@@ -43,13 +43,22 @@ class RunFolderLock:
         self._created: list[Path] = []  # the folders acquire made, innermost first
 
     def acquire(self) -> RunFolderLock:
-        """Take the lock or raise RunFolderInUse at once; write this job's pid, host and start time into it."""
+        """Take the lock or raise RunFolderInUse at once; write this job's pid, host and start time into it.
+        A folder that cannot be made or written (no permission, a read-only file system, a file in its path)
+        raises UsageError naming it, and what was made of it is removed again."""
         missing = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._created = missing
-        if fcntl is None:
-            return self
-        handle = open(self.path, "a+")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._created = missing
+            if fcntl is None:
+                return self
+            handle = open(self.path, "a+")
+        except OSError as error:
+            if error.errno in NO_SPACE:
+                raise
+            self.release(discard=True)
+            raise UsageError(f"--output-dir {self.folder} cannot be written ({error.strerror or error}); choose a "
+                             "folder you can write to") from error
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

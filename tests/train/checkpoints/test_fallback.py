@@ -112,3 +112,72 @@ def test_a_full_disk_during_a_save_ends_the_run_and_keeps_the_previous_checkpoin
     assert load_checkpoint(tmp_path)["step"] == 2
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     shutil.rmtree(tmp_path)
+
+
+class _FullAfter:
+    """A file whose writes fail with ENOSPC once `room` bytes are written, as a full disk's do."""
+
+    def __init__(self, handle, room):
+        self.handle, self.room = handle, room
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.handle.file.write(data)
+
+
+def _third_save_on_a_full_disk(how, monkeypatch):
+    """Let two saves through, then fail the third one as a full disk does, `how`: the file's own write fails
+    and torch wraps it (`RuntimeError: ... unexpected pos`, the OSError as its context), or torch raises its
+    RuntimeError with no trace of the OSError and the disk has no space left."""
+    original_temporary, original_save, saves = checkpoint_module.tempfile.NamedTemporaryFile, torch.save, []
+
+    def temporary(*args, **kwargs):
+        handle = original_temporary(*args, **kwargs)
+        saves.append(handle.name)
+        if len(saves) == 3 and how == "write":
+            handle.write = _FullAfter(handle, 100).write  # what torch.save calls
+        return handle
+
+    def save(state, handle):
+        if len(saves) == 3 and how == "torch":
+            handle.write(b"the first bytes of a checkpoint")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 832 vs 726")
+        return original_save(state, handle)
+
+    monkeypatch.setattr(checkpoint_module, "tempfile", type("Temporary", (), {"NamedTemporaryFile": temporary}))
+    monkeypatch.setattr(checkpoint_module.torch, "save", save)
+    if how == "torch":
+        usage = shutil.disk_usage
+
+        def no_space_left(path):
+            real = usage(path)
+            return real._replace(used=real.total, free=0) if len(saves) == 3 else real
+
+        monkeypatch.setattr(errors.shutil, "disk_usage", no_space_left)
+    return saves
+
+
+@pytest.mark.parametrize("how", ["write", "torch"])
+def test_torch_wrapping_a_full_disk_ends_the_run_with_74_and_keeps_both_checkpoints(how, tmp_path, tiny_args, capsys,
+                                                                                    monkeypatch):
+    saves = _third_save_on_a_full_disk(how, monkeypatch)
+    status = main(tiny_args("simclr", tmp_path, "--steps", "6", "--checkpoint-every", "2"))
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert status == errors.DISK_FULL and len(saves) == 3, err
+    assert f"no space left to save a checkpoint in {tmp_path}" in err and f"--resume {tmp_path}" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert load_checkpoint(tmp_path)["step"] == 4 and load_checkpoint(tmp_path / "previous.pt")["step"] == 2
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_failed_save_with_space_left_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    def broken(state, handle):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 832 vs 726")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", broken)
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        save_checkpoint({"step": 1}, tmp_path / "last.pt")
+    assert not list(tmp_path.iterdir())

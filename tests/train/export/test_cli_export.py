@@ -82,3 +82,34 @@ def test_files_get_the_umask_permissions_not_0600(tmp_path, tiny_args):
     assert mode(tmp_path / "run" / "last.pt") == mode(tmp_path / "run" / "metrics.json") == 0o640
     assert {mode(path) for path in (tmp_path / "run" / "model").iterdir()} == {0o640}
     assert mode(tmp_path / "run" / "model") == 0o750
+
+
+def test_a_full_disk_during_export_exits_74_and_keeps_the_earlier_export(run, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from gradcache.train import errors
+
+    output = tmp_path / "exported"
+    assert main(["export", str(run), "--checkpoint", "previous", "--output", str(output)]) == 0
+    before = {path.name: path.read_bytes() for path in output.iterdir() if path.is_file()}
+
+    def save_on_a_full_disk(tensors, filename, metadata=None):  # what safetensors raises, a message alone
+        with open(filename, "wb") as handle:
+            handle.write(b"the first bytes")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    usage = shutil.disk_usage
+    monkeypatch.setattr(safetensors.torch, "save_file", save_on_a_full_disk)
+    monkeypatch.setattr(errors.shutil, "disk_usage", lambda path: usage(path)._replace(used=usage(path).total, free=0))
+    capsys.readouterr()
+    status = main(["export", str(run), "--output", str(output)])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert status == errors.DISK_FULL, err
+    assert f"no space left to write the model folder {output}" in err and f"gradcache export {run}" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert {path.name: path.read_bytes() for path in output.iterdir() if path.is_file()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left

@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from gradcache.cli import main
 from gradcache.train import errors
 from gradcache.train.run_folder.lock import RunFolderLock
@@ -51,3 +53,38 @@ def test_every_rank_of_a_group_exits_2_when_rank_0_finds_the_folder_locked(tmp_p
     with RunFolderLock(tmp_path).acquire():
         assert run_on_ranks(_train_on_rank, 2, tiny_args("simclr", tmp_path, "--threads", "1")) == [2, 2]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
+def _no_write_permission(monkeypatch, folder):
+    """As a folder without write permission behaves for a user other than root (the tests run as root, whom the
+    permission bits do not stop): creating a file in it fails with EACCES."""
+    import builtins
+    import errno
+
+    from gradcache.train.run_folder import lock as lock_module
+
+    def refused(path, *args, **kwargs):
+        if os.path.dirname(os.path.abspath(path)) == str(folder):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return builtins.open(path, *args, **kwargs)
+
+    monkeypatch.setattr(lock_module, "open", refused, raising=False)
+
+
+@pytest.mark.parametrize("where", ["read-only folder", "under a file", "under /proc"])
+def test_an_output_dir_that_cannot_be_written_exits_2_naming_it(tmp_path, tiny_args, capsys, monkeypatch, where):
+    if where == "read-only folder":
+        output = tmp_path / "read-only"
+        output.mkdir()
+        _no_write_permission(monkeypatch, output)
+    elif where == "under a file":
+        (tmp_path / "a-file").write_text("not a folder")
+        output = tmp_path / "a-file" / "run"
+    else:
+        output = "/proc/gradcache-run"
+    assert main(tiny_args("simclr", output)) == errors.USAGE
+    err = capsys.readouterr().err
+    assert f"--output-dir {output}" in err and "cannot be written" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["a-file"] if where == "under a file" else
+                                                           ["read-only"] if where == "read-only folder" else [])

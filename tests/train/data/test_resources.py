@@ -13,8 +13,8 @@ from tests.train.conftest import text_args
 
 
 def _rows(path, count=40):
-    path.write_text("".join(json.dumps({"query": f"question {i}", "positive": f"answer {i}",
-                                        "negative": f"other {i}"}) + "\n" for i in range(count)))
+    path.write_text("".join(json.dumps({"query": f"question {i}", "positive": f"answer {i}"}) + "\n"
+                            for i in range(count)))
     return path
 
 
@@ -76,7 +76,7 @@ def test_a_full_disk_on_a_resume_keeps_the_run(tmp_path, tiny_bert, monkeypatch,
     assert main(text_args(tiny_bert, out, "--data", str(data), "--steps", "2")) == 0
     before = sorted(path.name for path in out.iterdir())
     capsys.readouterr()
-    data.write_text(data.read_text() + json.dumps({"query": "q", "positive": "p", "negative": "n"}) + "\n")
+    data.write_text(data.read_text() + json.dumps({"query": "q", "positive": "p"}) + "\n")
 
     def full(handle, **arrays):  # the file changed: the index is built again and saved, on a full disk
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torch import nn
 
+from gradcache.models.open_clip import weights_loaded_next
 from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, locate
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, UsageError
@@ -110,7 +111,8 @@ def export_checkpoint(saved: RunCheckpoint, output: str | os.PathLike) -> Path:
     config = dataclasses.replace(RunConfig.from_dict(saved.meta()["args"]), device="cpu")
     mode = MODES[config.mode]
     try:  # a text run is rebuilt from its --model folder: the architecture and the tokenizer
-        model = mode.build_model(config)
+        with weights_loaded_next():  # the checkpoint's weights go in below
+            model = mode.build_model(config)
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot rebuild the model of {saved} from its --model {config.model}: {error}") from error
     trained = nn.ModuleDict({"model": model, "loss": mode.build_loss(config)})

@@ -72,11 +72,13 @@ def _register_mine(commands: argparse._SubParsersAction) -> None:
 
 
 def _register_export(commands: argparse._SubParsersAction) -> None:
+    from gradcache.train.train_options import HelpFormatter
+
     parser = commands.add_parser("export", help="write a run's model in the format its users load (RUN/model)",
                                  description="Write a checkpoint's model, weights only, as a sentence-transformers "
                                  "folder (text), open_clip's files (clip --model open_clip:ARCH) or gradcache's "
                                  "built-in format (clip, simclr); every run also writes RUN/model/ at its end.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                 formatter_class=HelpFormatter)
     parser.add_argument("run", help="a run folder of gradcache train (it may still be running)")
     parser.add_argument("--checkpoint", default="last", help="last (the newest good checkpoint), previous, or a "
                         "checkpoint file or folder (last.pt, previous.pt, last.dcp)")

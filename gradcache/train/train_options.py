@@ -50,7 +50,7 @@ def _data_options(parser: argparse.ArgumentParser, mode: Mode, default: Callable
     data.add_argument("--data-seed", type=int, default=default("data_seed"),
                       help="seed of the built-in data and the held-out split")
     data.add_argument("--workers", type=int, default=default("workers"), help="data loader worker processes "
-                      "(0: in the main one); augmenting in a worker overlaps it with the encoders")
+                      f"(0: in the main one); {mode.worker_work} in a worker overlaps it with the encoders")
     data.add_argument("--max-bad-share", type=float, default=default("max_bad_share"),
                       help=f"stop before training (exit 4) when more than this share of the {mode.items} cannot be "
                       "used (files that fail to decode, rows without a field); fewer are skipped and counted")

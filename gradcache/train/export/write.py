@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -20,6 +21,7 @@ from gradcache.models.open_clip import weights_loaded_next
 from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, locate
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, UsageError
+from gradcache.train.export.model_card import write_model_card
 from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 from gradcache.train.modes import MODES
 from gradcache.train.run_folder.permissions import as_if_created
@@ -49,15 +51,18 @@ def check_output(output: str | os.PathLike) -> None:
                          "is left alone; give a new folder (or remove that one)")
 
 
-def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: str | os.PathLike) -> Path:
+def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: str | os.PathLike,
+                 metrics: dict[str, Any] | None = None) -> Path:
     """Write `model` (with its trained `loss`: CLIP's temperature) in its mode's format to the folder `output`,
-    atomically, replacing a previous export there; return `output`."""
+    atomically, replacing a previous export there, with a model card (`metrics`: the final evaluation's, where
+    known); return `output`."""
     output = Path(output)
     check_output(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial"))
     try:
         MODES[config.mode].export(config, model, loss, partial)
+        write_model_card(partial, output, config, metrics)
         for path in (partial, *partial.rglob("*")):
             as_if_created(path)  # mkdtemp makes 0700 and safetensors writes 0600: set what open() and mkdir() give
         if output.exists():

@@ -32,7 +32,7 @@ from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes import MODES
 from gradcache.train.parallel.placement import Placement, placement_for
 from gradcache.train.preemption import StopSignals
-from gradcache.train.progress import Progress
+from gradcache.train.progress import StepProgress
 from gradcache.train.run import Run, peak_memory_mb
 from gradcache.train.run_folder.log import RunLog
 
@@ -72,8 +72,8 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
                           world_size)
     negatives = negatives_per_anchor(config.strategy, run.mode.loss_kind, config.batch_size, config.chunk_size,
                                      world_size, run.mode.hard_negatives(config))  # in-batch; the log adds the queue
-    bar = Progress(run.steps, progress.start_step, f"gradcache train {config.mode}", config.progress_every,
-                   enabled=not config.quiet and rank == 0)
+    bar = StepProgress(run.steps, progress.start_step, f"gradcache train {config.mode}", config.progress_every,
+                       enabled=not config.quiet and rank == 0)
     run.model.train()
     signals.defer()  # until here a signal stopped at once; from here it lets the step in progress finish and save
     loss = None  # a resume of a finished run trains no step

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-__all__ = ["Progress", "duration"]
+__all__ = ["StepProgress", "duration"]
 
 
 def duration(seconds: float) -> str:
@@ -27,7 +27,7 @@ def duration(seconds: float) -> str:
     return f"{minutes}m {seconds:02d}s" if minutes else f"{seconds}s"
 
 
-class Progress:
+class StepProgress:
     """Shows the steps of a run of `total` steps that starts at step `start` (a resume starts past 0).
 
     Args:

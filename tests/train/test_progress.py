@@ -1,9 +1,9 @@
-"""Progress on stderr when it is not a terminal: a line every --progress-every seconds; --quiet silences it."""
+"""StepProgress on stderr when it is not a terminal: a line every --progress-every seconds; --quiet silences it."""
 import io
 import re
 
 from gradcache.cli import main
-from gradcache.train.progress import Progress, duration
+from gradcache.train.progress import StepProgress, duration
 from tests.train.conftest import TINY
 
 
@@ -21,15 +21,15 @@ def _row(step, loss=2.5):
 
 def test_a_line_every_n_seconds_with_step_loss_speed_and_eta():
     stream, clock = io.StringIO(), Clock()
-    progress = Progress(total=100, start=0, description="gradcache train simclr", every=30, stream=stream,
+    progress = StepProgress(total=100, start=0, description="gradcache train simclr", every=30, stream=stream,
                         clock=clock)
     for step in range(1, 101):
         clock.now = step * 10.0  # 10 s a step
         progress.update(_row(step))
     progress.close()
     lines = stream.getvalue().splitlines()
-    # step 1, then every third step (30 s apart)
-    assert [int(re.search(r"step (\d+)/100", line)[1]) for line in lines] == [1, *range(4, 101, 3)]  # the last, 100, among them
+    # step 1, then every third step (30 s apart); the last, 100, falls among them
+    assert [int(re.search(r"step (\d+)/100", line)[1]) for line in lines] == [1, *range(4, 101, 3)]
     assert lines[0].startswith("gradcache train simclr: step 1/100 (1%), loss 2.5000, 64.0 samples/s")
     halfway = next(line for line in lines if "step 49/100" in line)
     assert f"ETA {duration(51 * 10)}" in halfway and f"elapsed {duration(490)}" in halfway
@@ -38,7 +38,7 @@ def test_a_line_every_n_seconds_with_step_loss_speed_and_eta():
 
 def test_a_resumed_run_counts_its_eta_from_its_own_steps():
     stream, clock = io.StringIO(), Clock()
-    progress = Progress(total=10, start=6, description="d", every=0, stream=stream, clock=clock)
+    progress = StepProgress(total=10, start=6, description="d", every=0, stream=stream, clock=clock)
     clock.now = 5.0
     progress.update(_row(7))
     assert "step 7/10 (70%)" in stream.getvalue() and "ETA 15s" in stream.getvalue()
@@ -46,7 +46,7 @@ def test_a_resumed_run_counts_its_eta_from_its_own_steps():
 
 def test_disabled_prints_nothing():
     stream = io.StringIO()
-    progress = Progress(total=3, start=0, description="d", every=0, enabled=False, stream=stream)
+    progress = StepProgress(total=3, start=0, description="d", every=0, enabled=False, stream=stream)
     for step in (1, 2, 3):
         progress.update(_row(step))
     assert stream.getvalue() == ""

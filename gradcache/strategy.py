@@ -195,7 +195,20 @@ class Strategy:
         if self.options["gather"]:
             embeddings = [all_gather_with_grad(e) for e in embeddings]  # (N_i * world_size, D), rank order
         with autocast_off_everywhere():
-            return self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs), where)
+            loss = self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs), where)
+        self.check_connected(loss, embeddings, where)
+        return loss
+
+    def check_connected(self, loss: torch.Tensor, embeddings: list[torch.Tensor], where: str = "") -> None:
+        """A loss over embeddings that carry gradients must carry one too: otherwise its backward fails with
+        torch's bare "does not require grad", naming neither loss_fn nor the cause."""
+        if torch.is_grad_enabled() and not loss.requires_grad and any(e.requires_grad for e in embeddings):
+            raise ValueError(
+                f"loss_fn returned a loss that does not depend on the embeddings at step {self.steps_taken + 1}"
+                f"{where} (it does not require grad), so no gradient can reach the encoders. Check that loss_fn "
+                "computes its result from its arguments, without .detach(), .item(), torch.no_grad() or a new "
+                "torch.tensor(...) on the way."
+            )
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         return self.options["scaler"].scale(loss) if self.options["scaler"] is not None else loss

@@ -7,7 +7,10 @@ architecture is built at that image size. Needs `pip install "gradcache[open-cli
 """
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -18,6 +21,27 @@ OPEN_CLIP_PREFIX = "open_clip:"  # --model open_clip:ARCH
 def open_clip_architecture(model: str) -> str | None:
     """`ARCH` of a `--model open_clip:ARCH`, else None."""
     return model[len(OPEN_CLIP_PREFIX):] if model.startswith(OPEN_CLIP_PREFIX) else None
+
+
+class _RandomInitNotice(logging.Filter):
+    """Drops open_clip's "No pretrained weights loaded for model ... Model initialized randomly." (logged on the
+    root logger by `open_clip.create_model`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No pretrained weights loaded")
+
+
+@contextmanager
+def weights_loaded_next() -> Iterator[None]:
+    """Build a model inside this when trained weights are loaded into it at once (`gradcache export`, `gradcache
+    eval`, the export's reference model): open_clip's notice that the model is initialised randomly is untrue
+    there and is dropped. A new run's model keeps it: it does start from random weights."""
+    notice, root = _RandomInitNotice(), logging.getLogger()
+    root.addFilter(notice)
+    try:
+        yield
+    finally:
+        root.removeFilter(notice)
 
 
 class _ImageTower(nn.Module):

@@ -119,3 +119,18 @@ def test_no_source_file_imports_a_top_level_models_package():
     dynamic = [str(path.relative_to(ROOT)) for path in sources
                if any(f"import_module({quote}models" in path.read_text() for quote in "'\"")]
     assert offending == [] and dynamic == []
+
+
+def test_the_open_clip_extra_allows_no_release_without_local_dir_loading():
+    """An export is loaded as open_clip.create_model("local-dir:RUN/model"); an older open_clip cannot."""
+    from gradcache.train.commands.model import OPEN_CLIP_LOCAL_DIR
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("open-clip", "peers"):
+        floor = next(r for r in extras[extra] if r.startswith("open-clip-torch")).split(">=")[1]
+        assert tuple(int(part) for part in floor.split(".")) >= OPEN_CLIP_LOCAL_DIR, extra
+
+
+def test_the_readme_says_how_to_install_on_a_machine_without_a_gpu():
+    install = (ROOT / "README.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in install

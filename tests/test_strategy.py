@@ -125,6 +125,19 @@ def test_loss_that_is_not_a_scalar():
               [encoder], ValueError, "scalar")
 
 
+@pytest.mark.parametrize("cls", CHUNKED + [FullBatch])
+@pytest.mark.parametrize("loss_fn", [lambda a, b: torch.tensor(1.0), lambda a, b: (a * b).sum().detach()],
+                         ids=["constant", "detached"])
+def test_a_loss_that_does_not_depend_on_the_embeddings_names_loss_fn(cls, loss_fn):
+    encoder = mlp()
+    strategy = cls(encoder, loss_fn, 3)
+    run = (lambda: strategy(torch.randn(6, 10), torch.randn(6, 10)).backward()) if cls is CachedLoss else (
+        lambda: strategy.step(torch.randn(6, 10), torch.randn(6, 10)))
+    untouched(run, [encoder], ValueError, "loss_fn returned a loss that does not depend on the embeddings")
+    with pytest.raises(ValueError, match=r"\.detach\(\)"):  # what to look for in loss_fn
+        run()
+
+
 def test_infonce_negatives_not_a_multiple_of_queries():
     encoder = mlp()
     untouched(lambda: GradCache(encoder, InfoNCE(), 4).step(torch.randn(6, 10), torch.randn(6, 10), torch.randn(7, 10)),

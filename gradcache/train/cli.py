@@ -11,6 +11,7 @@ commands need the `train` extra.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -35,8 +36,8 @@ def _register_train(commands: argparse._SubParsersAction) -> None:
                                 "simclr.")
     modes = train.add_subparsers(dest="mode", metavar="MODE", title="modes")
     for mode in MODES.values():
-        parser = modes.add_parser(mode.name, help=mode.help, description=mode.help, allow_abbrev=False,
-                                  formatter_class=HelpFormatter)
+        parser = modes.add_parser(mode.name, prog=f"gradcache train {mode.name}", help=mode.help,
+                                  description=mode.help, allow_abbrev=False, formatter_class=HelpFormatter)
         add_train_options(parser, mode)
         parser.set_defaults(command=_run_train)
 
@@ -71,11 +72,13 @@ def _register_mine(commands: argparse._SubParsersAction) -> None:
 
 
 def _register_export(commands: argparse._SubParsersAction) -> None:
+    from gradcache.train.train_options import HelpFormatter
+
     parser = commands.add_parser("export", help="write a run's model in the format its users load (RUN/model)",
                                  description="Write a checkpoint's model, weights only, as a sentence-transformers "
                                  "folder (text), open_clip's files (clip --model open_clip:ARCH) or gradcache's "
                                  "built-in format (clip, simclr); every run also writes RUN/model/ at its end.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                 formatter_class=HelpFormatter)
     parser.add_argument("run", help="a run folder of gradcache train (it may still be running)")
     parser.add_argument("--checkpoint", default="last", help="last (the newest good checkpoint), previous, or a "
                         "checkpoint file or folder (last.pt, previous.pt, last.dcp)")
@@ -184,6 +187,35 @@ def _run_export(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the command `argv` names (`gradcache train simclr`'s, `gradcache eval`'s)."""
+    for token in argv:
+        commands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if commands is None or token not in commands.choices:
+            break
+        parser = commands.choices[token]
+    return parser
+
+
+def _unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """The usage of the command and the error for its `unknown` arguments, with the closest option of that
+    command for each misspelt one (`--chunk_size`: `--chunk-size`), where argparse would give the top-level
+    usage of `gradcache` and no hint."""
+    options = [name for action in parser._actions for name in action.option_strings if name.startswith("--")]
+    guesses = []
+    for token in unknown:
+        name = token.split("=", 1)[0]
+        close = difflib.get_close_matches(name.replace("_", "-"), options, n=1, cutoff=0.8) if name[:2] == "--" else []
+        guesses += [(name, close[0])] if close else []
+    hint = ""
+    if len(guesses) == 1:
+        hint = f" (did you mean {guesses[0][1]}?)"
+    elif guesses:
+        hint = f" (did you mean {', '.join(f'{right} for {wrong}' for wrong, right in guesses)}?)"
+    return (f"usage: {parser.prog} [OPTIONS] (every option: {parser.prog} --help)\n"
+            f"{parser.prog}: error: unrecognized arguments: {' '.join(unknown)}{hint}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]), run the subcommand, return its exit status."""
     try:
@@ -199,9 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return errors.USAGE
     argv = _default_train_argv(list(sys.argv[1:] if argv is None else argv))
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
     except SystemExit as exit_:  # argparse exits 2 on a bad option and 0 on --help
         return int(exit_.code or 0)
+    if unknown:
+        print(_unrecognized(_command_parser(parser, argv), unknown), file=sys.stderr)
+        return errors.USAGE
     if getattr(args, "command", None) is None:
         parser.print_help(sys.stderr)
         return errors.USAGE

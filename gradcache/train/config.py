@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 9
+CONFIG_VERSION = 10
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -131,6 +131,7 @@ class RunConfig:
     knn_k: int = option(200, modes=IMAGES, at_least=1)
     knn_temperature: float = option(0.1, modes=IMAGES, above=0)
     quiet: bool = option(False, run_local=True)
+    progress_every: float = option(30.0, at_least=0, run_local=True, added=10)  # seconds between progress lines
     # a resume keeps the run's --report-to unless given (`--report-to none` stops it): one that forgot it would
     # leave a gap in the run's TensorBoard folder
     report_to: list[str] | None = option(None, kept_unless_given=True, added=8)  # run_folder/reporters.py; None: CSV

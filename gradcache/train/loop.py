@@ -14,13 +14,11 @@ sharded parameters is in the placement (gradcache/train/parallel/placement.py). 
 """
 from __future__ import annotations
 
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from torch import nn
-from tqdm import tqdm
 
 from gradcache import distributed, negatives_per_anchor
 from gradcache.losses.queue import queued_negatives
@@ -35,6 +33,7 @@ from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes import MODES
 from gradcache.train.parallel.placement import Placement, placement_for
 from gradcache.train.preemption import StopSignals
+from gradcache.train.progress import StepProgress
 from gradcache.train.run import Run, peak_memory_mb
 from gradcache.train.run_folder.log import RunLog
 
@@ -81,8 +80,8 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
                           world_size)
     negatives = negatives_per_anchor(config.strategy, run.mode.loss_kind, config.batch_size, config.chunk_size,
                                      world_size, run.mode.hard_negatives(config))  # in-batch; the log adds the queue
-    bar = tqdm(total=run.steps, initial=progress.start_step, desc=f"{config.mode} {config.strategy}",
-               disable=config.quiet or rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
+    bar = StepProgress(run.steps, progress.start_step, f"gradcache train {config.mode}", config.progress_every,
+                       enabled=not config.quiet and rank == 0)
     run.model.train()
     signals.defer()  # until here a signal stopped at once; from here it lets the step in progress finish and save
     loss = None  # a resume of a finished run trains no step
@@ -101,9 +100,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
                "negatives_per_anchor": negatives + queued, "temperature": f"{unwrapped(run.loss).temperature:.5g}",
                "elapsed_s": f"{run.elapsed():.2f}", "skipped": int(result.skipped)}
         log.log_step(row)
-        bar.update(1)
-        bar.set_postfix(loss=row["loss"][:6], lr=row["lr"], samples_s=row["samples_per_s"],
-                        negatives=row["negatives_per_anchor"])
+        bar.update(row)
         done = step + 1
         if done % config.checkpoint_every == 0 or done == run.steps or result.stop:
             run.save(done, sampler.position(done))
@@ -121,7 +118,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
     whole = placement.whole(run.trained, lambda: nn.ModuleDict({"model": run.mode.build_model(config),
                                                                "loss": run.mode.build_loss(config)}))
     if whole is not None:
-        export_model(config, whole["model"], whole["loss"], Path(config.output_dir) / MODEL_FOLDER)
+        export_model(config, whole["model"], whole["loss"], Path(config.output_dir) / MODEL_FOLDER, final)
     if rank != 0:
         return {}
     log.log_eval(run.steps, final)

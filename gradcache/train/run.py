@@ -114,6 +114,14 @@ class Run:
         """Continue from `saved`; a longer run than the one saved gets its schedule recomputed (said on stderr)."""
         meta = CheckpointMeta.from_dict(saved.meta(), saved)
         saved.load(self.trained, self.optimizer)
+        if _any_rank([not _all_finite(self._parameters)])[0]:
+            raise TrainingDiverged(f"checkpoint {saved.path} holds non-finite weights (NaN or infinite): its run had "
+                                   "diverged before it was saved, or the file was edited. Resume from an earlier "
+                                   "checkpoint (previous.pt) with a lower --lr, or start afresh")
+        if meta.step >= self.steps and distributed.rank() == 0:
+            print(f"gradcache train: the run in {saved.path.parent} is already complete (step {meta.step} of "
+                  f"{self.steps}): no step to train; its final evaluation, metrics.json and model/ are written "
+                  "again. Give a larger --steps or --epochs to train it further", file=sys.stderr)
         self.scheduler.load_state_dict({**meta.scheduler, "lr_lambdas": [None] * len(self.scheduler.lr_lambdas)})
         self.scaler.load_state_dict(meta.scaler)
         if meta.total_steps != self.steps:

@@ -50,7 +50,7 @@ def _data_options(parser: argparse.ArgumentParser, mode: Mode, default: Callable
     data.add_argument("--data-seed", type=int, default=default("data_seed"),
                       help="seed of the built-in data and the held-out split")
     data.add_argument("--workers", type=int, default=default("workers"), help="data loader worker processes "
-                      "(0: in the main one); augmenting in a worker overlaps it with the encoders")
+                      f"(0: in the main one); {mode.worker_work} in a worker overlaps it with the encoders")
     data.add_argument("--max-bad-share", type=float, default=default("max_bad_share"),
                       help=f"stop before training (exit 4) when more than this share of the {mode.items} cannot be "
                       "used (files that fail to decode, rows without a field); fewer are skipped and counted")
@@ -139,7 +139,10 @@ def _output_options(parser: argparse.ArgumentParser, mode: Mode, default: Callab
                         help="save the checkpoint every N steps and at the end")
     output.add_argument("--eval-every", type=int, default=default("eval_every"),
                         help="evaluate every N steps (0: at start and end only)")
-    output.add_argument("--quiet", action="store_true", help="no progress bar")
+    output.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+    output.add_argument("--progress-every", type=float, default=default("progress_every"), metavar="SECONDS",
+                        help="when stderr is not a terminal (a cluster job's log, a pipe): a line with the step, "
+                        "loss, samples/s and ETA every SECONDS instead of a progress bar (0: every step)")
     output.add_argument("--report-to", nargs="+", default=None, choices=list(REPORT_TO), metavar="{" +
                         ",".join(REPORT_TO) + "}", help="also log every row of train_log.csv and eval_log.csv, at the "
                         "same steps, as the scalars train/<column> and eval/<metric>: tensorboard writes "

@@ -87,6 +87,25 @@ def test_argparse_errors_exit_2(capsys):
     assert main(["nonsense"]) == 2
 
 
+@pytest.mark.parametrize(("argv", "usage", "suggested"), [
+    (["train", "simclr", "--chunk_size", "8"], "usage: gradcache train simclr", "--chunk-size"),
+    (["train", "--batchsize=64"], "usage: gradcache train simclr", "--batch-size"),
+    (["train", "text", "--querykey", "q"], "usage: gradcache train text", "--query-key"),
+    (["eval", "runs/x", "--batchsize", "8"], "usage: gradcache eval", "--batch-size"),
+])
+def test_a_misspelt_option_gets_its_commands_usage_and_a_suggestion(capsys, argv, usage, suggested):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    typo = next(token for token in argv if token.startswith("--")).split("=")[0]
+    assert usage in err and f"unrecognized arguments: {typo}" in err and f"did you mean {suggested}?" in err
+
+
+def test_an_unrecognized_argument_unlike_any_option_gets_no_suggestion(capsys):
+    assert main(["train", "simclr", "--frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert "usage: gradcache train simclr" in err and "--frobnicate" in err and "did you mean" not in err
+
+
 def test_resume_from_a_different_model_overwrites_nothing(tmp_path, tiny_args, capsys):
     assert main(tiny_args("simclr", tmp_path / "run")) == 0
     before = _snapshot(tmp_path / "run")

@@ -83,10 +83,11 @@ ADDED_IN = {
     8: dict(report_to=None, matryoshka_dims=None, guide=None, guide_margin=0.0,
             guide_margin_strategy="absolute"),
     9: dict(eval_data=None, eval_reference_size=None, shuffle_buffer=1000, train_num_samples=None, corpus=None),
+    10: dict(progress_every=30.0),
 }
 
 
-@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9])
 def test_each_older_version_gets_the_values_its_run_trained_under(version):
     lacking = {name: value for added, names in ADDED_IN.items() if added > version for name, value in names.items()}
     changed = RunConfig(mode="text", max_length=64, queue_size=5, collective_timeout=9.0, max_bad_share=0.5,
@@ -110,7 +111,8 @@ def test_the_fields_a_resume_may_give_anew():
     from gradcache.train.config import KEPT_UNLESS_GIVEN, RUN_LOCAL
 
     assert set(RUN_LOCAL) == {"device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every",
-                              "eval_every", "cpu_offload", "collective_timeout", "report_to"}
+                              "eval_every", "cpu_offload", "collective_timeout", "report_to",
+                              "progress_every"}
     assert set(KEPT_UNLESS_GIVEN) == {"report_to", "workers"}
 
 

@@ -31,3 +31,28 @@ def test_the_readmes_say_what_train_help_shows():
         assert "gradcache train MODE --help" in text, readme
         for line in text.splitlines():  # `gradcache train --help` shows the modes, not every option
             assert "gradcache train --help" not in line or "every option" not in line, (readme, line)
+
+
+def _help(capsys, *argv):
+    assert main([*argv, "--help"]) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def _option_help(text, option):
+    """The help of `option` alone: from its flag to the next option's."""
+    return text.split(f" {option} ", 1)[1].split(" --", 1)[0]
+
+
+def test_export_help_states_its_default_output_once(capsys):
+    text = _help(capsys, "export")
+    assert "(default: RUN/model)" in text and "(default: None)" not in text
+
+
+def test_text_workers_help_does_not_speak_of_augmenting(capsys):
+    assert "augment" not in _option_help(_help(capsys, "train", "text"), "--workers")
+
+
+@pytest.mark.parametrize("mode", ["simclr", "clip"])
+def test_image_modes_help_mentions_webdataset_shards(capsys, mode):
+    data = _option_help(_help(capsys, "train", mode), "--data")
+    assert "webdataset shards" in data and ".tar" in data

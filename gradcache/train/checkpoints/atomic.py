@@ -10,9 +10,11 @@ plus `CHECKSUM_KEY`: the sha256 of the rest (gradcache/train/checkpoints/checksu
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -128,15 +130,32 @@ def read_checked(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:  # what the weights-only unpickler refuses: code, or damaged bytes
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r}: it holds something other than tensors and "
+                              f"plain values ({_refused(error)}); gradcache train never writes that, so the file is "
+                              "damaged or was not written by it. It was refused without running any of it; resume "
+                              "from another checkpoint (previous.pt) or start afresh") from None
     except Exception as error:  # torch raises several unrelated types for a corrupt or foreign file
         raise CheckpointError(f"cannot read checkpoint {str(path)!r} (truncated or damaged?): {error}") from error
     if not isinstance(state, dict):
         raise CheckpointError(f"{str(path)!r} is not a gradcache checkpoint (it holds a {type(state).__name__})")
     stored = state.pop(CHECKSUM_KEY, None)
-    if stored is not None and stored != content_sha256(state):
+    if stored is None:
+        warnings.warn(f"checkpoint {str(path)!r} carries no checksum (a gradcache train older than checksums, or "
+                      "an edited file): damage to it cannot be detected; load it only if you trust where it came "
+                      "from", stacklevel=2)
+    elif stored != content_sha256(state):
         raise CheckpointError(f"checkpoint {str(path)!r} fails its checksum: its contents changed after it was "
                               "written (damaged disk or copy)")
     return state
+
+
+def _refused(error: pickle.UnpicklingError) -> str:
+    """What torch's weights-only unpickler refused (an unsupported global or opcode), without its advice to load
+    the file with `weights_only=False`: that would run whatever code a hostile file carries."""
+    details = [part.strip() for part in str(error).split("\n\n")
+               if part.strip() and "weights_only" not in part and "Weights only" not in part]
+    return "; ".join(details) or "an object the safe loader does not read"
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

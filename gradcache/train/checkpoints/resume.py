@@ -92,8 +92,14 @@ def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> 
 
 
 def check_length(config: RunConfig, saved: RunCheckpoint, train_size: int) -> None:
-    """A resumed run may be made longer, not shorter than the run it continues."""
-    before = CheckpointMeta.from_dict(saved.meta(), saved).total_steps
+    """A resumed run may be made longer, not shorter than the run it continues; a checkpoint past the end of its
+    own run (never written so: an edited file) is refused."""
+    meta = CheckpointMeta.from_dict(saved.meta(), saved)
+    if meta.step > meta.total_steps:
+        raise CheckpointError(f"checkpoint {saved.path} is at step {meta.step} of a run of {meta.total_steps} steps; "
+                              "gradcache train never saves past its run's end, so the file was edited or damaged. "
+                              "Resume from another checkpoint (previous.pt), or start afresh")
+    before = meta.total_steps
     after = config.total_steps(train_size)
     if after < before:
         given = f"--steps {config.steps}" if config.steps is not None else f"--epochs {config.epochs}"

@@ -106,13 +106,15 @@ def load_run(path: str | os.PathLike, device: str = "cpu") -> tuple[RunConfig, n
         CheckpointError: no checkpoint, or none that passes its checks (exit status 2).
     """
     from gradcache.train.modes import MODES
+    from gradcache.models.open_clip import weights_loaded_next
     from gradcache.train.modes.assembly import build_loss, build_model
 
     saved = open_checkpoint(path)
     meta = CheckpointMeta.from_dict(saved.meta(), saved)
     config = dataclasses.replace(meta.config, device=device)
     mode = MODES[config.mode]
-    model = build_model(mode, config)
+    with weights_loaded_next():  # the checkpoint's weights go in below
+        model = build_model(mode, config)
     saved.load(nn.ModuleDict({"model": model, "loss": build_loss(mode, config)}))  # shards into one model
     return config, model.to(torch.device(device)).eval(), meta
 
@@ -236,6 +238,19 @@ def _from_built_in(name: str, folder: Path, device: torch.device, max_length: in
     return LoadedModel("simclr", encode_image=model.embed, **common)
 
 
+OPEN_CLIP_LOCAL_DIR = (3, 0)  # the first open-clip-torch release that reads "local-dir:FOLDER" (pyproject's floor)
+
+
+def _check_local_dir(version: str, name: str) -> None:
+    """Refuse an open_clip too old to load a folder, naming the version needed (not blaming the folder)."""
+    numbers = tuple(int(part) for part in version.split("+")[0].split(".")[:2] if part.isdigit())
+    if numbers < OPEN_CLIP_LOCAL_DIR:
+        needed = ".".join(map(str, OPEN_CLIP_LOCAL_DIR))
+        raise UsageError(f"MODEL {name} is an open_clip folder, which open_clip loads as local-dir:FOLDER from "
+                         f"open-clip-torch {needed} on; this one is {version}: pip install -U "
+                         "\"gradcache[open-clip]\"")
+
+
 def _from_open_clip(name: str, folder: Path, device: torch.device, max_length: int | None,
                     pooling: str | None) -> LoadedModel:
     """An exported open_clip model (gradcache/train/export/open_clip.py), loaded by open_clip from the folder.
@@ -254,6 +269,7 @@ def _from_open_clip(name: str, folder: Path, device: torch.device, max_length: i
     try:
         import open_clip
 
+        _check_local_dir(open_clip.__version__, name)
         location = f"local-dir:{folder}"
         values = json.loads((folder / OPEN_CLIP_CONFIG).read_text(encoding="utf-8"))
         image_size = int(values.get("gradcache", {}).get("image_size")

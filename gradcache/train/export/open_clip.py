@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gradcache.models.open_clip import OpenClipModel
+from gradcache.models.open_clip import OpenClipModel, weights_loaded_next
 from gradcache.train.export.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
 
 
@@ -37,7 +37,7 @@ def open_clip_state_dict(model: OpenClipModel, logit_scale: torch.Tensor,
     import open_clip
 
     start = pretrained if pretrained is not None and Path(pretrained).is_file() else None
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), weights_loaded_next():  # the trained state is loaded strictly below
         reference = open_clip.create_model(model.architecture, pretrained=start, force_image_size=model.image_size)
     state = {f"visual.{key}": value for key, value in model.image_tower.visual.state_dict().items()}
     state.update(model.text_tower.model.state_dict())  # open_clip's model with the image tower and scale removed

@@ -13,12 +13,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
+from gradcache.models.open_clip import weights_loaded_next
 from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, locate
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, ModelFolderDiskFull, UsageError, out_of_space
+from gradcache.train.export.model_card import write_model_card
 from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 from gradcache.train.modes import MODES
 from gradcache.train.run_folder.permissions import as_if_created
@@ -48,9 +51,11 @@ def check_output(output: str | os.PathLike) -> None:
                          "is left alone; give a new folder (or remove that one)")
 
 
-def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: str | os.PathLike) -> Path:
+def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: str | os.PathLike,
+                 metrics: dict[str, Any] | None = None) -> Path:
     """Write `model` (with its trained `loss`: CLIP's temperature) in its mode's format to the folder `output`,
-    atomically, replacing a previous export there; return `output`.
+    atomically, replacing a previous export there, with a model card (`metrics`: the final evaluation's, where
+    known); return `output`.
 
     Raises:
         ModelFolderDiskFull: the disk filled (exit status 74), whatever error the writing library made of it;
@@ -62,6 +67,7 @@ def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: s
     partial = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial"))
     try:
         MODES[config.mode].export(config, model, loss, partial)
+        write_model_card(partial, output, config, metrics)
         for path in (partial, *partial.rglob("*")):
             as_if_created(path)  # mkdtemp makes 0700 and safetensors writes 0600: set what open() and mkdir() give
         if output.exists():
@@ -133,7 +139,8 @@ def export_checkpoint(saved: RunCheckpoint, output: str | os.PathLike) -> Path:
     config = dataclasses.replace(RunConfig.from_dict(saved.meta()["args"]), device="cpu")
     mode = MODES[config.mode]
     try:  # a text run is rebuilt from its --model folder: the architecture and the tokenizer
-        model = mode.build_model(config)
+        with weights_loaded_next():  # the checkpoint's weights go in below
+            model = mode.build_model(config)
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot rebuild the model of {saved} from its --model {config.model}: {error}") from error
     trained = nn.ModuleDict({"model": model, "loss": mode.build_loss(config)})

@@ -40,6 +40,7 @@ class Mode:
     help: str  # one line for `gradcache train --help`
     loss_kind: str  # the loss's name for gradcache.negatives_per_anchor
     path_data: str  # what a --data path holds, for help and errors
+    worker_work = "reading and preparing batches"  # what a data loader worker does, for --workers' help
     defaults: dict[str, Any] = {}  # RunConfig fields whose default differs in this mode
     default_epochs: int = 1  # when neither --epochs nor --steps is given
     trim_padding: bool = False  # the strategies may trim padding columns (exact only for masked encoders)

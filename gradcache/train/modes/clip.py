@@ -39,15 +39,15 @@ from gradcache.train.export.open_clip import write_open_clip_folder
 from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes.backbone import BACKBONE_HELP, backbone_options, build_backbone, check_backbone
 from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.image import SHARD_PATHS, ImageMode
 from gradcache.train.modes.patches import check_patches_tile
-from gradcache.train.modes.image import ImageMode
 
 
 class CLIP(ImageMode):
     name = "clip"
     help = "CLIP: image-caption pairs, symmetric contrastive loss with a learnable temperature"
     loss_kind = "clip"
-    path_data = "a CSV/TSV of image paths and captions"
+    path_data = f"a CSV/TSV of image paths and captions, or webdataset shards of KEY.jpg with KEY.txt ({SHARD_PATHS})"
     defaults = dict(temperature=0.07, lr=2e-3, batch_size=256, chunk_size=64)
     default_epochs = 4
     trim_padding = True  # TextEncoder ignores masked positions, so trimming is exact (open_clip's tokens have no mask)

@@ -31,12 +31,16 @@ from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
 from gradcache.train.modes.base import Mode, OptionGroups
 
 
+# where webdataset shards are, for the image modes' --data help
+SHARD_PATHS = "a .tar, a folder of them, or a pattern such as 'shards/part-{000..099}.tar'; streamed"
+
 class ImageMode(Mode):
     """A mode that trains an image encoder on images decoded to `--image-size`; subclasses read a path with
     `load_path` and may add to the options with `add_image_mode_options`."""
 
     items = "images"
     model_help: str = BACKBONE_HELP  # what --model names in this mode
+    worker_work = "decoding and augmenting images"
     built_in_help = f"a built-in data set ({', '.join(BUILT_IN_DATA)}: procedural shapes, scikit-learn's digits)"
 
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:

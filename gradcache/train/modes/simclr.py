@@ -25,14 +25,15 @@ from gradcache.train.eval.images import knn_top1, pixel_features
 from gradcache.train.export.builtin import write_built_in_folder
 from gradcache.train.modes.backbone import backbone_options, build_backbone
 from gradcache.train.modes.base import OptionGroups
-from gradcache.train.modes.image import ImageMode
+from gradcache.train.modes.image import SHARD_PATHS, ImageMode
 
 
 class SimCLR(ImageMode):
     name = "simclr"
     help = "SimCLR: two augmented views per image, NT-Xent loss"
     loss_kind = "ntxent"
-    path_data = "an ImageFolder root"
+    path_data = ("an ImageFolder root, or webdataset shards of KEY.jpg with KEY.cls labels for the kNN evaluation "
+                 f"({SHARD_PATHS})")
     # the tuned default run (`gradcache train`, a few CPU minutes)
     defaults = dict(temperature=0.1, lr=2e-3, batch_size=128, chunk_size=32)
     default_epochs = 6

@@ -34,3 +34,18 @@ def test_encode_and_zero_shot_of_the_export_equal_the_run_folders(tmp_path, caps
         assert got.shape == want.shape and got.shape[0] in (3, 6)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert json.loads((tmp_path / "model.json").read_text()) == json.loads((tmp_path / "run.json").read_text())
+
+
+def test_an_open_clip_too_old_for_local_dir_is_named_not_the_folder(tmp_path, capsys, monkeypatch):
+    from gradcache.train.export.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / OPEN_CLIP_CONFIG).write_text("{}")
+    (folder / OPEN_CLIP_WEIGHTS).write_bytes(b"")
+    (tmp_path / "texts.txt").write_text("a red square\n")
+    monkeypatch.setattr(open_clip, "__version__", "2.24.0")
+    assert main(["encode", str(folder), "--data", str(tmp_path / "texts.txt"),
+                 "--output", str(tmp_path / "out.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "open-clip-torch 3.0" in err and "2.24.0" in err and "gradcache[open-clip]" in err

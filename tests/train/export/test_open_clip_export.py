@@ -38,3 +38,19 @@ def test_open_clip_loads_the_export_strictly_and_embeds_as_trained(tmp_path):
             torch.testing.assert_close(loaded.encode_image((images - mean) / std), want_images)
             torch.testing.assert_close(loaded.encode_text(tokens), want_texts)
         torch.testing.assert_close(loaded.logit_scale.detach().reshape(()), loss.logit_scale.detach().reshape(()))
+
+
+def test_export_and_eval_do_not_warn_of_random_weights_they_then_load(tmp_path, caplog, capsys):
+    """open_clip logs "No pretrained weights loaded ... initialized randomly" for the model a run starts from (true
+    there); `gradcache export` and `gradcache eval` rebuild that model only to load the trained weights into it."""
+    from gradcache.cli import main
+    from tests.train.test_open_clip_mode import RUN
+
+    run = tmp_path / "run"
+    with caplog.at_level("WARNING"):
+        assert main([*RUN, "--output-dir", str(run)]) == 0
+        assert "initialized randomly" in caplog.text  # a new run starts from random weights, and says so
+        caplog.clear()
+        assert main(["export", str(run), "--output", str(tmp_path / "again")]) == 0
+        assert main(["eval", str(run)]) == 0
+    assert "initialized randomly" not in caplog.text and "initialized randomly" not in capsys.readouterr().err

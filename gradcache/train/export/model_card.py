@@ -1,0 +1,67 @@
+"""`RUN/model/README.md` as a model card: the loading lines of its format (written by the format's exporter) with
+the folder's real path in place of "RUN/model", how to prepare images and put the model in evaluation mode, the
+run's training settings and its held-out metrics, as sentence-transformers writes its cards."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from gradcache.train.config import RunConfig
+from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
+
+PLACEHOLDER = "RUN/model"  # what the format writers put where the folder's path goes
+SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr",
+            "warmup", "weight_decay", "temperature", "precision", "image_size", "max_length", "matryoshka_dims",
+            "queue_size", "seed")
+
+
+def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, config: RunConfig,
+                     metrics: dict[str, Any] | None = None) -> None:
+    """Complete `folder`/README.md (the export being written, to be renamed to `output`): the real path of `output`,
+    the image preprocessing and `eval()` lines of an open_clip or built-in export, the settings of `config`, and
+    `metrics` (the final held-out evaluation) where given."""
+    readme = Path(folder) / "README.md"
+    where = str(Path(output).resolve())
+    text = readme.read_text(encoding="utf-8").replace(PLACEHOLDER, where)
+    text += _use_for_images(model_folder_kind(folder), where, config)
+    given = {name: getattr(config, name) for name in SETTINGS if getattr(config, name) is not None
+             and not (name == "image_size" and config.mode == "text")
+             and not (name == "max_length" and config.mode != "text")}
+    text += f"\n## Training\n\nTrained with `gradcache train {config.mode}`:\n\n"
+    text += "| setting | value |\n|---|---|\n" + "".join(
+        f"| `--{name.replace('_', '-')}` | {_cell(value)} |\n" for name, value in given.items())
+    if metrics:
+        scores = {key: value for key, value in metrics.items() if isinstance(value, (int, float))
+                  and not isinstance(value, bool)}
+        text += "\n## Metrics\n\nOn the run's held-out split, at the end of training (percent):\n\n"
+        text += "| metric | value |\n|---|---|\n" + "".join(
+            f"| {key} | {value:.2f} |\n" for key, value in sorted(scores.items()))
+    readme.write_text(text, encoding="utf-8")
+
+
+def _use_for_images(kind: ModelFolderKind, where: str, config: RunConfig) -> str:
+    """The lines that prepare images and switch to evaluation mode (dropout, BatchNorm), per folder kind."""
+    if kind is ModelFolderKind.OPEN_CLIP:
+        lines = ["import open_clip",
+                 f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{where}")',
+                 "model.eval()  # evaluation mode: dropout off",
+                 "image_embeddings = model.encode_image(torch.stack([preprocess(image) for image in pil_images]))"]
+    elif kind is ModelFolderKind.BUILT_IN:
+        size = config.image_size
+        lines = ["from torchvision import transforms",
+                 f"preprocess = transforms.Compose([transforms.Resize({size}), transforms.CenterCrop({size}),",
+                 "                                 transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.5] * 3)])"
+                 "  # [-1, 1], as trained",
+                 "model.eval()  # evaluation mode (net.eval() for the torchvision encoder): BatchNorm's running "
+                 "statistics, no dropout",
+                 "images = torch.stack([preprocess(image.convert('RGB')) for image in pil_images])"]
+    else:
+        return ""
+    return "\n## Images and evaluation mode\n\n```python\nimport torch\n" + "\n".join(lines) + "\n```\n"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return f"`{value}`" if isinstance(value, str) else str(value)

@@ -59,6 +59,7 @@ def test_a_measured_graph_that_is_dropped_is_freed():
     assert graph.total > 0 and alive() is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["zero", "part"])
 def test_steps_whose_budget_drops_a_measured_graph_hold_no_more_tensors_than_before(name):
     torch.manual_seed(0)

@@ -40,6 +40,7 @@ def test_open_clip_loads_the_export_strictly_and_embeds_as_trained(tmp_path):
         torch.testing.assert_close(loaded.logit_scale.detach().reshape(()), loss.logit_scale.detach().reshape(()))
 
 
+@pytest.mark.slow
 def test_export_and_eval_do_not_warn_of_random_weights_they_then_load(tmp_path, caplog, capsys):
     """open_clip logs "No pretrained weights loaded ... initialized randomly" for the model a run starts from (true
     there); `gradcache export` and `gradcache eval` rebuild that model only to load the trained weights into it."""

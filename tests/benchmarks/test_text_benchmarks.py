@@ -22,6 +22,7 @@ from benchmarks.frontier_workloads import build_steps, sentences
 pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
 
 
+@pytest.mark.slow
 def test_text_quality_trains_every_configuration_and_writes_csv_and_png(tmp_path: Path, tiny_bert, read_csv) -> None:
     flags = ["--model", str(tiny_bert), "--batch", "8", "--chunks", "2", "--gradcache-chunk", "4", "--steps", "1",
              "--seeds", "0", "--test-size", "8", "--max-length", "24", "--output-dir", str(tmp_path)]

@@ -135,6 +135,7 @@ def ranks(tmp_path_factory):
     return run_on_ranks(ddp_worker, 2, str(tmp_path_factory.mktemp("ddp")))
 
 
+@pytest.mark.slow
 def test_ddp_under_torchrun_environment_is_exact_with_one_synchronisation(ranks):
     want = reference_grads([concatenated([r["batch"] for r in ranks])])
     for r in ranks:
@@ -144,6 +145,7 @@ def test_ddp_under_torchrun_environment_is_exact_with_one_synchronisation(ranks)
         assert "find_unused_parameters=False" in r["refused"]
 
 
+@pytest.mark.slow
 def test_ddp_with_accumulation_synchronises_once_per_optimizer_step(ranks):
     """The Trainer's no_sync on the first of two micro-batches: one all-reduce in all, and the mean of FullBatch
     over the two global micro-batches (micro-batch k of every rank)."""

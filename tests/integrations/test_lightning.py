@@ -115,6 +115,7 @@ def ranks():
     return run_on_ranks(ddp_worker, 2)
 
 
+@pytest.mark.slow
 def test_ddp_strategy_around_the_whole_module_is_exact_with_one_synchronisation(ranks):
     want = reference_grads([concatenated([r["batch"] for r in ranks])])
     for r in ranks:
@@ -123,6 +124,7 @@ def test_ddp_strategy_around_the_whole_module_is_exact_with_one_synchronisation(
         assert "find_unused_parameters=False" in r["refused"]
 
 
+@pytest.mark.slow
 def test_ddp_with_accumulation_synchronises_once_per_optimizer_step(ranks):
     """Two micro-batches per step: Lightning's no_sync on the first, one all-reduce in all; the gradient is the
     mean of FullBatch over the two global micro-batches (micro-batch k of every rank)."""

@@ -107,6 +107,7 @@ def ddp_worker(rank: int, world_size: int, folder: str) -> dict:
     return results
 
 
+@pytest.mark.slow
 def test_ddp_equals_multiple_negatives_ranking_loss_gathered_with_as_many_allreduces(folder):
     """Two ranks: MNRL with gather_across_devices is the global-batch loss, as GradCacheLoss's gather is."""
     for rank in run_on_ranks(ddp_worker, 2, folder):

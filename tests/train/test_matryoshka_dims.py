@@ -98,6 +98,7 @@ def test_a_text_run_with_a_queue_equals_its_reference(tmp_path, tiny_bert, loss_
     assert load_checkpoint(tmp_path)["loss"]["infonce.loss.queue.rows"].shape == (12, 16)  # one full-width queue
 
 
+@pytest.mark.slow
 def test_resume_of_a_matryoshka_run_equals_an_uninterrupted_run(tmp_path, tiny_args, killed_after_step):
     args = ["--steps", "4", "--checkpoint-every", "2", "--matryoshka-dims", "16,8", "--queue-size", "40"]
     assert main(tiny_args("simclr", tmp_path / "whole", *args)) == 0

@@ -58,6 +58,7 @@ def test_an_open_clip_run_trains_evaluates_and_is_read_back_by_eval(tmp_path, ca
         assert evaluated[key] == pytest.approx(metrics[key])
 
 
+@pytest.mark.slow
 def test_pretrained_weights_and_temperature_load_on_a_new_run(tmp_path):
     torch.manual_seed(123)
     source = open_clip.create_model(ARCHITECTURE, force_image_size=32)

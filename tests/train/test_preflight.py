@@ -28,6 +28,7 @@ def builds(monkeypatch):
     return loads
 
 
+@pytest.mark.slow
 def test_a_text_run_and_its_resume_each_build_the_model_once(tmp_path, tiny_bert, builds):
     out = tmp_path / "run"
     assert main(text_args(tiny_bert, out)) == 0

@@ -18,6 +18,7 @@ def _column(folder, name):
         return [row[name] for row in csv.DictReader(handle)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "queue"), [("simclr", ["--queue-size", "40", "--queue-warmup", "1"]),
                                              ("clip", ["--queue-size", "20", "--strategy", "naive"])])
 def test_resume_with_a_queue_equals_an_uninterrupted_run(tmp_path, tiny_args, killed_after_step, mode, queue):

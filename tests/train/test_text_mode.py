@@ -93,7 +93,7 @@ def _gzipped(path):
     return gzipped
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) if case == "minilm" else case
+@pytest.mark.parametrize("case", [case if case == "in-batch" else pytest.param(case, marks=pytest.mark.slow)
                                   for case in RESUMES])
 def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, dropout_bert, killed_after_step, case):
     """Killed after step k (the checkpoint holds an earlier one), resumed: the same losses, weights and scores as
@@ -116,7 +116,7 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, dropout_b
     assert final[0]["mrr@10"] == final[1]["mrr@10"] and final[0]["mrr@10_initial"] == final[1]["mrr@10_initial"]
 
 
-@pytest.mark.parametrize("source", ["jsonl", "datasets"])
+@pytest.mark.parametrize("source", ["jsonl", pytest.param("datasets", marks=pytest.mark.slow)])
 def test_a_resume_reads_the_saved_row_index_not_the_data(tmp_path, dropout_bert, killed_after_step, monkeypatch,
                                                          source):
     """A streamed JSONL (and a memory-mapped datasets folder): the run saves its row index (RUN/data_index.npz)

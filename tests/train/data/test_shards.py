@@ -148,6 +148,7 @@ def test_shards_without_captions_in_clip_or_matching_nothing_exit_2_writing_noth
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_run_on_shards_resumes_with_the_uninterrupted_losses(tmp_path, tiny_args, killed_after_step):
     folder = _shards(tmp_path / "s", 5, 8)  # 8 held out (one shard), 32 training samples: 4 steps per epoch
     args = ["--data", str(folder), "--test-size", "8", "--steps", "4", "--checkpoint-every", "2",

@@ -3,6 +3,8 @@ or starts it afresh where it died before its first save; under torchrun it is wh
 (tests/train/parallel/test_torchrun.py)."""
 import csv
 
+import pytest
+
 from gradcache.cli import main
 from gradcache.train import errors
 
@@ -18,6 +20,7 @@ def test_resume_auto_needs_an_output_dir(capsys):
         capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_auto_starts_continues_and_restarts(tmp_path, tiny_args, killed_after_step, capsys):
     auto = ["--steps", "4", "--resume", "auto"]
     assert main(tiny_args("simclr", tmp_path / "fresh", *auto, "--checkpoint-every", "2")) == 0  # an empty folder

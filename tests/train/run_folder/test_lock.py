@@ -31,6 +31,7 @@ def test_a_second_job_on_a_locked_folder_exits_2_naming_the_holder(tmp_path, tin
     assert main(["train", "simclr", "--resume", str(tmp_path), "--quiet"]) == 0  # released: the folder is free
 
 
+@pytest.mark.slow
 def test_the_lock_dies_with_its_holder(tmp_path, tiny_args, capsys):
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

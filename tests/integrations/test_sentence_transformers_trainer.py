@@ -83,9 +83,11 @@ def folder(tmp_path_factory):
 
 @pytest.mark.parametrize("options, rel", [
     ({}, 1e-5),
-    ({"gradient_accumulation_steps": 2}, 1e-5),  # each micro-batch its own negatives, as MNRL's
-    ({"bf16": True}, 2e-2),
-    ({"matryoshka": True, "gradient_accumulation_steps": 2}, 1e-5),  # MatryoshkaLoss around each loss
+    # each micro-batch its own negatives, as MNRL's
+    pytest.param({"gradient_accumulation_steps": 2}, 1e-5, marks=pytest.mark.slow),
+    pytest.param({"bf16": True}, 2e-2, marks=pytest.mark.slow),
+    # MatryoshkaLoss around each loss
+    pytest.param({"matryoshka": True, "gradient_accumulation_steps": 2}, 1e-5, marks=pytest.mark.slow),
 ], ids=["one-step", "accumulation", "bf16", "matryoshka"])
 def test_a_trainer_step_equals_multiple_negatives_ranking_loss(folder, options, rel):
     ours, ours_grads = train(folder, ours=True, **options)

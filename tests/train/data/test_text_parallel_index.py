@@ -113,8 +113,9 @@ def _assert_same(serial, parallel):
 
 # each pair of (processes, h given or not, files) once: 6 cases, not the 12 of the grid
 @pytest.mark.parametrize(("processes", "negatives_per_query", "sizes"), [
-    (2, None, (120,)), (2, 1, (70, 5, 0, 45)), (3, 1, (120,)), (3, None, (70, 5, 0, 45)), (5, None, (120,)),
-    (5, 1, (70, 5, 0, 45))])  # one file; several, one of them small, one empty
+    (2, None, (120,)), (2, 1, (70, 5, 0, 45)), *[pytest.param(*case, marks=pytest.mark.slow) for case in [
+        (3, 1, (120,)), (3, None, (70, 5, 0, 45)), (5, None, (120,)), (5, 1, (70, 5, 0, 45))]]])
+# one file; several, one of them small, one empty; more processes than 2 in the slow run
 def test_the_parallel_index_is_the_serial_index(tmp_path, monkeypatch, processes, negatives_per_query, sizes):
     monkeypatch.setattr(row_rule, "FIRST_ROWS", 20)  # h from the head, which has fewer negatives
     rows = _rows(sum(sizes))

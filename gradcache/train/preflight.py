@@ -181,8 +181,9 @@ def _check_builds(config: RunConfig) -> None:
     too large to hold name the options before anything is written."""
     if config.model not in IMAGE_ENCODER_PRESETS:
         return
-    given = " ".join(f"--{_dashed(name)} {getattr(config, name)}" for name in MODEL_FIELDS
-                     if name not in ("mode", "model") and _applies(config, name))
+    options = [name for name in MODEL_FIELDS if name not in ("mode", "model") and _applies(config, name)]
+    changed = [name for name in options if getattr(config, name) != RunConfig.__dataclass_fields__[name].default]
+    given = " ".join(f"--{_dashed(name)} {getattr(config, name)}" for name in changed or options)
     try:
         with torch.device("meta"):
             model = MODES[config.mode].build_model(config)

@@ -164,13 +164,13 @@ class GradCache(Strategy):
                     left_out = [*encoder.parameters(), *encoder.buffers(), *tensors_of(chunk)]
                     with torch.enable_grad(), gradient_sync(encoder, False, self.options["fsdp_reduce"]):
                         with saved_bytes(left_out) as graph:
-                            outputs = encode(encoder, chunk, self.options["get_embedding"], name)
+                            outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
                     if budget.settle(i, chunk, graph.total) and any(e.requires_grad for e in outputs):
                         graphs.append(outputs)
                 else:
                     budget.close(i)  # kept chunks are a prefix of each input's
                     with torch.no_grad():
-                        outputs = encode(encoder, chunk, self.options["get_embedding"], name)
+                        outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
                 if pieces:
                     check_embedding_count(outputs, len(pieces[0]), name, k)
                 pieces.append([e.detach() for e in outputs])
@@ -225,7 +225,7 @@ class GradCache(Strategy):
                     with gradient_sync(encoder, final, fsdp_reduce):
                         with replay.first.random_states[i][k].replay(), replay.autocast_state.apply():
                             chunk, name = replay.chunks[i][k], f"input {i}"
-                            outputs = encode(encoder, chunk, self.options["get_embedding"], name)
+                            outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
                         check_output_learns(encoder, outputs, name)  # else its backward would reach no parameter
                         _check_recomputed(check, outputs, replay, i, k)  # before this chunk's backward writes any .grad
                         _backward(encoder, list(zip(outputs, gradients[i][k])), final, later[key])

@@ -26,7 +26,8 @@ class Options(TypedDict, total=False):
     """Keyword options of GradCache, CachedLoss, FullBatch and NaiveAccumulation (all optional).
 
     get_embedding: maps an encoder's output to its (B, D) embedding tensor, or to a tuple of several, each a
-        loss argument of its own (default: the output itself).
+        loss argument of its own (default: the output itself); or one per input, with None where the output is
+        the embedding (`[None, lambda out: out.pooler_output]`), as `split_fn`.
     split_fn: `split_fn(input, chunk_size) -> chunks`, called for every input when given (the one way to split a
         type the library does not know; for a tensor, mapping or sequence it replaces the split along dim 0), or
         one per input with None where the library splits (`[None, split_pairs]`). Not with `chunk_tokens` on the
@@ -98,9 +99,8 @@ def checked(options: dict[str, Any]) -> Options:
     if unknown:
         raise TypeError(f"unknown option(s) {unknown}; the options are {sorted(DEFAULTS)}.")
     full: Options = {**DEFAULTS, **options}  # type: ignore[typeddict-item]
-    if full["get_embedding"] is not None and not callable(full["get_embedding"]):
-        raise TypeError(f"get_embedding must be callable or None, got {full['get_embedding']!r}.")
-    _check_split_fn(full["split_fn"])
+    _check_per_input_callable("get_embedding", full["get_embedding"], "the output itself")
+    _check_per_input_callable("split_fn", full["split_fn"], "the library's own split")
     for name in ("trim_padding", "gather"):
         if not isinstance(full[name], bool):
             raise TypeError(f"{name} must be True or False, got {full[name]!r}.")
@@ -141,18 +141,18 @@ def check_chunk_tokens(value: Any, name: str = "chunk_tokens") -> None:
         _check_count(name, value, 1, "tokens per chunk: rows x padded length")
 
 
-def _check_split_fn(value: Any) -> None:
+def _check_per_input_callable(name: str, value: Any, none_means: str) -> None:
+    """Refuse an option that is neither a callable, None, nor a non-empty sequence of callables (or None), one per
+    input (TypeError/ValueError naming `name`); None stands for `none_means`."""
     if value is None or callable(value):
         return
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-        raise TypeError(
-            f"split_fn must be callable, None, or one callable (or None) per input, got {value!r}."
-        )
+        raise TypeError(f"{name} must be callable, None, or one callable (or None) per input, got {value!r}.")
     if not value:
-        raise ValueError("split_fn is an empty sequence; give a callable, or one callable (or None) per input.")
+        raise ValueError(f"{name} is an empty sequence; give a callable, or one callable (or None) per input.")
     for i, entry in enumerate(value):
         if entry is not None and not callable(entry):
-            raise TypeError(f"split_fn[{i}] must be callable or None (the library's own split), got {entry!r}.")
+            raise TypeError(f"{name}[{i}] must be callable or None ({none_means}), got {entry!r}.")
 
 
 def _check_recompute(value: Any) -> None:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from gradcache.distributed import all_gather_with_grad
-from gradcache.inputs import SplitFn, batch_length, encode, split, trim_padding
+from gradcache.inputs import GetEmbedding, SplitFn, batch_length, encode, split, trim_padding
 from gradcache.non_finite import NonFiniteLossError
 from gradcache.options import Options, Unpack, checked
 from gradcache.autocast import autocast_context, autocast_off_everywhere, upcast
@@ -95,8 +95,10 @@ class Strategy:
         return self.chunk_size
 
     def split_fn_for(self, index: int) -> SplitFn | None:
-        split_fn = self.options["split_fn"]
-        return split_fn if split_fn is None or callable(split_fn) else split_fn[index]
+        return _for_input(self.options["split_fn"], index)
+
+    def get_embedding_for(self, index: int) -> GetEmbedding | None:
+        return _for_input(self.options["get_embedding"], index)
 
     def split(self, index: int, value: Any) -> list[Any]:
         """Input `index` in chunks of its chunk size, by its `split_fn` where one is given."""
@@ -134,12 +136,11 @@ class Strategy:
                 f"chunk_tokens has {len(tokens)} entries for {len(inputs)} inputs; give one per input (None where "
                 "it does not apply) or a single int."
             )
-        split_fn = self.options["split_fn"]
-        if not (split_fn is None or callable(split_fn)) and len(split_fn) != len(inputs):
-            raise ValueError(
-                f"split_fn has {len(split_fn)} entries for {len(inputs)} inputs; give one per input (None where the "
-                "library splits) or a single callable."
-            )
+        for name, none_means in (("split_fn", "the library splits"), ("get_embedding", "the output is the embedding")):
+            value = self.options[name]
+            if not (value is None or callable(value)) and len(value) != len(inputs):
+                raise ValueError(f"{name} has {len(value)} entries for {len(inputs)} inputs; give one per input (None "
+                                 f"where {none_means}) or a single callable.")
         for i, value in enumerate(inputs):
             wanted = tokens[i] if isinstance(tokens, Sequence) else tokens
             chunked = self.chunk_size_required  # FullBatch ignores chunk_tokens, as it ignores chunk_size
@@ -184,7 +185,7 @@ class Strategy:
             trim = self.options["trim_padding"]
             for i, v in enumerate(values):
                 encoder, name = self.encoder_for(i), f"input {i}"
-                outputs = encode(encoder, trim_padding(v) if trim else v, self.options["get_embedding"], name)
+                outputs = encode(encoder, trim_padding(v) if trim else v, self.get_embedding_for(i), name)
                 if torch.is_grad_enabled():
                     check_output_learns(encoder, outputs, name)
                 embeddings.extend(outputs)
@@ -226,3 +227,8 @@ def check_output_learns(encoder: nn.Module, outputs: Sequence[torch.Tensor], nam
         "forward, or a round trip through numpy), so no gradient would reach them. Return the output as computed "
         "from the parameters, or freeze the encoder with encoder.requires_grad_(False)."
     )
+
+
+def _for_input(option: Any, index: int) -> Any:
+    """A per-input option's entry for input `index`: the option itself when it is one callable (or None)."""
+    return option if option is None or callable(option) else option[index]

@@ -1,6 +1,8 @@
 """GradCache and CachedLoss against one full-batch pass, on every parameter, loss parameters included."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -119,6 +121,41 @@ def test_get_embedding_picks_the_tensor_out_of_a_dict_output():
     want_loss, want = run(FullBatch, [encoder], encoder, loss, tuple(views), get_embedding=pick)
     got_loss, got = run(GradCache, [encoder], encoder, loss, tuple(views), 2, get_embedding=pick)
     assert_grads_close(got, want, 1e-12)
+
+
+@pytest.mark.parametrize("strategy_cls", [GradCache, CachedLoss])
+def test_get_embedding_per_input_with_none_where_the_output_is_the_embedding(strategy_cls):
+    class DictOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(10, 6)
+
+        def forward(self, x):
+            return {"pooler_output": self.linear(x)}
+
+    torch.manual_seed(5)
+    towers, loss = [DictOut().double(), mlp(10, 6).double().eval()], ClipLoss(learnable=True).double()
+    images, texts = torch.randn(2, 7, 10).double()
+    pick = [lambda output: output["pooler_output"], None]
+    modules = [*towers, loss]
+    want_loss, want = run(FullBatch, modules, towers, loss, (images, texts), get_embedding=pick)
+    got_loss, got = run(strategy_cls, modules, towers, loss, (images, texts), 3, get_embedding=pick)
+    assert torch.allclose(got_loss, want_loss, rtol=1e-12)
+    assert_grads_close(got, want, 1e-12)
+
+
+@pytest.mark.parametrize("value, error, fragment", [
+    ([None], ValueError, "get_embedding has 1 entries for 2 inputs"),
+    ([None, "pooler_output"], TypeError, "get_embedding[1] must be callable or None"),
+    ([], ValueError, "get_embedding is an empty sequence"),
+])
+def test_get_embedding_per_input_refused_naming_the_entry(value, error, fragment):
+    towers, loss = [mlp(10, 6), mlp(10, 6)], ClipLoss()
+    before = [p.detach().clone() for t in towers for p in t.parameters()]
+    with pytest.raises(error, match=re.escape(fragment)):
+        GradCache(towers, loss, 3, get_embedding=value).step(*torch.randn(2, 7, 10))
+    assert all(p.grad is None for t in towers for p in t.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, (p for t in towers for p in t.parameters())))
 
 
 def test_large_loss_scale_reaches_cached_gradients_in_float32():

@@ -108,6 +108,11 @@ class DataDiskFull(OSError):
         return self.strerror
 
 
+class RunFolderDiskFull(DataDiskFull):
+    """The disk filled while the run folder or its lock file was created, before anything else was written; what
+    the job made of the folder is removed again."""
+
+
 class Preempted(Exception):
     """The run stopped on a signal after saving a checkpoint; the message says where and how to resume."""
 

@@ -175,19 +175,27 @@ def _check_device(device: str) -> None:
 
 
 def _check_builds(config: RunConfig) -> None:
-    """A model built from the options alone (a gradcache.models preset, not a folder or open_clip) builds: its
-    shapes are built on the meta device, which allocates nothing, so a constructor's refusal (a text width its
-    heads do not divide) names the options before anything is written."""
+    """A model built from the options alone (a gradcache.models preset, not a folder or open_clip) builds, and its
+    weights fit in the memory of --device: its shapes are built on the meta device, which allocates nothing, so a
+    constructor's refusal (a text width its heads do not divide, a size past what a tensor can hold) and a model
+    too large to hold name the options before anything is written."""
     if config.model not in IMAGE_ENCODER_PRESETS:
         return
+    options = [name for name in MODEL_FIELDS if name not in ("mode", "model") and _applies(config, name)]
+    changed = [name for name in options if getattr(config, name) != RunConfig.__dataclass_fields__[name].default]
+    given = " ".join(f"--{_dashed(name)} {getattr(config, name)}" for name in changed or options)
     try:
         with torch.device("meta"):
-            MODES[config.mode].build_model(config)
-    except ValueError as error:
-        given = " ".join(f"--{_dashed(name)} {getattr(config, name)}" for name in MODEL_FIELDS
-                         if name not in ("mode", "model") and _applies(config, name))
-        raise UsageError(f"{given} (the model options of --model {config.model}) build no model: {error} Change "
+            model = MODES[config.mode].build_model(config)
+    except (ValueError, TypeError, RuntimeError, OverflowError) as error:  # TypeError, RuntimeError: torch's sizes
+        reason = str(error).splitlines()[0]
+        raise UsageError(f"{given} (the model options of --model {config.model}) build no model: {reason} Change "
                          "the option it names") from error
+    weights, memory = sum(p.numel() * p.element_size() for p in model.parameters()), _memory_bytes(config.device)
+    if weights > memory:
+        raise UsageError(f"{given} (the model options of --model {config.model}) build a model of "
+                         f"{_gibibytes(weights)} of weights, more than the {_gibibytes(memory)} of --device "
+                         f"{config.device}; choose smaller widths")
 
 
 def check_memory(config: RunConfig) -> None:

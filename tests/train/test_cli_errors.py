@@ -136,3 +136,16 @@ def test_help_states_each_default_once(capsys, mode):
         assert " ".join(block.split()).count("(default") <= 1, block
     flat = " ".join(text.split())
     assert "(default: None)" not in flat and ("(default: 6 when --steps is not given)" in flat or mode == "clip")
+
+
+def test_image_size_below_what_the_built_in_shapes_draw(tmp_path, tiny_args, capsys):
+    # vit_tiny's patches take 4 pixels; the shapes are not drawn below 8 (convnet refuses 4 on its own first)
+    _fails(tiny_args("simclr", tmp_path / "out", "--model", "vit_tiny", "--image-size", "4"), capsys,
+           "--image-size 4", "built-in shapes", "--image-size 8")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_that_does_not_build_names_the_options_given_not_every_model_option(tmp_path, capsys):
+    err = _fails(["train", "clip", "--text-heads", "3", "--output-dir", str(tmp_path / "out")], capsys,
+                 "--text-heads 3", "not divisible by heads=3")
+    assert "--norm" not in err and "--context-length" not in err

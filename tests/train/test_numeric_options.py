@@ -87,3 +87,17 @@ def test_options_that_cannot_build_or_allocate_exit_2_naming_flag_value_and_fix(
 @pytest.mark.parametrize("seed", ["-900000", "1800000"])
 def test_the_extreme_seeds_the_range_allows_train(tmp_path, tiny_args, seed):
     assert main(tiny_args("simclr", tmp_path, "--seed", seed, "--steps", "1")) == 0
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    # past what a tensor's size can hold: torch's own TypeError on the meta device (found by tests/train/test_fuzz.py)
+    (["--projection-dim", "99999999999999999999"], ["--projection-dim 99999999999999999999", "build no model"]),
+    # a model whose weights alone exceed any machine: 10^10 x 16 floats
+    (["--hidden-dim", "10000000000"], ["--hidden-dim 10000000000", "GiB of weights, more than the"]),
+])
+def test_model_sizes_past_memory_exit_2_naming_the_options(tmp_path, tiny_args, capsys, argv, fragments):
+    output = tmp_path / "run"
+    assert main(tiny_args("simclr", output, *argv)) == errors.USAGE
+    error = capsys.readouterr().err
+    assert len(error.strip().splitlines()) == 1 and all(f in error for f in fragments), error
+    assert not output.exists()

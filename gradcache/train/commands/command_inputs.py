@@ -46,8 +46,18 @@ def _column(path: Path, key: str, option: str, key_option: str) -> list[str]:
     rows, names = table_records(path, option)
     if key not in names:
         raise DataError(f"{path} has no column {key!r} (columns: {sorted(names)}); name it with {key_option}")
-    values = ["" if record.get(key) is None else str(record.get(key)).strip() for _, record in rows]
-    return values
+    return [_text(record.get(key), f"{option} {path} {where}", key) for where, record in rows]
+
+
+def _text(value: object, where: str, key: str) -> str:
+    """A table's field as text, stripped (null: empty); a value of another type (a JSON number, list, object) is
+    refused naming the row and column, never embedded as its Python spelling, as training refuses it."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: column {key!r} holds {type(value).__name__}, not text; make it a string (or "
+                        "null), or name another column")
+    return value.strip()
 
 
 def read_texts(path: str | os.PathLike, key: str | None) -> list[str]:
@@ -182,7 +192,10 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
                             f"'{CORPUS_ID}' and '{CORPUS_TEXT}' columns")
     ids, texts = [], []
     for where, record in rows:
-        identifier, text = (str(record.get(key) or "").strip() for key in (CORPUS_ID, CORPUS_TEXT))
+        identifier = record.get(CORPUS_ID)  # an integer id (MS MARCO's) is spelled as written
+        identifier = str(identifier) if type(identifier) is int else _text(identifier, f"--corpus {path} {where}",
+                                                                            CORPUS_ID)
+        text = _text(record.get(CORPUS_TEXT), f"--corpus {path} {where}", CORPUS_TEXT)
         if not identifier or not text:
             raise DataError(f"--corpus {path} {where}: empty {'id' if not identifier else 'text'}")
         ids.append(identifier)

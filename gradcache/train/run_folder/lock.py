@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from gradcache import distributed
-from gradcache.train.errors import NO_SPACE, CheckpointError, RunFolderInUse, UsageError
+from gradcache.train.errors import NO_SPACE, CheckpointError, RunFolderDiskFull, RunFolderInUse, UsageError
 
 try:
     import fcntl
@@ -45,18 +45,18 @@ class RunFolderLock:
     def acquire(self) -> RunFolderLock:
         """Take the lock or raise RunFolderInUse at once; write this job's pid, host and start time into it.
         A folder that cannot be made or written (no permission, a read-only file system, a file in its path)
-        raises UsageError naming it, and what was made of it is removed again."""
-        missing = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+        raises UsageError naming it, a full disk RunFolderDiskFull (exit 74), and what was made of it is removed
+        again."""
+        self._created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._created = missing
             if fcntl is None:
                 return self
             handle = open(self.path, "a+")
         except OSError as error:
-            if error.errno in NO_SPACE:
-                raise
             self.release(discard=True)
+            if error.errno in NO_SPACE:
+                raise self._disk_full(error) from error
             raise UsageError(f"--output-dir {self.folder} cannot be written ({error.strerror or error}); choose a "
                              "folder you can write to") from error
         try:
@@ -68,21 +68,32 @@ class RunFolderLock:
             raise RunFolderInUse(f"run folder {self.folder} is in use by another job ({_describe(holder)}; lock file "
                                  f"{self.path}): one job per run folder. Wait for it to end or stop it, or choose "
                                  "another --output-dir") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}) + "\n")
-        handle.flush()
         self._handle = handle
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}) + "\n")
+            handle.flush()
+        except OSError as error:
+            self.release(discard=True)
+            if error.errno in NO_SPACE:
+                raise self._disk_full(error) from error
+            raise
         return self
+
+    def _disk_full(self, error: OSError) -> RunFolderDiskFull:
+        return RunFolderDiskFull(error.errno, f"no space left to create the run folder {self.folder} (its lock file "
+                                 f"{self.path}); nothing was written. Free space, then the same command")
 
     def release(self, discard: bool = False) -> None:
         """Let go of the lock; with `discard`, also remove the folders `acquire` created (if nothing else is
         in them): what a run that failed its checks leaves of itself."""
         if discard and self._created:
-            self.path.unlink(missing_ok=True)
+            if self.folder.is_dir():  # it may not be: acquire failed making it
+                self.path.unlink(missing_ok=True)
             for folder in self._created:
-                if folder.exists() and not any(folder.iterdir()):
+                if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
         if self._handle is not None:
             self._handle.close()  # closing the descriptor releases the flock

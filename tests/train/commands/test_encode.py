@@ -154,3 +154,15 @@ def test_query_and_passage_folders_embed_each_side_with_its_own_tower(tmp_path):
                      "--output", str(tmp_path / f"{side}.npy")]) == 0
         np.testing.assert_allclose(np.load(tmp_path / f"{side}.npy"),
                                    Reference(tmp_path / "towers" / side)(TEXTS), atol=2e-6)
+
+
+@pytest.mark.parametrize("value, named", [(5, "int"), ({"a": "b"}, "dict"), (["x"], "list")])
+def test_a_value_that_is_not_text_is_refused_naming_the_row_not_embedded_as_its_python_spelling(
+        tmp_path, tiny_bert, capsys, value, named):
+    rows = [{"body": "a text"}, {"body": None}, {"body": value}]  # null: an empty text, embedded as such
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["encode", str(tiny_bert), "--data", str(tmp_path / "rows.jsonl"), "--key", "body", "--output",
+                 str(tmp_path / "e.npy")]) == errors.USAGE
+    err = capsys.readouterr().err
+    assert "rows.jsonl line 3: column 'body' holds " + named + ", not text" in err, err
+    assert not (tmp_path / "e.npy").exists()

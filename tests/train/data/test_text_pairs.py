@@ -32,7 +32,8 @@ def test_tables_keep_usable_rows_and_count_the_rest(tmp_path, name, separator):
     assert pairs.queries == ["who bakes bread", "who flies planes"]
     assert pairs.positives == ["a baker in town", "a pilot in town"]
     assert pairs.negatives == [["a pilot", "a nurse"], ["a baker", "a tailor"]]
-    assert pairs.skipped == ["line 3: empty query", "line 4: empty positive", "line 6: 1 of 2 hard negatives"]
+    assert pairs.skipped == [f"{name} line 3: empty query", f"{name} line 4: empty positive",
+                             f"{name} line 6: 1 of 2 hard negatives"]  # named as a stream names them
 
 
 def test_without_negative_columns_and_with_an_explicit_count(tmp_path):
@@ -57,7 +58,7 @@ def test_jsonl_with_a_list_valued_negative_field(tmp_path):
         pairs = read_text_pairs(path, "query", "pos", ["negs"])
     assert pairs.queries == ["q1", "q2", "q4"]
     assert pairs.negatives == [["a", "b"], ["c", "d"], ["g", "h"]]
-    assert pairs.skipped == ["line 3: 1 of 2 hard negatives", "line 5: empty positive"]
+    assert pairs.skipped == ["pairs.jsonl line 3: 1 of 2 hard negatives", "pairs.jsonl line 5: empty positive"]
 
 
 @pytest.mark.parametrize("keys, missing, option", [

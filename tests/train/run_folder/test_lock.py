@@ -89,3 +89,33 @@ def test_an_output_dir_that_cannot_be_written_exits_2_naming_it(tmp_path, tiny_a
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == (["a-file"] if where == "under a file" else
                                                            ["read-only"] if where == "read-only folder" else [])
+
+
+@pytest.mark.parametrize("at", ["the folder", "the lock file"])
+def test_a_full_disk_at_the_start_exits_74_naming_the_folder_and_leaves_nothing(tmp_path, tiny_args, capsys,
+                                                                                monkeypatch, at):
+    import builtins
+    import errno
+    from pathlib import Path
+
+    from gradcache.cli import main
+    from gradcache.train.run_folder import lock as lock_module
+
+    output = tmp_path / "runs" / "new"
+    if at == "the folder":
+        def full(self, *args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+        monkeypatch.setattr(Path, "mkdir", full)
+    else:
+        def full(path, *args, **kwargs):
+            if str(path).endswith(".lock"):
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            return builtins.open(path, *args, **kwargs)
+
+        monkeypatch.setattr(lock_module, "open", full, raising=False)
+    assert main(tiny_args("simclr", output)) == 74
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no space left to create the run folder" in err and str(output) in err
+    monkeypatch.undo()
+    assert not (tmp_path / "runs").exists()

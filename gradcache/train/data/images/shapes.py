@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from gradcache.train.data.images.sets import DataSplits, ImageSet
+from gradcache.train.errors import UsageError
 
+SMALLEST_IMAGE = 8  # pixels a side: below it a shape is a blur of its noise
 SHAPE_NAMES = ["circle", "square", "triangle", "star", "cross", "ring", "crescent", "heart"]
 
 # Named colours (RGB in [0, 1]); each drawn colour is jittered around its name so that names stay true.
@@ -69,8 +71,9 @@ def _inside(shape: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def render_shapes(count: int, image_size: int = 32, seed: int = 0, noise: float = 0.06) -> ImageSet:
     """Draw `count` captioned shape images; the same (count, image_size, seed, noise) gives the same bytes."""
-    if count < 1 or image_size < 8:
-        raise ValueError(f"need count >= 1 and image_size >= 8, got count={count}, image_size={image_size}")
+    if count < 1 or image_size < SMALLEST_IMAGE:
+        raise ValueError(f"need count >= 1 and image_size >= {SMALLEST_IMAGE}, got count={count}, "
+                         f"image_size={image_size}")
     generator = torch.Generator().manual_seed(seed)
 
     def uniform(low: float, high: float, n: int = count) -> torch.Tensor:
@@ -154,6 +157,10 @@ def _caption(size: str, colour: str, shape: str, row: str, column: str, backgrou
 
 def load_shapes(train_size: int, test_size: int, image_size: int, seed: int) -> DataSplits:
     """Train and held-out shapes drawn from independent streams of the same seed."""
+    if image_size < SMALLEST_IMAGE:
+        raise UsageError(f"--image-size {image_size} is too small for the built-in shapes, which are drawn at "
+                         f"{SMALLEST_IMAGE} pixels or more; pass --image-size {SMALLEST_IMAGE} or larger, or your "
+                         "own --data")
     train = render_shapes(train_size, image_size, seed=seed)
     test = render_shapes(test_size, image_size, seed=seed + 1_000_003)
     return DataSplits(train=train, test=test, name="shapes")

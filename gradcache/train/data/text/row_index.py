@@ -171,7 +171,6 @@ class RowRule(NamedTuple):
     keys: tuple[str, str, tuple[str, ...]]
     negatives_per_query: int  # h, decided before the pass
     text_format: IndexedFormat
-    prefix: bool  # skip reasons name the file (several files)
     skip_reasons: int | None  # reasons kept (all when None)
     corpus: PassageCorpus | None
 
@@ -206,7 +205,7 @@ def index_rows(file_number: int, file: Path, records: FileRecords, rule: RowRule
                 check_ids(corpus, [fields.positive, *fields.negatives], file, line)
             reason = fields.unusable(h)
             if reason is not None:
-                skipped.add(f"{file.name} {unit} {line}: {reason}" if rule.prefix else f"{unit} {line}: {reason}")
+                skipped.add(f"{file.name} {unit} {line}: {reason}")  # as a stream names it
             else:
                 offsets.append(offset)
                 if on_kept is not None:
@@ -267,7 +266,7 @@ def build_row_index(files: Sequence[Path], format_name: str, query_key: str = "q
     keys = (query_key, positive_key, tuple(negative_keys))
     h = (first_rows_negatives(_head_records(files, text_format, keys), keys) if negatives_per_query is None
          else negatives_per_query)
-    rule = RowRule(keys, h, text_format, len(files) > 1, skip_reasons, corpus)
+    rule = RowRule(keys, h, text_format, skip_reasons, corpus)
     # on_kept wants every usable record, in order, here: the serial pass
     processes = parallel_processes(files) if text_format.cut_at_newlines and on_kept is None else 1
     if processes > 1:

@@ -25,7 +25,6 @@ and the resume.
 """
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from gradcache.train.data.bad_data import SHOWN_SKIPS, BadShare, CountedBatches,
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.streams import Damaged, StreamBatches, stream_loader
 from gradcache.train.data.text.formats import StreamedFormat
+from gradcache.train.data.text.formats.jsonl import json_value
 from gradcache.train.data.text.usable_rows import (
     FIRST_ROWS,
     check_columns,
@@ -85,7 +85,7 @@ class RowReader:
         path, line, raw = unit
         where = f"{Path(path).name} line {line}"
         try:
-            record = json.loads(raw)
+            record = json_value(raw)
         except ValueError as error:  # JSON and UTF-8 errors
             return Damaged(f"{where}: not JSON ({error})")
         if not isinstance(record, dict):
@@ -116,7 +116,7 @@ def row_reader(text_format: StreamedFormat, files: Sequence[Path], keys: tuple[s
                 if isinstance(unit, Damaged):
                     break
                 try:
-                    record = json.loads(unit[2])
+                    record = json_value(unit[2])
                 except ValueError:
                     continue
                 if isinstance(record, dict):

@@ -12,6 +12,15 @@ from gradcache.train.data.text.formats.text_format import IndexedFormat, Keys, R
 from gradcache.train.errors import DataError
 
 
+def json_value(raw: bytes | str) -> object:
+    """The JSON value of one line; ValueError for a line that is not UTF-8 or not JSON, and for one nested
+    deeper than the parser's recursion allows (`[[[...]]]`: a hostile line, never a row)."""
+    try:
+        return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    except RecursionError:
+        raise ValueError("nested deeper than the JSON reader allows") from None
+
+
 class JsonlRecords:
     """The records of the `.jsonl` `file` from byte `start` (a line's start, numbered `first_line`) to `end` (just
     after a newline, or the file's end: None); `names` gathers their fields."""
@@ -34,7 +43,7 @@ class JsonlRecords:
                 if not raw.strip():
                     continue
                 try:
-                    record = json.loads(raw.decode("utf-8"))
+                    record = json_value(raw)
                 except ValueError as error:  # JSON and UTF-8 errors
                     raise DataError(f"cannot read {self.file} line {number}: not JSON ({error})") from error
                 if not isinstance(record, dict):
@@ -51,7 +60,7 @@ class JsonlReader:
 
     def record(self, offset: int) -> dict:
         self.handle.seek(offset)
-        return json.loads(self.handle.readline().decode("utf-8"))
+        return json_value(self.handle.readline())
 
     def close(self) -> None:
         self.handle.close()

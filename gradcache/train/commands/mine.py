@@ -18,10 +18,14 @@ and counts rows with fewer than h negatives.
 The corpus is every distinct passage of the file (positives, and the hard negatives of `--negative-keys`), or
 `--corpus` id/text rows. The output, by extension: `.jsonl` rows `{QUERY_KEY: ..., POSITIVE_KEY: ...,
 "negatives": [...]}` (train with `--negative-keys negatives`), or `.tsv`/`.csv` columns QUERY_KEY,
-POSITIVE_KEY, negative_1 .. negative_K (train with `--negative-keys negative_1 ... negative_K`).
+POSITIVE_KEY, negative_1 .. negative_K (train with `--negative-keys negative_1 ... negative_K`). The input's other
+columns (ids, labels, scores) follow the positive, as the input held them, where `--data` is `.jsonl`, `.tsv` or
+`.csv` files (a table's cell that is not text is written as JSON); a column of the mined negatives' name is
+replaced. Other formats give the three.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +36,9 @@ from gradcache.train.commands.encode import embed_text_rows
 from gradcache.train.commands.evaluate import pairs_corpus, read_pairs
 from gradcache.train.commands.command_outputs import check_output, write_atomically
 from gradcache.train.commands.model import LoadedModel
-from gradcache.train.data.text.formats import IndexedFormat, file_format, table_suffixes
+from gradcache.train.data.text.files import data_files
+from gradcache.train.data.text.formats import IndexedFormat, file_format, format_named, table_suffixes
+from gradcache.train.data.text.usable_rows import row_fields
 from gradcache.train.errors import UsageError
 
 OUTPUT_SUFFIXES = tuple(table_suffixes())  # .jsonl, .tsv, .csv
@@ -130,20 +136,43 @@ def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Gua
     mined = mine_negatives(query_embeddings, corpus_embeddings, positives, negatives, guards, same_text)
     rows = [(query, positive, [ranked.texts[c] for c in found])
             for query, positive, found in zip(pairs.queries, pairs.positives, mined)]
-    write_atomically(path, lambda temporary: _write(rows, temporary, file_format(path), query_key, positive_key,
-                                                   negatives))
+    keys = (query_key, positive_key, tuple(negative_keys or ()))
+    others = _other_columns(data, keys, pairs.negatives_per_query, len(rows))
+    write_atomically(path, lambda temporary: _write(rows, others, temporary, file_format(path), query_key,
+                                                   positive_key, negatives))
     return len(rows), sum(len(found) < negatives for found in mined)
 
 
-def _write(rows: list[tuple[str, str, list[str]]], temporary: Path, text_format: IndexedFormat, query_key: str,
-           positive_key: str, negatives: int) -> None:
-    """The rows as the module docstring says: the negatives in one list field, or in K columns of a table."""
+def _other_columns(data: str, keys: tuple[str, str, tuple[str, ...]], h: int, count: int) -> list[dict] | None:
+    """Each usable row's fields other than its query and positive, in order, where `data` is text tables (the
+    rows training keeps: the same rule, `row_fields(...).unusable`); None for other formats."""
+    files, name = data_files(data)
+    text_format = format_named(name)
+    if not text_format.text_table:
+        return None
+    others = [{key: value for key, value in record.items() if key not in keys[:2]}
+              for file in files for _, _, record in text_format.records(file, keys)
+              if row_fields(record, keys).unusable(h) is None]
+    if len(others) != count:  # one rule read the rows twice: they must agree
+        raise RuntimeError(f"mine read {count} usable rows of {data}, then {len(others)}")
+    return others
+
+
+def _write(rows: list[tuple[str, str, list[str]]], others: list[dict] | None, temporary: Path,
+           text_format: IndexedFormat, query_key: str, positive_key: str, negatives: int) -> None:
+    """The rows as the module docstring says: the negatives in one list field, or in K columns of a table, the
+    input's other columns between the positive and them."""
+    mined = [NEGATIVES_FIELD] if text_format.holds_lists else negative_columns(negatives)
+    names = list(dict.fromkeys(key for fields in others or () for key in fields if key not in mined))
+    extra = [[fields.get(key) for key in names] for fields in others] if others is not None else [[]] * len(rows)
+    if not text_format.holds_lists:  # a table's cells are text
+        extra = [["" if v is None else v if isinstance(v, str) else json.dumps(v) for v in values] for values in extra]
+    columns = [query_key, positive_key, *names, *mined]
     if text_format.holds_lists:
-        columns = [query_key, positive_key, NEGATIVES_FIELD]
-        values = [[query, positive, found] for query, positive, found in rows]
+        values = [[query, positive, *more, found] for (query, positive, found), more in zip(rows, extra)]
     else:
-        columns = [query_key, positive_key, *negative_columns(negatives)]
-        values = [[query, positive, *found, *[""] * (negatives - len(found))] for query, positive, found in rows]
+        values = [[query, positive, *more, *found, *[""] * (negatives - len(found))]
+                  for (query, positive, found), more in zip(rows, extra)]
     with open(temporary, "w", newline="", encoding="utf-8") as handle:
         text_format.write(handle, columns, values)
 

@@ -79,6 +79,29 @@ def test_mined_file_respects_the_margin_and_trains(tmp_path, tiny_bert, pairs_fi
     assert len(pairs) == sum(len(found) >= 1 for found in negatives)
 
 
+@pytest.mark.parametrize("output", ["mined.jsonl", "mined.csv"])
+def test_the_input_s_other_columns_are_kept_beside_the_mined_negatives(tmp_path, tiny_bert, output):
+    rows = pair_rows()
+    records = [{"id": f"r{i}", "query": row["query"], "positive": row["positive"], "score": i / 4,
+                "tags": ["a", i]} for i, row in enumerate(rows)]
+    records.insert(3, {"id": "empty", "query": "", "positive": "left out"})  # unusable: not written
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["mine", str(tiny_bert), "--data", str(tmp_path / "pairs.jsonl"), "--negatives", "2",
+                 "--output", str(tmp_path / output)]) == 0
+    kept = [r for r in records if r["query"]]
+    if output.endswith(".jsonl"):
+        mined = [json.loads(line) for line in (tmp_path / output).read_text().splitlines()]
+        assert list(mined[0]) == ["query", "positive", "id", "score", "tags", "negatives"]
+        assert [(m["id"], m["score"], m["tags"]) for m in mined] == [(r["id"], r["score"], r["tags"]) for r in kept]
+    else:
+        with open(tmp_path / output, newline="") as handle:
+            mined = list(csv.DictReader(handle))
+        assert list(mined[0]) == ["query", "positive", "id", "score", "tags", "negative_1", "negative_2"]
+        assert [(m["id"], m["score"], m["tags"]) for m in mined] == [
+            (r["id"], json.dumps(r["score"]), json.dumps(r["tags"])) for r in kept]
+    assert [m["query"] for m in mined] == [r["query"] for r in kept]
+
+
 @pytest.mark.parametrize("case", ["corpus missing", "zero negatives", "relative margin 1", "bad range",
                                   "bad output"])
 def test_bad_input_exits_2_naming_it_and_writes_nothing(capsys, tmp_path, tiny_bert, pairs_file, case):

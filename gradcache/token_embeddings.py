@@ -14,7 +14,6 @@ for vectors and tokens):
   - token-chunked rows are put back in the caller's order, values and mask alike: `rows`;
   - under torch.distributed every rank pads to the global longest before the gather (`gradcache.distributed`).
 """
-from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -37,6 +36,9 @@ class TokenEmbeddings(NamedTuple):
     values: torch.Tensor
     mask: torch.Tensor
 
+
+# The signature as the source writes it, as `inspect` reads every other one here (postponed, string annotations)
+TokenEmbeddings.__new__.__annotations__ = {"values": "torch.Tensor", "mask": "torch.Tensor"}
 
 Embedding = torch.Tensor | TokenEmbeddings  # one loss argument: vectors (B, D) or token embeddings
 

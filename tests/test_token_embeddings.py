@@ -261,9 +261,13 @@ def _ddp_worker(rank, world_size, slices):
 def test_two_ranks_equal_one_process():
     """Rank 0 holds 4 rows of each input, rank 1 the other 3 (8 and 6 hard negatives): each pads its documents to
     its own longest, the gather to the global longest."""
+    from gradcache.token_chunks import padded_lengths
     from tests.multiprocess import run_on_ranks
 
     slices = [(slice(0, 4), slice(0, 4), slice(0, 8)), (slice(4, 7), slice(4, 7), slice(8, 14))]
+    for index in (1, 2):  # each rank's documents have a longest row of their own
+        lengths = padded_lengths(batch()[index]["attention_mask"])
+        assert int(lengths[slices[0][index]].max()) != int(lengths[slices[1][index]].max())
     encoder, loss = model()
     want_loss = FullBatch(encoder, loss).step(*batch())
     want = grads_of(encoder)

@@ -13,8 +13,8 @@ One step, read top to bottom:
   (3) back-propagate the kept graphs; re-encode each other chunk with a graph under its recorded random and
       autocast state, check it against its cached embedding (`check_recompute`), and back-propagate its slice
       of the cached gradient (its rows; for token embeddings also its own length, grad[:, :L_k]), one chunk at
-      a time. When (3) raises, every `.grad` that was None when the step
-      began is None again: no partial gradient is left behind.
+      a time. When (3) raises, every `.grad` that was None when the step began is None again: no partial
+      gradient is left behind.
 
 `GradCache.step` runs (1)-(3) at once. `CachedLoss` (cached_loss.py) runs (1)-(2) when called and (3) when
 `backward()` reaches it. Both go through `GradCache.loss`: (3) is the backward of an identity function placed between the cached
@@ -109,7 +109,8 @@ class GradCache(Strategy):
         ]
 
         if not building:  # evaluation: the loss and nothing else
-            return self.loss_over([with_values(e, upcast) for per_input in embeddings for e in per_input], loss_kwargs)
+            return self.loss_over([with_values(e, upcast) for per_input in embeddings for e in per_input],
+                                  loss_kwargs)
 
         cached = [  # (2) the cache's leaves: the vectors, or the token values (their mask a constant)
             [with_values(e, lambda v, learn=learn: upcast(v).requires_grad_(learn)) for e in per_input]
@@ -290,8 +291,8 @@ def _callers_order(embedding: Embedding, order: torch.Tensor, index: int) -> Emb
     """An embedding of a token-chunked input, its rows (values and mask) put back in the caller's order."""
     if values_of(embedding).shape[0] != order.numel():
         raise TypeError(
-            f"the encoder of input {index} returned an embedding of {values_of(embedding).shape[0]} rows for {order.numel()} "
-            "examples; chunk_tokens sorts the examples by length and puts each embedding's rows back in the "
+            f"the encoder of input {index} returned an embedding of {values_of(embedding).shape[0]} rows for "
+            f"{order.numel()} examples; chunk_tokens sorts the examples by length and puts each embedding's rows back in the "
             "caller's order, which needs one row per example. Drop chunk_tokens for this input (use chunk_size "
             "with trim_padding=True)."
         )

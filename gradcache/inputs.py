@@ -229,7 +229,9 @@ def trim_padding(chunk: Any) -> Any:
     ])
 
 
-def encode(encoder: nn.Module, chunk: Any, get_embedding: GetEmbedding | None, name: str) -> list[torch.Tensor | TokenEmbeddings]:
+def encode(
+    encoder: nn.Module, chunk: Any, get_embedding: GetEmbedding | None, name: str,
+) -> list[torch.Tensor | TokenEmbeddings]:
     """Run the encoder on a chunk (see the module docstring for how it is called); its embeddings, one or several,
     token embeddings with their mask as a bool constant.
 

@@ -69,7 +69,7 @@ class RecomputeCheck:
         self, recomputed: Embedding, cached: Embedding, autocast_state: AutocastState, name: str, chunk: str,
     ) -> None:
         """Raise unless `recomputed` (the phase (3) forward) matches `cached` (phase (1)), before its backward."""
-        if isinstance(recomputed, TokenEmbeddings) and isinstance(cached, TokenEmbeddings):
+        if isinstance(recomputed, TokenEmbeddings) or isinstance(cached, TokenEmbeddings):
             recomputed, cached = _where_scored(recomputed, cached, name, chunk)
         tolerance = self.tolerance
         if not self.given:
@@ -111,9 +111,16 @@ _CAUSES = (
 
 
 def _where_scored(
-    recomputed: TokenEmbeddings, cached: TokenEmbeddings, name: str, chunk: str,
+    recomputed: Embedding, cached: Embedding, name: str, chunk: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both values, zero where the mask drops a position; RecomputationMismatchError where the masks differ."""
+    """Both values, zero where the mask drops a position; RecomputationMismatchError where the masks (or the
+    kinds of embedding) differ."""
+    if not (isinstance(recomputed, TokenEmbeddings) and isinstance(cached, TokenEmbeddings)):
+        kinds = ["token embeddings" if isinstance(e, TokenEmbeddings) else "a tensor" for e in (recomputed, cached)]
+        raise RecomputationMismatchError(
+            f"phase (3) re-encoded {chunk} of {name} into {kinds[0]}, but phase (1) cached {kinds[1]}: the "
+            f"encoder's second pass differs from its first. {_CAUSES} {_AFTER}"
+        )
     if recomputed.mask.shape != cached.mask.shape or not torch.equal(recomputed.mask, cached.mask):
         raise RecomputationMismatchError(
             f"phase (3) re-encoded {chunk} of {name} into token embeddings whose mask (shape "

@@ -13,8 +13,6 @@ from gradcache.inputs import trim_padding
 from gradcache.losses import LateInteraction
 from tests.conftest import assert_grads_close, grads_of, zero
 
-transformers = pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
-
 MASK_ID = 4  # [MASK]: ColBERT pads its queries with it (query expansion)
 CHUNKS = (3, 3, 5)  # queries, positives, hard negatives (h = 2)
 
@@ -25,6 +23,7 @@ class TinyColbert(nn.Module):
 
     def __init__(self, dropout: float = 0.0) -> None:
         super().__init__()
+        transformers = pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
         config = transformers.BertConfig(
             vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
             max_position_embeddings=64, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
@@ -272,6 +271,39 @@ def test_two_ranks_equal_one_process():
     want_loss = FullBatch(encoder, loss).step(*batch())
     want = grads_of(encoder)
     for rank_results in run_on_ranks(_ddp_worker, 2, slices):
+        for name, (value, got) in rank_results.items():
+            assert torch.allclose(value, want_loss, rtol=1e-12), name
+            assert_grads_close(got, want, 1e-10)
+
+
+def _fsdp_worker(rank, world_size, slices):
+    from torch.distributed.fsdp import fully_shard
+
+    results = {}
+    for name in ("gradcache", "full"):
+        encoder, loss = model()
+        for layer in encoder.bert.encoder.layer:
+            fully_shard(layer)
+        fully_shard(encoder)
+        local = [{k: v[s] for k, v in value.items()} for value, s in zip(batch(8), slices[rank])]
+        if name == "gradcache":
+            value = GradCache(encoder, loss, (2, 2, 4), trim_padding=True, chunk_tokens=[None, 16, None]).step(*local)
+        else:
+            value = FullBatch(encoder, loss, trim_padding=True).step(*local)
+        grads = {n: p.grad.full_tensor() for n, p in encoder.named_parameters()}
+        results[name] = (value.detach(), {f"0.{n}": g for n, g in grads.items()})
+    return results
+
+
+@pytest.mark.slow
+def test_two_ranks_with_fsdp2_equal_one_process():
+    from tests.multiprocess import run_on_ranks
+
+    slices = [(slice(0, 4), slice(0, 4), slice(0, 8)), (slice(4, 8), slice(4, 8), slice(8, 16))]
+    encoder, loss = model()
+    want_loss = FullBatch(encoder, loss).step(*batch(8))
+    want = grads_of(encoder)
+    for rank_results in run_on_ranks(_fsdp_worker, 2, slices):
         for name, (value, got) in rank_results.items():
             assert torch.allclose(value, want_loss, rtol=1e-12), name
             assert_grads_close(got, want, 1e-10)

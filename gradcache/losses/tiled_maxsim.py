@@ -70,7 +70,8 @@ class _Documents:
             part, low, high = pieces[0]
             return self.values[part][low:high], self.masks[part][low:high]
         length = max(self.values[part].shape[1] for part, _, _ in pieces)
-        values = [F.pad(self.values[p][low:high], (0, 0, 0, length - self.values[p].shape[1])) for p, low, high in pieces]
+        values = [F.pad(self.values[p][low:high], (0, 0, 0, length - self.values[p].shape[1]))
+                  for p, low, high in pieces]
         masks = [F.pad(self.masks[p][low:high], (0, length - self.masks[p].shape[1])) for p, low, high in pieces]
         return torch.cat(values), torch.cat(masks)
 
@@ -148,8 +149,9 @@ def _backward(ctx: Any, grad_row: torch.Tensor) -> tuple:
             diagonal.sub_(grad_row[first:first + diagonal.numel()])
             grad_scores.mul_(plan.scale)
             # P: dL/ds_ab w_ai at each winning token, in the similarities' buffer
-            similarities.zero_().scatter_(3, winner.unsqueeze(3), (grad_scores[:, :, None] * block_weights[:, None, :]).unsqueeze(3))
-            del best, winner, logits, grad_scores
+            shares = grad_scores[:, :, None] * block_weights[:, None, :]  # (t, c, Lq): dL/ds_ab w_ai
+            similarities.zero_().scatter_(3, winner.unsqueeze(3), shares.unsqueeze(3))
+            del best, winner, logits, grad_scores, shares
             c, ld = document_mask.shape
             if block_grad is not None:
                 block_grad.addmm_(flat, document.reshape(c * ld, dim))  # (t Lq, D)

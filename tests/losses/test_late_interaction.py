@@ -192,3 +192,29 @@ def test_the_tiled_loss_saves_and_allocates_per_example_memory_flat_in_n():
     (dense_small, dense_largest_small), (dense_large, dense_largest_large) = _audit(SMALL, None), _audit(LARGE, None)
     assert dense_large >= 8 * dense_small and dense_largest_large >= 16 * dense_largest_small
     assert dense_largest_large == LARGE * 2 * LARGE * LQ * LD
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_equals_sentence_transformers_multi_vector_loss(reduction):
+    """MultiVectorMultipleNegativesRankingLoss's formula with its own scorer: cross-entropy of scale * colbert_scores
+    over documents stacked per query (positive, then its h hard negatives), target column a (1 + h). The scorer
+    returns float32, so the comparison is float32's."""
+    pytest.importorskip("sentence_transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
+    import torch.nn.functional as F
+    from sentence_transformers.multi_vector_encoder.scoring.colbert import colbert_scores
+
+    n, h, scale = 6, 2, 2.0
+    query, positive, negatives = tokens(n, 5, seed=14), tokens(n, 7, seed=15), tokens(n * h, 4, seed=16)
+    inputs = [query, positive, negatives]
+    pad = 7 - negatives.values.shape[1]
+    stacked = torch.cat([positive.values[:, None], F.pad(negatives.values, (0, 0, 0, pad)).view(n, h, 7, 4)], dim=1)
+    stacked_mask = torch.cat([positive.mask[:, None], F.pad(negatives.mask, (0, pad)).view(n, h, 7)], dim=1)
+    scores = colbert_scores(query.values, stacked, queries_mask=query.mask, documents_mask=stacked_mask,
+                            length_normalize=reduction == "mean")  # (N, N (1 + h)), query-major
+    want = F.cross_entropy(scores * scale, torch.arange(n) * (1 + h))
+    want_grads = gradients(want, inputs)
+    for tile_size in (None, 4):
+        got = LateInteraction(1 / scale, query_reduction=reduction, tile_size=tile_size)(*inputs)
+        assert torch.allclose(got.float(), want, rtol=1e-5)
+        for g, w in zip(gradients(got, inputs), want_grads):
+            assert torch.allclose(g.float(), w.float(), rtol=1e-4, atol=1e-6)

@@ -30,8 +30,8 @@ class LateInteraction(LossBase):
     Paper: Khattab and Zaharia 2020, ColBERT, https://arxiv.org/abs/2004.12832 (with DPR's in-batch and hard
     negatives, as ``InfoNCE``).
 
-    sentence-transformers' ``(Cached)MultiVectorMultipleNegativesRankingLoss`` and pylate's ``Contrastive`` are
-    this loss: their ``scale`` is 1 / t (default 1, as t here), their MeanMaxSim scoring is ``query_reduction="mean"``.
+    sentence-transformers' ``(Cached)MultiVectorMultipleNegativesRankingLoss`` is this loss (tested against its
+    scorer): its ``scale`` is 1 / t (default 1, as t here), its MeanMaxSim scoring ``query_reduction="mean"``.
 
     Args:
         temperature: t > 0; divides the MaxSim score (ST's ``scale`` = 1 / t).
@@ -59,7 +59,8 @@ class LateInteraction(LossBase):
     Example:
         >>> loss_fn = LateInteraction(temperature=1.0, tile_size=64)
         >>> query = TokenEmbeddings(F.normalize(torch.randn(8, 32, 128), dim=-1), torch.ones(8, 32, dtype=torch.bool))
-        >>> loss = loss_fn(query, TokenEmbeddings(F.normalize(torch.randn(8, 180, 128), dim=-1), doc_mask))
+        >>> documents = TokenEmbeddings(F.normalize(torch.randn(8, 180, 128), dim=-1), torch.rand(8, 180) < 0.9)
+        >>> loss = loss_fn(query, documents)
     """
 
     hyperparameters = ("temperature", "query_reduction", "tile_size", "column_tile_size")

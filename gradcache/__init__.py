@@ -1,7 +1,8 @@
 """gradcache: large-batch contrastive learning under limited memory.
 
 GradCache and CachedLoss give the full-batch gradient of a contrastive loss at the memory of one chunk;
-FullBatch and NaiveAccumulation are the reference and the baseline, with the same signature.
+FullBatch and NaiveAccumulation are the reference and the baseline, with the same signature. An encoder returns
+(B, D) vectors, or TokenEmbeddings (token vectors and their mask) for late interaction.
 """
 from gradcache import losses
 from gradcache.baselines import FullBatch, NaiveAccumulation
@@ -12,8 +13,9 @@ from gradcache.non_finite import (
     NonFiniteEmbeddingError, NonFiniteError, NonFiniteLossError, NonFiniteRecomputationError,
 )
 from gradcache.recompute_check import RecomputationMismatchError
+from gradcache.token_embeddings import TokenEmbeddings
 
 __all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "NonFiniteError", "NonFiniteLossError",
            "NonFiniteEmbeddingError", "NonFiniteRecomputationError", "RecomputationMismatchError", "losses",
-           "negatives_per_anchor"]
+           "negatives_per_anchor", "TokenEmbeddings"]
 __version__ = "0.1.0"

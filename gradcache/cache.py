@@ -5,13 +5,16 @@ One step, read top to bottom:
   (1) encode every chunk of every input (one embedding per chunk, or a tuple of several, each concatenated
       over the chunks and a loss argument of its own), recording each chunk's random state; without an autograd
       graph, or, for the first chunks whose graphs fit in `memory_budget`, with it, kept; an input that learns
-      nothing (a frozen tower) is encoded here once, for good;
+      nothing (a frozen tower) is encoded here once, for good. Token embeddings (`TokenEmbeddings`: values
+      (B_k, L_k, D) and the mask the model returns) of chunks of different lengths are joined padded to the
+      longest (values 0, mask False), so the loss gets one padded (N, L, D) batch and its mask;
   (2) compute the loss over the full batch (gathered from every rank under torch.distributed) from those
       embeddings, and its gradient with respect to every embedding and every loss parameter: the gradient cache;
   (3) back-propagate the kept graphs; re-encode each other chunk with a graph under its recorded random and
       autocast state, check it against its cached embedding (`check_recompute`), and back-propagate its slice
-      of the cached gradient, one chunk at a time. When (3) raises, every `.grad` that was None when the step
-      began is None again: no partial gradient is left behind.
+      of the cached gradient (its rows; for token embeddings also its own length, grad[:, :L_k]), one chunk at
+      a time. When (3) raises, every `.grad` that was None when the step began is None again: no partial
+      gradient is left behind.
 
 `GradCache.step` runs (1)-(3) at once. `CachedLoss` (cached_loss.py) runs (1)-(2) when called and (3) when
 `backward()` reaches it. Both go through `GradCache.loss`: (3) is the backward of an identity function placed between the cached
@@ -40,6 +43,7 @@ from gradcache.random_state import RandomState
 from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
 from gradcache.strategy import LossFn, Strategy, check_output_learns
 from gradcache.token_chunks import cut, split_to_count, token_plan
+from gradcache.token_embeddings import Embedding, join, length_of, piece, rows, values_of, with_values
 
 
 class GradCache(Strategy):
@@ -99,23 +103,25 @@ class GradCache(Strategy):
         with autocast_context(self.options["autocast_dtype"], self.device_type()):
             autocast_state = AutocastState.capture()
             first = self._encode_first(chunks, learning)  # (1)
-        embeddings = [  # per input, each of its embeddings in the caller's order, (N_i, D)
+        embeddings = [  # per input, each of its embeddings in the caller's order, (N_i, D) or (N_i, L_i, D)
             [e if o is None else _callers_order(e, o, i) for e in per_input]
             for i, (per_input, o) in enumerate(zip(first.embeddings, orders))
         ]
 
         if not building:  # evaluation: the loss and nothing else
-            return self.loss_over([upcast(e) for per_input in embeddings for e in per_input], loss_kwargs)
+            return self.loss_over([with_values(e, upcast) for per_input in embeddings for e in per_input],
+                                  loss_kwargs)
 
-        cached = [  # (2) the cache's leaves
-            [upcast(e).requires_grad_(learn) for e in per_input] for per_input, learn in zip(embeddings, learning)
+        cached = [  # (2) the cache's leaves: the vectors, or the token values (their mask a constant)
+            [with_values(e, lambda v, learn=learn: upcast(v).requires_grad_(learn)) for e in per_input]
+            for per_input, learn in zip(embeddings, learning)
         ]
         learners = [i for i, learn in enumerate(learning) if learn]
         if learners:  # frozen inputs reach the loss as constants
             unset = [p for p in _loss_parameters(self.loss_fn) if p.grad is None]  # (3) clears them on an error
             replay = _Replay(self, chunks, orders, first, autocast_state, learners, unset)
-            bridged = iter(_ReencodeOnBackward.apply(replay, *(e for i in learners for e in cached[i])))
-            cached = [[next(bridged) for _ in per_input] if learning[i] else per_input
+            bridged = iter(_ReencodeOnBackward.apply(replay, *(values_of(e) for i in learners for e in cached[i])))
+            cached = [[with_values(e, lambda _: next(bridged)) for e in per_input] if learning[i] else per_input
                       for i, per_input in enumerate(cached)]
         loss = self.loss_over([e for per_input in cached for e in per_input], loss_kwargs)  # one argument each
         self.steps_taken += 1
@@ -151,7 +157,7 @@ class GradCache(Strategy):
         chunk is never kept but re-encoded, with the one synchronising forward, in (3))."""
         budget = GraphBudget(self.options["memory_budget"] if torch.is_grad_enabled() else None)
         last = _last_chunks(self, chunks, learning)
-        first = _FirstPass([], [], [], [])
+        first = _FirstPass([], [], [], [], [])
         for i, input_chunks in enumerate(chunks):
             encoder = self.encoder_for(i)
             own_sync = holds_its_own_sync(encoder)
@@ -165,7 +171,7 @@ class GradCache(Strategy):
                     with torch.enable_grad(), gradient_sync(encoder, False, self.options["fsdp_reduce"]):
                         with saved_bytes(left_out) as graph:
                             outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
-                    if budget.settle(i, chunk, graph.total) and any(e.requires_grad for e in outputs):
+                    if budget.settle(i, chunk, graph.total) and any(values_of(e).requires_grad for e in outputs):
                         graphs.append(outputs)
                 else:
                     budget.close(i)  # kept chunks are a prefix of each input's
@@ -173,10 +179,12 @@ class GradCache(Strategy):
                         outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
                 if pieces:
                     check_embedding_count(outputs, len(pieces[0]), name, k)
-                pieces.append([e.detach() for e in outputs])
+                pieces.append([with_values(e, torch.Tensor.detach) for e in outputs])
             slots = list(zip(*pieces))  # slots[j][k]: embedding j of chunk k
-            first.embeddings.append([torch.cat(slot) for slot in slots])  # (N_i, D) each, sorted under chunk_tokens
-            first.rows.append([[e.shape[0] for e in slot] for slot in slots])
+            # (N_i, D), or (N_i, max L_k, D) padded, each; sorted under chunk_tokens
+            first.embeddings.append([join(slot, f"input {i}") for slot in slots])
+            first.rows.append([[values_of(e).shape[0] for e in slot] for slot in slots])
+            first.lengths.append([[length_of(e) for e in slot] for slot in slots])
             first.random_states.append(states)
             first.kept.append(graphs)
         if self.options["memory_budget"] is not None:  # under FSDP2 every rank re-encodes as many chunks
@@ -196,14 +204,15 @@ class GradCache(Strategy):
         """
         first = replay.first
         unset = replay.unset + [p for p in _parameters(self, replay.learners) if p.grad is None]
-        gradients = {}  # gradients[i][k][j]: of input i's chunk k's embedding j, (rows, D), float32
+        gradients = {}  # gradients[i][k][j]: of input i's chunk k's embedding j, (rows, D) or (rows, L_k, D)
         flat = iter(cached_gradients)  # in the order of the loss's arguments
         for i in replay.learners:
             order, per_slot = replay.orders[i], []
-            for rows in first.rows[i]:
+            for counts, lengths in zip(first.rows[i], first.lengths[i]):
                 g = next(flat)
-                g = g if order is None else g[order.to(g.device)]  # caller's order -> the chunks' sorted order
-                per_slot.append(g.split(rows))
+                g = g if order is None else rows(g, order)  # caller's order -> the chunks' sorted order
+                per_slot.append([piece(g, start, start + count, length)  # the chunk's own rows and length
+                                 for start, count, length in zip(_starts(counts), counts, lengths)])
             gradients[i] = [list(per_chunk) for per_chunk in zip(*per_slot)]
         groups: dict[int, list[int]] = {}
         for i in replay.learners:
@@ -237,10 +246,11 @@ class GradCache(Strategy):
         return tokens[index] if isinstance(tokens, Sequence) else tokens
 
 
-def _backward(encoder: nn.Module, pairs: list[tuple[torch.Tensor, torch.Tensor]], final: bool, tied: set[int]) -> None:
+def _backward(encoder: nn.Module, pairs: list[tuple[Embedding, torch.Tensor]], final: bool, tied: set[int]) -> None:
     """One backward over (embedding, cached gradient) pairs of one encoder: ordinary for the encoder's final one
     or one that synchronises itself, else into `.grad` without hooks. Leaves tied to an encoder that runs
     later take the hook-free path here too, so that their hooks fire once, there."""
+    pairs = [(values_of(out), grad) for out, grad in pairs]
     pairs = [(out, grad.to(out.dtype)) for out, grad in pairs if out.requires_grad]
     if not pairs:
         return
@@ -259,7 +269,7 @@ def _backward(encoder: nn.Module, pairs: list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def _check_recomputed(
-    check: RecomputeCheck | None, outputs: list[torch.Tensor], replay: _Replay, i: int, k: int,
+    check: RecomputeCheck | None, outputs: list[Embedding], replay: _Replay, i: int, k: int,
 ) -> None:
     """Phase (3)'s embeddings of input i's chunk k against what phase (1) cached: as many, and each the same
     (`check_recompute`)."""
@@ -270,21 +280,23 @@ def _check_recomputed(
             f"{count}: the encoder's second pass differs from its first. No gradient of this chunk was written."
         )
     for j, embedding in enumerate(outputs if check is not None else ()):
-        cached = first.embeddings[i][j].split(first.rows[i][j])[k]  # (rows, D), phase (1)'s
+        counts = first.rows[i][j]
+        start = sum(counts[:k])  # (rows, D) or (rows, L_k, D), phase (1)'s
+        cached = piece(first.embeddings[i][j], start, start + counts[k], first.lengths[i][j][k])
         where = f"chunk {k + 1} of {len(replay.chunks[i])}" + (f", embedding {j + 1} of {count}" if count > 1 else "")
         check(embedding, cached, replay.autocast_state, name, where)
 
 
-def _callers_order(embedding: torch.Tensor, order: torch.Tensor, index: int) -> torch.Tensor:
-    """An embedding of a token-chunked input, its rows put back in the caller's order."""
-    if embedding.shape[0] != order.numel():
+def _callers_order(embedding: Embedding, order: torch.Tensor, index: int) -> Embedding:
+    """An embedding of a token-chunked input, its rows (values and mask) put back in the caller's order."""
+    if values_of(embedding).shape[0] != order.numel():
         raise TypeError(
-            f"the encoder of input {index} returned an embedding of {embedding.shape[0]} rows for {order.numel()} "
-            "examples; chunk_tokens sorts the examples by length and puts each embedding's rows back in the "
+            f"the encoder of input {index} returned an embedding of {values_of(embedding).shape[0]} rows for "
+            f"{order.numel()} examples; chunk_tokens sorts the examples by length and puts each embedding's rows back in the "
             "caller's order, which needs one row per example. Drop chunk_tokens for this input (use chunk_size "
             "with trim_padding=True)."
         )
-    return embedding[torch.argsort(order.to(embedding.device))]
+    return rows(embedding, torch.argsort(order))
 
 
 def _learns(encoder: nn.Module, value: Any) -> bool:
@@ -333,13 +345,20 @@ def _tied_later(cache: GradCache, encoders: list[nn.Module]) -> dict[int, set[in
     return later
 
 
+def _starts(counts: list[int]) -> list[int]:
+    """Each chunk's first row in the joined rows."""
+    return [sum(counts[:k]) for k in range(len(counts))]
+
+
 @dataclass
 class _FirstPass:
     """What phase (1) leaves, per input i: its embeddings j (`embeddings[i][j]`, chunks' order), the rows of each
-    in each chunk (`rows[i][j][k]`), each chunk's random state, and the kept chunks' embeddings (`kept[i][k][j]`)."""
+    in each chunk (`rows[i][j][k]`) and, for token embeddings, each chunk's own length (`lengths[i][j][k]`, None
+    for vectors), each chunk's random state, and the kept chunks' embeddings (`kept[i][k][j]`)."""
 
-    embeddings: list[list[torch.Tensor]]
+    embeddings: list[list[Embedding]]
     rows: list[list[list[int]]]
+    lengths: list[list[list[int | None]]]
     random_states: list[list[RandomState]]
     kept: list[list[list[torch.Tensor]]]
 

@@ -1,5 +1,6 @@
-"""torch.distributed with a single-process fallback: rank, world size, a gather that keeps gradients, and
-the one switch that tells a wrapped encoder whether the coming backward should synchronise gradients."""
+"""torch.distributed with a single-process fallback: rank, world size, a gather that keeps gradients (of vectors,
+and of token embeddings padded to the global longest), and the one switch that tells a wrapped encoder whether
+the coming backward should synchronise gradients."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +9,8 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from gradcache.token_embeddings import Embedding, TokenEmbeddings, padded_to
 
 
 def is_distributed() -> bool:
@@ -72,6 +75,21 @@ def all_gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     sizes = gather_sizes(tensor.shape[0], tensor.device)
     return _AllGatherWithGrad.apply(tensor, sizes)
+
+
+def all_gather_embedding(embedding: Embedding) -> Embedding:
+    """`all_gather_with_grad` of a loss argument. Token embeddings (B_r, L_r, D) are first padded to the longest
+    L over every rank (values 0, mask False: one small all-gather of the lengths), then gathered, values with
+    their gradient and the mask as a constant: (sum B_r, max L_r, D). The padding's backward slices each rank's
+    gradient back to its own L_r."""
+    if not isinstance(embedding, TokenEmbeddings):
+        return all_gather_with_grad(embedding)
+    if not is_distributed() or world_size() == 1:
+        return embedding
+    longest = max(gather_sizes(embedding.values.shape[1], embedding.values.device))
+    padded = padded_to(embedding, longest)
+    mask = all_gather_with_grad(padded.mask.to(torch.uint8)).bool()  # (sum B_r, max L_r), no gradient
+    return TokenEmbeddings(all_gather_with_grad(padded.values), mask)  # (sum B_r, max L_r, D)
 
 
 FSDP_REDUCE_MODES = ("chunk", "step")

@@ -22,7 +22,13 @@ A batch of one example splits into one chunk, where every value reaches the enco
 
 What comes back: the encoder's output, or `get_embedding(output)`, is one embedding tensor (B, D) or a tuple or
 list of several (B_k, D_k), each a loss argument of its own, in order (each concatenated over the chunks and
-gathered over ranks alone, so B_k may differ from B, except under `chunk_tokens`, which reorders rows).
+gathered over ranks alone, so B_k may differ from B, except under `chunk_tokens`, which reorders rows). An
+embedding may also be `TokenEmbeddings(values (B, L, D), mask (B, L))`, token vectors with the mask of the
+positions the model scores (see token_embeddings.py).
+
+Trimming (`trim_padding`, and the chunks of `chunk_tokens`) keeps every column that some row of the chunk attends
+to (`attention_mask`) or scores: sentence-transformers marks ColBERT's query-expansion positions, scored though
+not attended, in `query_expansion_positions`, and those columns stay too.
 """
 from __future__ import annotations
 
@@ -32,8 +38,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradcache.token_embeddings import TokenEmbeddings, checked
+
+SCORED_POSITIONS = "query_expansion_positions"  # (B, L): positions scored though not attended (ColBERT's expansion)
+
 SplitFn = Callable[[Any, int], Sequence[Any]]
-GetEmbedding = Callable[[Any], torch.Tensor | Sequence[torch.Tensor]]
+GetEmbedding = Callable[[Any], torch.Tensor | TokenEmbeddings | Sequence[torch.Tensor | TokenEmbeddings]]
 
 
 def is_pair(value: Any) -> bool:
@@ -184,9 +194,20 @@ def _pieces(entry: Any, rows: int, chunk_size: int, place: str) -> Sequence[Any]
     return None
 
 
+def kept_positions(keywords: Mapping[str, Any]) -> torch.Tensor:
+    """(B, L) bool: the positions a row attends to (`attention_mask`) or scores (`query_expansion_positions`,
+    where present with the same shape); trimming never drops a column that holds one."""
+    mask = keywords["attention_mask"].ne(0)
+    scored = keywords.get(SCORED_POSITIONS)
+    if isinstance(scored, torch.Tensor) and scored.shape == mask.shape:
+        mask = mask | scored.ne(0)
+    return mask
+
+
 def trim_padding(chunk: Any) -> Any:
     """Drop the trailing columns that are padding in every row of a chunk with an `attention_mask` (a mapping,
-    or the mapping of a pair): every tensor of the chunk as wide as the mask is cut alike.
+    or the mapping of a pair): every tensor of the chunk as wide as the mask is cut alike. A column scored
+    though not attended (`query_expansion_positions`) is not padding.
 
     Exact only for encoders that ignore masked positions (attention masking and masked pooling); the library
     cannot check that, so the strategies do this only when asked (`trim_padding=True`).
@@ -197,7 +218,7 @@ def trim_padding(chunk: Any) -> Any:
     mask = keywords["attention_mask"]
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         return chunk
-    kept = mask.ne(0).any(dim=0).nonzero()
+    kept = kept_positions(keywords).any(dim=0).nonzero()
     length = int(kept.max()) + 1 if kept.numel() else 1
     if length == mask.shape[1]:
         return chunk
@@ -208,12 +229,16 @@ def trim_padding(chunk: Any) -> Any:
     ])
 
 
-def encode(encoder: nn.Module, chunk: Any, get_embedding: GetEmbedding | None, name: str) -> list[torch.Tensor]:
-    """Run the encoder on a chunk (see the module docstring for how it is called); its embeddings, one or several.
+def encode(
+    encoder: nn.Module, chunk: Any, get_embedding: GetEmbedding | None, name: str,
+) -> list[torch.Tensor | TokenEmbeddings]:
+    """Run the encoder on a chunk (see the module docstring for how it is called); its embeddings, one or several,
+    token embeddings with their mask as a bool constant.
 
     Raises:
         TypeError: the output (after `get_embedding`) is not a floating-point tensor with a batch dimension, nor
-            a non-empty tuple or list of them.
+            `TokenEmbeddings`, nor a non-empty tuple or list of them.
+        TypeError, ValueError: `TokenEmbeddings` whose mask is not bool (or 0/1), or not of the values' (B, L).
     """
     if isinstance(chunk, Mapping):
         output = encoder(**chunk)
@@ -224,17 +249,21 @@ def encode(encoder: nn.Module, chunk: Any, get_embedding: GetEmbedding | None, n
     else:
         output = encoder(chunk)
     embedding = get_embedding(output) if get_embedding is not None else output
-    several = isinstance(embedding, (tuple, list))
+    several = isinstance(embedding, (tuple, list)) and not isinstance(embedding, TokenEmbeddings)
     embeddings = list(embedding) if several else [embedding]
     for k, e in enumerate(embeddings):
+        where = f" at position {k} of the {type(embedding).__name__} it returned" if several else ""
+        if isinstance(e, TokenEmbeddings):
+            embeddings[k] = checked(e, f"the encoder of {name}{where}")
+            continue
         if not (isinstance(e, torch.Tensor) and e.is_floating_point() and e.dim() >= 1):
             what = type(e).__name__ if not isinstance(e, torch.Tensor) else (
                 f"a {e.dtype} tensor" if not e.is_floating_point() else "a 0-dimensional tensor")
-            where = f" at position {k} of the {type(embedding).__name__} it returned" if several else ""
             raise TypeError(
                 f"the encoder of {name} returned {what}{where}, not a floating-point tensor of embeddings with a "
-                "batch dimension (B, D), nor a tuple of such tensors (one loss argument each); pass "
-                "get_embedding=lambda output: ... that picks the embedding tensor(s) out of the encoder's output."
+                "batch dimension (B, D), nor gradcache.TokenEmbeddings(values, mask) of token vectors, nor a tuple "
+                "of such (one loss argument each); pass get_embedding=lambda output: ... that picks the "
+                "embedding(s) out of the encoder's output."
             )
     if not embeddings:
         raise TypeError(
@@ -244,7 +273,7 @@ def encode(encoder: nn.Module, chunk: Any, get_embedding: GetEmbedding | None, n
     return embeddings
 
 
-def check_embedding_count(outputs: list[torch.Tensor], first: int, name: str, k: int) -> None:
+def check_embedding_count(outputs: list[torch.Tensor | TokenEmbeddings], first: int, name: str, k: int) -> None:
     """Every chunk of an input gives as many embeddings as its first (`first`): each is concatenated over the
     chunks into one loss argument. TypeError otherwise, naming chunk `k` (from 0)."""
     if len(outputs) != first:

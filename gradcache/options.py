@@ -25,9 +25,9 @@ __all__ = ["DEFAULTS", "Options", "Unpack", "check_chunk_tokens", "check_memory_
 class Options(TypedDict, total=False):
     """Keyword options of GradCache, CachedLoss, FullBatch and NaiveAccumulation (all optional).
 
-    get_embedding: maps an encoder's output to its (B, D) embedding tensor, or to a tuple of several, each a
-        loss argument of its own (default: the output itself); or one per input, with None where the output is
-        the embedding (`[None, lambda out: out.pooler_output]`), as `split_fn`.
+    get_embedding: maps an encoder's output to its (B, D) embedding tensor or `TokenEmbeddings`, or to a tuple
+        of several, each a loss argument of its own (default: the output itself); or one per input, with None
+        where the output is the embedding (`[None, lambda out: out.pooler_output]`), as `split_fn`.
     split_fn: `split_fn(input, chunk_size) -> chunks`, called for every input when given (the one way to split a
         type the library does not know; for a tensor, mapping or sequence it replaces the split along dim 0), or
         one per input with None where the library splits (`[None, split_pairs]`). Not with `chunk_tokens` on the

@@ -19,6 +19,9 @@ or fusion (torch.compile builds an inference and a training graph; attention pic
 another accumulation order (atomics in scatter or index_add on CUDA). Those move an entry by a few units of
 the lowest precision used, relative to the chunk's scale; an uncovered dropout mask or a changed weight moves it
 by a share of the scale, far above. `check_recompute=False` turns the check off; a float sets the tolerance.
+
+Token embeddings are compared where they count: both masks must be equal, and the values are compared at the
+positions the mask keeps (a loss ignores the others).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from torch import nn
 
 from gradcache.non_finite import NonFiniteRecomputationError
 from gradcache.autocast import AutocastState
+from gradcache.token_embeddings import Embedding, TokenEmbeddings
 
 TOLERANCES = {torch.float64: 1e-7, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 TF32_TOLERANCE = 1e-3
@@ -62,9 +66,11 @@ class RecomputeCheck:
         return cls(max(tolerances, default=0.0), given=False)
 
     def __call__(
-        self, recomputed: torch.Tensor, cached: torch.Tensor, autocast_state: AutocastState, name: str, chunk: str,
+        self, recomputed: Embedding, cached: Embedding, autocast_state: AutocastState, name: str, chunk: str,
     ) -> None:
         """Raise unless `recomputed` (the phase (3) forward) matches `cached` (phase (1)), before its backward."""
+        if isinstance(recomputed, TokenEmbeddings) or isinstance(cached, TokenEmbeddings):
+            recomputed, cached = _where_scored(recomputed, cached, name, chunk)
         tolerance = self.tolerance
         if not self.given:
             tolerance = max(tolerance, _forward_tolerance(recomputed, autocast_state))
@@ -102,6 +108,27 @@ _CAUSES = (
     "For an encoder known to be nondeterministic, pass check_recompute=False, or a looser relative tolerance "
     "(e.g. 0.1)."
 )
+
+
+def _where_scored(
+    recomputed: Embedding, cached: Embedding, name: str, chunk: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both values, zero where the mask drops a position; RecomputationMismatchError where the masks (or the
+    kinds of embedding) differ."""
+    if not (isinstance(recomputed, TokenEmbeddings) and isinstance(cached, TokenEmbeddings)):
+        kinds = ["token embeddings" if isinstance(e, TokenEmbeddings) else "a tensor" for e in (recomputed, cached)]
+        raise RecomputationMismatchError(
+            f"phase (3) re-encoded {chunk} of {name} into {kinds[0]}, but phase (1) cached {kinds[1]}: the "
+            f"encoder's second pass differs from its first. {_CAUSES} {_AFTER}"
+        )
+    if recomputed.mask.shape != cached.mask.shape or not torch.equal(recomputed.mask, cached.mask):
+        raise RecomputationMismatchError(
+            f"phase (3) re-encoded {chunk} of {name} into token embeddings whose mask (shape "
+            f"{tuple(recomputed.mask.shape)}) differs from the one phase (1) cached (shape "
+            f"{tuple(cached.mask.shape)}): the encoder's second pass differs from its first. {_CAUSES} {_AFTER}"
+        )
+    return (recomputed.values.masked_fill(~recomputed.mask[..., None], 0),
+            cached.values.masked_fill(~cached.mask[..., None], 0))
 
 
 def _tolerance(dtype: torch.dtype, device_type: str) -> float:

@@ -8,12 +8,13 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from gradcache.distributed import all_gather_with_grad
+from gradcache.distributed import all_gather_embedding
 from gradcache.inputs import GetEmbedding, SplitFn, batch_length, encode, split, trim_padding
 from gradcache.non_finite import NonFiniteLossError
 from gradcache.options import Options, Unpack, checked
 from gradcache.autocast import autocast_context, autocast_off_everywhere, upcast
 from gradcache.token_chunks import has_token_mask
+from gradcache.token_embeddings import Embedding, values_of, with_values
 
 LossFn = Callable[..., torch.Tensor]
 Encoders = nn.Module | Sequence[nn.Module]
@@ -176,10 +177,10 @@ class Strategy:
             )
         return loss.reshape(())
 
-    def embed(self, values: Sequence[Any]) -> list[torch.Tensor]:
+    def embed(self, values: Sequence[Any]) -> list[Embedding]:
         """Each input (or its micro-batch) through its encoder in one forward, under the autocast option: the
         loss arguments, one per embedding in input order (an encoder returning several gives several);
-        half-precision embeddings come back as float32 for the loss."""
+        half-precision embeddings (token values) come back as float32 for the loss."""
         embeddings = []
         with autocast_context(self.options["autocast_dtype"], self.device_type()):
             trim = self.options["trim_padding"]
@@ -189,21 +190,21 @@ class Strategy:
                 if torch.is_grad_enabled():
                     check_output_learns(encoder, outputs, name)
                 embeddings.extend(outputs)
-        return [upcast(e) for e in embeddings]
+        return [with_values(e, upcast) for e in embeddings]
 
-    def loss_over(self, embeddings: list[torch.Tensor], loss_kwargs: dict[str, Any], where: str = "") -> torch.Tensor:
+    def loss_over(self, embeddings: list[Embedding], loss_kwargs: dict[str, Any], where: str = "") -> torch.Tensor:
         """The loss over every rank's embeddings (when gathering), in float32 with autocast off, checked."""
         if self.options["gather"]:
-            embeddings = [all_gather_with_grad(e) for e in embeddings]  # (N_i * world_size, D), rank order
+            embeddings = [all_gather_embedding(e) for e in embeddings]  # (N_i * world_size, D), rank order
         with autocast_off_everywhere():
             loss = self.checked_loss(self.loss_fn(*embeddings, **loss_kwargs), where)
         self.check_connected(loss, embeddings, where)
         return loss
 
-    def check_connected(self, loss: torch.Tensor, embeddings: list[torch.Tensor], where: str = "") -> None:
+    def check_connected(self, loss: torch.Tensor, embeddings: list[Embedding], where: str = "") -> None:
         """A loss over embeddings that carry gradients must carry one too: otherwise its backward fails with
         torch's bare "does not require grad", naming neither loss_fn nor the cause."""
-        if torch.is_grad_enabled() and not loss.requires_grad and any(e.requires_grad for e in embeddings):
+        if torch.is_grad_enabled() and not loss.requires_grad and any(values_of(e).requires_grad for e in embeddings):
             raise ValueError(
                 f"loss_fn returned a loss that does not depend on the embeddings at step {self.steps_taken + 1}"
                 f"{where} (it does not require grad), so no gradient can reach the encoders. Check that loss_fn "
@@ -215,11 +216,11 @@ class Strategy:
         return self.options["scaler"].scale(loss) if self.options["scaler"] is not None else loss
 
 
-def check_output_learns(encoder: nn.Module, outputs: Sequence[torch.Tensor], name: str) -> None:
+def check_output_learns(encoder: nn.Module, outputs: Sequence[Embedding], name: str) -> None:
     """ValueError naming the encoder of `name` when it has parameters that require grad but none of its `outputs`
     (encoded with gradients enabled) does: the output is detached from the parameters, and a step would leave
     their `.grad` None without a word. A frozen encoder (no parameter requiring grad) passes."""
-    if any(e.requires_grad for e in outputs) or not any(p.requires_grad for p in encoder.parameters()):
+    if any(values_of(e).requires_grad for e in outputs) or not any(p.requires_grad for p in encoder.parameters()):
         return
     raise ValueError(
         f"the encoder of {name} ({type(encoder).__name__}) has parameters that require grad, but its output does "

@@ -5,6 +5,8 @@ Fixed-size chunks carry the padding of their longest row; sorted chunks hold row
 trimmed to little padding and long rows share a chunk with few others. The chunks are copies in sorted
 order; `order[j]` is the caller's index of sorted row j, so `embeddings[order] = sorted_embeddings`. A list or
 tuple of one entry per example (labels, strings) is reordered with the rows; other values reach every chunk whole.
+A row's length counts the positions it attends to or scores (`inputs.kept_positions`), as trimming keeps them.
+Token embeddings come back in the sorted order and are put back, values and mask, by the same `order`.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gradcache.inputs import per_example, trim_padding
+from gradcache.inputs import kept_positions, per_example, trim_padding
 
 
 def has_token_mask(value: Any) -> bool:
@@ -31,7 +33,7 @@ def padded_lengths(mask: torch.Tensor) -> torch.Tensor:
 
 def token_plan(value: Mapping[str, Any], chunk_tokens: int, chunk_size: int) -> tuple[torch.Tensor, list[int]]:
     """`order` (sorted row -> caller's row, longest first) and the rows of each chunk over that order."""
-    lengths = padded_lengths(value["attention_mask"])
+    lengths = padded_lengths(kept_positions(value))  # scored expansion positions count as tokens
     order = torch.sort(lengths, descending=True, stable=True).indices
     sorted_lengths = lengths[order].tolist()
     sizes, start = [], 0

@@ -1,4 +1,4 @@
-"""Contrastive losses over (N, D) embeddings, each dense or tiled (``tile_size``) with the same value and gradients,
+"""Contrastive losses over (N, D) embeddings (``LateInteraction``: over token embeddings), each dense or tiled (``tile_size``) with the same value and gradients,
 each with an optional queue of past embeddings as extra negatives (``queue_size``, see ``queue.py``); ``Matryoshka``
 sums any of them over nested prefixes of the embeddings.
 
@@ -7,9 +7,10 @@ Every option after ``temperature`` is keyword-only (``InfoNCE(0.05, symmetric=Tr
 
 from .clip import ClipLoss
 from .infonce import InfoNCE
+from .late_interaction import LateInteraction
 from .matryoshka import Matryoshka
 from .ntxent import NTXent
 from .queue import EmbeddingQueue
 from .siglip import SigLipLoss
 
-__all__ = ["InfoNCE", "NTXent", "ClipLoss", "SigLipLoss", "Matryoshka", "EmbeddingQueue"]
+__all__ = ["InfoNCE", "NTXent", "ClipLoss", "SigLipLoss", "Matryoshka", "EmbeddingQueue", "LateInteraction"]

@@ -16,6 +16,7 @@ POSITIONAL = {  # each public loss: the parameters a call may pass by position, 
     "NTXent": ("temperature",),
     "ClipLoss": ("temperature",),
     "SigLipLoss": ("temperature",),
+    "LateInteraction": ("temperature",),
     "Matryoshka": ("loss", "dims"),
 }
 NOT_LOSSES = {"EmbeddingQueue"}  # public, but a queue the losses hold, not a loss

@@ -1,0 +1,102 @@
+"""Guards of the sentence-transformers losses: a loss that leaves a column unused and a StaticEmbedding model are
+refused as sentence-transformers refuses them, and GradCacheGISTLoss keeps GISTEmbedLoss's filter when a row's hard
+negative is another row's positive (equal texts encoded in other chunks differ by rounding), float32 and float64,
+value and gradient against GISTEmbedLoss computed here."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("sentence_transformers")
+
+from sentence_transformers.sentence_transformer.losses import (  # noqa: E402
+    CachedMultipleNegativesRankingLoss, GISTEmbedLoss,
+)
+
+from gradcache.integrations.sentence_transformers import GradCacheGISTLoss, GradCacheLoss  # noqa: E402
+from tests.integrations.sentence_models import (  # noqa: E402
+    COLUMNS, assert_close, features, save_tiny_bert, tiny_sentence_transformer,
+)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    model = save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+    guide = save_tiny_bert(tmp_path_factory.mktemp("tiny-guide"), width=16, seed=1)
+    return model, guide
+
+
+class AnchorAndPositiveOnly(nn.Module):
+    """A loss over (anchor, positive) that ignores the hard negatives it is given."""
+
+    def forward(self, anchor: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None):
+        return -(nn.functional.normalize(anchor) * nn.functional.normalize(positive)).sum(1).mean()
+
+
+def test_a_loss_that_leaves_a_column_unused_is_refused_as_sentence_transformers_refuses_it(folders):
+    model = tiny_sentence_transformer(folders[0])
+    batch = features(model, ("anchor", "positive", "negative"), rows=5)
+
+    class TheirsIgnoringNegatives(CachedMultipleNegativesRankingLoss):
+        def calculate_loss(self, reps, labels=None, with_backward=False):
+            return super().calculate_loss(reps[:2], labels, with_backward=with_backward)
+
+    with pytest.raises(ValueError, match="did not use input column"):  # the peer's own refusal
+        TheirsIgnoringNegatives(model, mini_batch_size=2)(copy.deepcopy(batch), None).backward()
+    model.zero_grad(set_to_none=True)
+    ours = GradCacheLoss(model, AnchorAndPositiveOnly(), chunk_size=2)
+    with pytest.raises(ValueError, match=r"did not use input column\(s\) 2 \(counting from 0\) of the 3"):
+        ours(copy.deepcopy(batch), None)
+    assert all(p.grad is None for p in model.parameters())
+    ours(copy.deepcopy(batch[:2]), None).backward()  # the same loss over the columns it reads is fine
+    assert any(p.grad is not None for p in model.parameters())
+
+
+def static_model(folder):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from transformers import AutoTokenizer
+
+    return SentenceTransformer(modules=[StaticEmbedding(AutoTokenizer.from_pretrained(str(folder)), embedding_dim=8)],
+                               device="cpu")
+
+
+def test_a_static_embedding_model_or_guide_is_refused_with_a_clear_error(folders):
+    static, bert = static_model(folders[0]), tiny_sentence_transformer(folders[1])
+    with pytest.raises(ValueError, match=r"GradCacheGISTLoss got a model based on a StaticEmbedding \(model\.0\).*GISTEmbedLoss"):
+        GradCacheGISTLoss(static, bert)
+    with pytest.raises(ValueError, match=r"GradCacheGISTLoss got a guide based on a StaticEmbedding \(guide\.0\)"):
+        GradCacheGISTLoss(bert, static)
+    with pytest.raises(ValueError, match=r"GradCacheLoss got a model based on a StaticEmbedding.*MultipleNegativesRankingLoss"):
+        GradCacheLoss(static)
+
+
+ANCHORS = COLUMNS["anchor"][:8]
+POSITIVES = COLUMNS["positive"][:8]
+NEGATIVES = [POSITIVES[(i + 3) % 8] for i in range(8)]  # row i's hard negative is row i + 3's positive
+
+
+@pytest.mark.parametrize("dtype, rel", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("temperature", [0.5, 0.01])
+def test_gist_with_duplicate_texts_across_chunks_equals_gist_embed_loss(folders, dtype, rel, temperature):
+    model = tiny_sentence_transformer(folders[0]).to(dtype)
+    guide = tiny_sentence_transformer(folders[1]).to(dtype).eval()
+    batch = [model.preprocess(column) for column in (ANCHORS, POSITIVES, NEGATIVES)]
+
+    def run(loss):
+        model.zero_grad(set_to_none=True)
+        value = loss(copy.deepcopy(batch), None)
+        value.backward()
+        return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    want_loss, want = run(GISTEmbedLoss(model, guide, temperature=temperature))
+    with torch.no_grad():  # the reference's own decision is no tie broken by rounding: its duplicates are equal
+        positives, negatives = (guide(copy.deepcopy(batch[c]))["sentence_embedding"] for c in (1, 2))
+    assert all(torch.equal(negatives[i], positives[(i + 3) % 8]) for i in range(8))
+    for chunk_size in (2, 3, 8):
+        got_loss, got = run(GradCacheGISTLoss(model, guide, temperature=temperature, chunk_size=chunk_size))
+        assert torch.allclose(got_loss, want_loss, rtol=rel, atol=0), (chunk_size, got_loss, want_loss)
+        assert_close(got, want, rel)

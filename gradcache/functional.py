@@ -141,7 +141,9 @@ def _reps(output: Any, func: Callable[..., Any]) -> tuple[torch.Tensor, ...]:
     return reps
 
 
-def _given(given: tuple[Any, ...], leaves: tuple[torch.Tensor, ...], func: Callable[..., Any]) -> tuple[torch.Tensor, ...]:
+def _given(
+    given: tuple[Any, ...], leaves: tuple[torch.Tensor, ...], func: Callable[..., Any],
+) -> tuple[torch.Tensor, ...]:
     """The reps a closure was called with, checked to be the ones its call returned, each with a `.grad`."""
     if len(given) == 1 and isinstance(given[0], (tuple, list)):
         given = tuple(given[0])

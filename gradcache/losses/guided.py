@@ -1,15 +1,16 @@
 """Guided filtering of false negatives (GISTEmbed): a guide model's similarities drop candidates from the softmax.
 
-    drop (a, b) from row i  iff  g(a, b) > tau_i + eps,   tau_i = g(q_i, p_i) - margin                 ("absolute")
-                                                          tau_i = g(q_i, p_i) - |g(q_i, p_i)| * margin   ("relative")
+    drop (a, b) from row i  iff  g(a, b) > tau_i + eps,  tau_i = g(q_i, p_i) - margin                ("absolute")
+                                                         tau_i = g(q_i, p_i) - |g(q_i, p_i)| * margin  ("relative")
 
 g the cosine similarity of the guide's embeddings of the same texts; the positive pair (q_i, p_i) itself is never
 dropped. eps (`TIE_TOLERANCE`, by the guide embeddings' dtype) makes a score equal to the threshold up to rounding
 count as equal, so kept, as equal scores are by GISTEmbedLoss's strict comparison: a candidate that is the same
 text as a row's positive (another row's positive reused as a hard negative, common in mined data) is scored from
 an embedding of another chunk, or in another column of one matmul, and differs from g(q_i, p_i) by rounding in
-either direction, so a strict comparison would keep or drop it by chance, and the chunking would decide. The guide's embeddings are constants (computed under ``torch.no_grad``, e.g. once per GradCache step),
-so the mask has no gradient; dropped logits are -inf. The rule is GISTEmbedLoss's ``mask_false_negatives``
+either direction, so a strict comparison would keep or drop it by chance, and the chunking would decide.
+The guide's embeddings are constants (computed under ``torch.no_grad``, e.g. once per GradCache step), so the
+mask has no gradient; dropped logits are -inf. The rule is GISTEmbedLoss's ``mask_false_negatives``
 (sentence-transformers), applied to every block InfoNCE's ``directions`` select.
 
 Paper: Solatorio 2024, "GISTEmbed: Guided In-sample Selection of Training Negatives for Text Embedding

@@ -136,8 +136,8 @@ class GradCacheLoss(nn.Module):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a SentenceTransformer (an nn.Module), got {type(model).__name__}.")
-        refuse_static_embedding(model, type(self).__name__, "model", f"train it with sentence-transformers' {self.uncached}, uncached: "
-                                "a StaticEmbedding model needs little memory per example")
+        refuse_static_embedding(model, type(self).__name__, "model", f"train it with sentence-transformers' "
+                                f"{self.uncached}, uncached: a StaticEmbedding model needs little memory per example")
         if options.get("scaler") is not None:
             raise TypeError(
                 "GradCacheLoss got a scaler, which it cannot honour: the trainer owns the backward and scales the "

@@ -129,3 +129,31 @@ def test_packaged_minilm_with_duplicate_texts_in_chunks_of_4_equals_gist_embed_l
     got_loss, got = run(GradCacheGISTLoss(model, guide, chunk_size=4))
     assert torch.allclose(got_loss, want_loss, rtol=1e-5)
     assert_close(got, want, 5e-5)
+
+
+class TextsEncoder(nn.Module):
+    """A SentenceTransformer that takes raw strings and tokenises them itself, as `model.encode` does."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, texts: list[str]) -> torch.Tensor:
+        return self.model(self.model.preprocess(texts))["sentence_embedding"]
+
+
+def test_raw_strings_reach_a_tokenising_sentence_transformer_in_chunks(folders):
+    from gradcache import FullBatch, GradCache
+    from gradcache.losses import InfoNCE
+
+    model = tiny_sentence_transformer(folders[0]).to(torch.float64)
+    encoder, loss = TextsEncoder(model), InfoNCE(temperature=0.05)
+    columns = COLUMNS["anchor"][:7], COLUMNS["positive"][:7], COLUMNS["negative"][:7]
+    grads = []
+    for strategy in (FullBatch(encoder, loss), GradCache(encoder, loss, chunk_size=3)):
+        model.zero_grad(set_to_none=True)
+        value = strategy.step(*columns)
+        grads.append((value, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (want_loss, want), (got_loss, got) = grads
+    assert torch.allclose(got_loss, want_loss, rtol=1e-10)
+    assert_close(got, want, 1e-9)

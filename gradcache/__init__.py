@@ -8,6 +8,7 @@ from gradcache import losses
 from gradcache.baselines import FullBatch, NaiveAccumulation
 from gradcache.cache import GradCache
 from gradcache.cached_loss import CachedLoss
+from gradcache.chunks import Chunks
 from gradcache.negatives import negatives_per_anchor
 from gradcache.non_finite import (
     NonFiniteEmbeddingError, NonFiniteError, NonFiniteLossError, NonFiniteRecomputationError,
@@ -15,7 +16,7 @@ from gradcache.non_finite import (
 from gradcache.recompute_check import RecomputationMismatchError
 from gradcache.token_embeddings import TokenEmbeddings
 
-__all__ = ["GradCache", "CachedLoss", "FullBatch", "NaiveAccumulation", "NonFiniteError", "NonFiniteLossError",
+__all__ = ["GradCache", "CachedLoss", "Chunks", "FullBatch", "NaiveAccumulation", "NonFiniteError", "NonFiniteLossError",
            "NonFiniteEmbeddingError", "NonFiniteRecomputationError", "RecomputationMismatchError", "losses",
            "negatives_per_anchor", "TokenEmbeddings"]
 __version__ = "0.1.0"

@@ -6,6 +6,9 @@ An input, and how each of its chunks reaches the encoder:
   - a tuple or list of tensors: `encoder(*chunk)`;
   - a pair `(args, kwargs)`, a tuple or list of two whose first is a tuple or list and whose second is a
     mapping: `encoder(*args, **kwargs)`;
+  - raw texts, a non-empty list or tuple of strings (or of text pairs, tuples of strings), for an encoder that
+    tokenises itself: `encoder(texts)`, split into slices of the list;
+  - `Chunks([...])` (gradcache/chunks.py), ready-made chunks: each is one chunk, of any kind above;
   - anything else: `encoder(chunk)`, split by the user's `split_fn`.
 The tensors split along dim 0. A `split_fn` given for an input splits it whatever its type; its chunks reach
 the encoder by the same rules.
@@ -38,7 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradcache.token_embeddings import TokenEmbeddings, checked
+from gradcache.chunks import Chunks
+from gradcache.token_embeddings import TokenEmbeddings, checked, join
 
 SCORED_POSITIONS = "query_expansion_positions"  # (B, L): positions scored though not attended (ColBERT's expansion)
 
@@ -74,6 +78,15 @@ def _rebuilt(value: Any, entries: list[Any]) -> Any:
     return type(value)(entries)
 
 
+def is_texts(value: Any) -> bool:
+    """Whether an input or chunk is raw texts: a non-empty list or tuple of strings, or of text pairs (tuples or
+    lists of strings), run as `encoder(texts)` by an encoder that tokenises itself."""
+    return isinstance(value, (list, tuple)) and bool(value) and (
+        all(isinstance(v, str) for v in value)
+        or all(isinstance(v, (tuple, list)) and v and all(isinstance(t, str) for t in v) for v in value)
+    )
+
+
 def tensors_of(value: Any) -> list[torch.Tensor]:
     """The tensors at the top level of an input or chunk: the value itself, or its entries that are tensors."""
     if isinstance(value, torch.Tensor):
@@ -81,15 +94,27 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
     return [v for _, v in _entries(value) if isinstance(v, torch.Tensor)]
 
 
-def batch_length(value: Any, name: str) -> int | None:
+def batch_length(value: Any, name: str, split_by_user: bool = False) -> int | None:
     """The number of examples in one input, checking that its tensors agree and that each of its other
-    values is either per-example or per-batch (see the module docstring); None for a custom type."""
+    values is either per-example or per-batch (see the module docstring); None for a custom type. With
+    `split_by_user` (a `split_fn` applies to it) the user's chunks decide: the length where the tensors agree,
+    else None, and no check."""
+    if isinstance(value, Chunks):
+        return _chunks_length(value, name, split_by_user)
+    if is_texts(value):
+        return len(value)
     tensors = tensors_of(value)
+    if split_by_user:
+        lengths = {t.shape[0] for t in tensors if t.dim() > 0}
+        return lengths.pop() if len(lengths) == 1 else None
     if not tensors:
         if isinstance(value, (torch.Tensor, Mapping, tuple, list)):
             raise ValueError(
-                f"{name} holds no tensor at its top level; pass a tensor, a mapping or a sequence of tensors, or a "
-                "pair (args, kwargs) of a list and a mapping holding them, or give split_fn to split it yourself."
+                f"{name} holds no tensor at its top level and is not raw texts (a list of strings); pass a tensor, "
+                "a mapping or a sequence of tensors, a pair (args, kwargs) of a list and a mapping holding them, "
+                "or a list of strings for an encoder that tokenises itself; wrap ready-made chunks (a loader's "
+                "sub-batches) in gradcache.Chunks([...]); or give split_fn=lambda value, chunk_size: [...] to "
+                "split it yourself."
             )
         return None
     for t in tensors:
@@ -111,6 +136,21 @@ def batch_length(value: Any, name: str) -> int | None:
         if not isinstance(entry, torch.Tensor):
             per_example(entry, rows, f"{name}{place}")
     return rows
+
+
+def _chunks_length(value: Chunks, name: str, split_by_user: bool) -> int | None:
+    """The examples of ready-made chunks: their sum, each chunk checked as an input; None if one is a custom type."""
+    if split_by_user:
+        raise ValueError(
+            f"{name} is given as gradcache.Chunks and split_fn applies to it, and each would decide its chunks; "
+            "drop split_fn for it (one per input with None there, e.g. split_fn=[None, split_images]), or pass the "
+            "unsplit input without Chunks."
+        )
+    lengths = [batch_length(chunk, f"chunk {k + 1} of {name}") for k, chunk in enumerate(value)]
+    for k, length in enumerate(lengths):
+        if length == 0:
+            raise ValueError(f"chunk {k + 1} of {name} is an empty batch (0 examples); every chunk needs one.")
+    return None if None in lengths else sum(lengths)
 
 
 def per_example(value: Any, rows: int, name: str = "a value") -> bool:
@@ -156,14 +196,19 @@ def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None, name: st
     """`split_fn(value, chunk_size)` when given, whatever the input's type; otherwise split along dim 0 into
     chunks of `chunk_size` rows (the last may be shorter), views, no copies. Lists and tuples of one entry per
     example are sliced alike; other values reach every chunk whole."""
+    if isinstance(value, Chunks):
+        return list(value)
     if split_fn is not None:
         return _user_chunks(split_fn(value, chunk_size), name)
     if isinstance(value, torch.Tensor):
         return list(value.split(chunk_size))
+    if is_texts(value):
+        return [value[start : start + chunk_size] for start in range(0, len(value), chunk_size)]
     if not isinstance(value, (Mapping, tuple, list)):
         raise TypeError(
             f"cannot split {name}, of type {type(value).__name__}; pass a tensor, a mapping or a sequence of "
-            "tensors, or give split_fn=lambda value, chunk_size: [...] that returns its chunks."
+            "tensors, raw texts (a list of strings), ready-made chunks in gradcache.Chunks([...]), or give "
+            "split_fn=lambda value, chunk_size: [...] that returns its chunks."
         )
     rows = tensors_of(value)[0].shape[0]
     entries = [entry for _, entry in _entries(value)]
@@ -212,6 +257,8 @@ def trim_padding(chunk: Any) -> Any:
     Exact only for encoders that ignore masked positions (attention masking and masked pooling); the library
     cannot check that, so the strategies do this only when asked (`trim_padding=True`).
     """
+    if isinstance(chunk, Chunks):
+        return Chunks([trim_padding(c) for c in chunk])
     keywords = chunk[1] if is_pair(chunk) else chunk
     if not isinstance(keywords, Mapping) or "attention_mask" not in keywords:
         return chunk
@@ -240,10 +287,17 @@ def encode(
             `TokenEmbeddings`, nor a non-empty tuple or list of them.
         TypeError, ValueError: `TokenEmbeddings` whose mask is not bool (or 0/1), or not of the values' (B, L).
     """
+    if isinstance(chunk, Chunks):  # FullBatch's whole input: each chunk with a graph, concatenated in order
+        outputs = [encode(encoder, c, get_embedding, f"chunk {k + 1} of {name}") for k, c in enumerate(chunk)]
+        for k, output in enumerate(outputs):
+            check_embedding_count(output, len(outputs[0]), name, k)
+        return [join(slot, name) for slot in zip(*outputs)]  # token embeddings padded to the longest
     if isinstance(chunk, Mapping):
         output = encoder(**chunk)
     elif is_pair(chunk):
         output = encoder(*chunk[0], **chunk[1])
+    elif is_texts(chunk):
+        output = encoder(chunk)
     elif isinstance(chunk, (tuple, list)):
         output = encoder(*chunk)
     else:

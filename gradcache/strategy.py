@@ -155,7 +155,7 @@ class Strategy:
                     f"chunk_tokens={wanted} applies to input {i}, which is not a mapping with a 2-D attention_mask; "
                     "give one value per input with None for this one, e.g. chunk_tokens=[None, 4096]."
                 )
-        lengths = [batch_length(value, f"input {i}") for i, value in enumerate(inputs)]
+        lengths = [batch_length(value, f"input {i}", self.split_fn_for(i) is not None) for i, value in enumerate(inputs)]
         for i, length in enumerate(lengths):
             if length == 0:
                 raise ValueError(f"input {i} is an empty batch (0 examples); a step needs at least one example.")

@@ -1,11 +1,16 @@
 """Guided filtering of false negatives (GISTEmbed): a guide model's similarities drop candidates from the softmax.
 
-    drop (a, b) from row i  iff  g(a, b) > tau_i,   tau_i = g(q_i, p_i) - margin                 ("absolute")
-                                                    tau_i = g(q_i, p_i) - |g(q_i, p_i)| * margin   ("relative")
+    drop (a, b) from row i  iff  g(a, b) > tau_i + eps,  tau_i = g(q_i, p_i) - margin                ("absolute")
+                                                         tau_i = g(q_i, p_i) - |g(q_i, p_i)| * margin  ("relative")
 
 g the cosine similarity of the guide's embeddings of the same texts; the positive pair (q_i, p_i) itself is never
-dropped. The guide's embeddings are constants (computed under ``torch.no_grad``, e.g. once per GradCache step),
-so the mask has no gradient; dropped logits are -inf. The rule is GISTEmbedLoss's ``mask_false_negatives``
+dropped. eps (`TIE_TOLERANCE`, by the guide embeddings' dtype) makes a score equal to the threshold up to rounding
+count as equal, so kept, as equal scores are by GISTEmbedLoss's strict comparison: a candidate that is the same
+text as a row's positive (another row's positive reused as a hard negative, common in mined data) is scored from
+an embedding of another chunk, or in another column of one matmul, and differs from g(q_i, p_i) by rounding in
+either direction, so a strict comparison would keep or drop it by chance, and the chunking would decide.
+The guide's embeddings are constants (computed under ``torch.no_grad``, e.g. once per GradCache step), so the
+mask has no gradient; dropped logits are -inf. The rule is GISTEmbedLoss's ``mask_false_negatives``
 (sentence-transformers), applied to every block InfoNCE's ``directions`` select.
 
 Paper: Solatorio 2024, "GISTEmbed: Guided In-sample Selection of Training Negatives for Text Embedding
@@ -22,9 +27,13 @@ from .checks import check_embeddings, check_finite_number
 from .directions import score_blocks
 from .precision import unit_rows
 
-__all__ = ["MARGIN_STRATEGIES", "check_margin_strategy", "check_guide", "false_negatives"]
+__all__ = ["MARGIN_STRATEGIES", "TIE_TOLERANCE", "check_margin_strategy", "check_guide", "false_negatives"]
 
 MARGIN_STRATEGIES = ("absolute", "relative")
+# eps by the guide embeddings' dtype: far above the rounding of equal texts encoded in other chunks (3e-7 for
+# all-MiniLM-L6-v2 in float32 over batch sizes 1-30; about 1e-15 in float64), far below the gaps the filter is
+# for. A guide run in lower precision than its embeddings' dtype says (TF32, autocast) rounds more than this covers.
+TIE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 _GUIDE_NAMES = ("guide query", "guide positive", "guide negatives")
 
 
@@ -74,6 +83,7 @@ def false_negatives(guide: Sequence[torch.Tensor], directions: Sequence[str], ma
         guide: the guide's (N, D'), (N, D') and optional (N * h, D') embeddings, from ``check_guide``.
         directions: the blocks to mask, as ``score_blocks`` builds them.
     """
+    tolerance = max(TIE_TOLERANCE.get(tensor.dtype, TIE_TOLERANCE[torch.float32]) for tensor in guide)
     query, *documents = (unit_rows(tensor, dtype) for tensor in guide)
     n = query.shape[0]
     stacked = torch.cat(documents)  # (N(1+h), D')
@@ -85,7 +95,7 @@ def false_negatives(guide: Sequence[torch.Tensor], directions: Sequence[str], ma
         threshold = positive_similarity - positive_similarity.abs() * margin
     masks = {}
     for name, block in blocks.items():
-        mask = block > threshold  # (N, M)
+        mask = block > threshold + tolerance  # (N, M); within eps of tau_i is a tie, kept
         if name in ("query_to_doc", "doc_to_query"):
             mask[:, :n].diagonal().fill_(False)  # the positive pair stays: it is the target
         masks[name] = mask

@@ -3,6 +3,7 @@ has patched its forward for the first pass only."""
 from __future__ import annotations
 
 import functools
+import importlib
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -76,3 +77,28 @@ def refuse_patched_forward(model: nn.Module, where: str) -> None:
             f"MultipleNegativesRankingLoss(model))); MatryoshkaLoss does work around {where}, through its "
             "calculate_loss."
         )
+
+
+def refuse_static_embedding(model: nn.Module, where: str, role: str, fix: str) -> None:
+    """ValueError when `model` embeds with a StaticEmbedding, as sentence-transformers' cached losses refuse it:
+    its features are one flat stream of token ids with each text's offset (an EmbeddingBag), with no batch
+    dimension to cut into chunks, and its tokenizer (a `tokenizers.Tokenizer`) cannot decode for a guide."""
+    static = _static_embedding_class()
+    found = [name for name, module in model.named_modules() if static is not None and isinstance(module, static)]
+    if found:
+        place = f"{role}.{found[0]}" if found[0] else role
+        raise ValueError(
+            f"{where} got a {role} based on a StaticEmbedding ({place}): its features are one flat stream of token "
+            "ids with each text's offset, with no batch dimension to cut into chunks, so it cannot be cached (as "
+            f"sentence-transformers' cached losses refuse it too); {fix}."
+        )
+
+
+def _static_embedding_class() -> type | None:
+    """sentence-transformers' StaticEmbedding where this version has one (6 moved it; 3.1 added it)."""
+    for place in ("sentence_transformers.sentence_transformer.modules", "sentence_transformers.models"):
+        try:
+            return importlib.import_module(place).StaticEmbedding
+        except (ImportError, AttributeError):  # a version without it there
+            continue
+    return None

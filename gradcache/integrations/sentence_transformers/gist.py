@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradcache.integrations.sentence_transformers.encoders import GuideEncoder, SentenceEncoder
+from gradcache.integrations.sentence_transformers.encoders import GuideEncoder, SentenceEncoder, refuse_static_embedding
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss, backward_into, through_calculate_loss
 from gradcache.losses import InfoNCE
 from gradcache.options import Options, Unpack
@@ -40,12 +40,15 @@ class GradCacheGISTLoss(GradCacheLoss):
 
     Raises:
         TypeError: a guide that is not an nn.Module with a `tokenizer` and `preprocess` (a SentenceTransformer).
-        ValueError: bad hyperparameters (see InfoNCE), here; at the call, other than two or three columns.
+        ValueError: bad hyperparameters (see InfoNCE), a model or guide based on a StaticEmbedding, here; at the
+            call, other than two or three columns.
 
     Example:
         >>> loss = GradCacheGISTLoss(model, guide=SentenceTransformer("all-MiniLM-L6-v2"), chunk_size=32)
         >>> SentenceTransformerTrainer(model=model, train_dataset=triplets, loss=loss).train()
     """
+
+    uncached = "GISTEmbedLoss"
 
     def __init__(
         self, model: nn.Module, guide: nn.Module, temperature: float = 0.01, margin_strategy: str = "absolute",
@@ -59,6 +62,8 @@ class GradCacheGISTLoss(GradCacheLoss):
                 f"guide must be a SentenceTransformer (an nn.Module with a tokenizer), got {type(guide).__name__}; "
                 "load it first: guide=SentenceTransformer('all-MiniLM-L6-v2')."
             )
+        refuse_static_embedding(guide, type(self).__name__, "guide", "give a guide with a transformers model and "
+                                "tokenizer, as GISTEmbedLoss requires")
         directions = ("query_to_doc", *(("query_to_query",) if contrast_anchors else ()),
                       *(("positive_to_positive",) if contrast_positives else ()))
         loss = InfoNCE(temperature, directions=directions, partition_mode="joint", margin_strategy=margin_strategy,
@@ -99,7 +104,8 @@ class GradCacheGISTLoss(GradCacheLoss):
 
     def _phase_two(self, *embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         columns = len(embeddings) // 2  # the model's columns, then the guide's
-        return through_calculate_loss(self.calculate_loss, embeddings[:columns], [[g] for g in embeddings[columns:]])
+        return through_calculate_loss(self.calculate_loss, embeddings[:columns], [[g] for g in embeddings[columns:]],
+                                      owner=type(self).__name__)
 
     def calculate_loss(
         self, reps: list[list[torch.Tensor]], reps_guided: list[list[torch.Tensor]], *, with_backward: bool = False

@@ -9,14 +9,18 @@ import torch
 from torch import nn
 
 from gradcache.cache import GradCache
-from gradcache.integrations.sentence_transformers.encoders import SentenceEncoder, refuse_patched_forward, sentence_embedding
+from gradcache.integrations.sentence_transformers.encoders import (
+    SentenceEncoder, refuse_patched_forward, refuse_static_embedding, sentence_embedding,
+)
 from gradcache.integrations.sentence_transformers.progress import ChunkProgress
 from gradcache.integrations.wrappers import check_wrapper
 from gradcache.losses import InfoNCE
 from gradcache.options import Options, Unpack
 
 
-def through_calculate_loss(calculate_loss: Callable[..., torch.Tensor], embeddings: Sequence[torch.Tensor], *args: Any) -> torch.Tensor:
+def through_calculate_loss(
+    calculate_loss: Callable[..., torch.Tensor], embeddings: Sequence[torch.Tensor], *args: Any, owner: str,
+) -> torch.Tensor:
     """Phase (2) through sentence-transformers' cached-loss contract: `calculate_loss(reps, *args, with_backward)`
     with `reps` one list of (N, D) leaves per column; with `with_backward=True` it back-propagates into the
     leaves' `.grad` (a MatryoshkaLoss decorator in between truncates, weights and sums per dimension).
@@ -25,13 +29,26 @@ def through_calculate_loss(calculate_loss: Callable[..., torch.Tensor], embeddin
     column's embedding e_c is g_c, the leaf's `.grad`, so that GradCache's phase (3) receives it times whatever
     reaches the loss in the trainer's backward (a 1 / accumulation count, a loss scale). A value that still
     holds a graph (to learnable loss parameters) passes them their gradient the same way.
+
+    Raises:
+        ValueError: a column whose embedding the loss never used (no gradient reached it), as
+            sentence-transformers' cached losses raise: every column is encoded twice for nothing. Raised in
+            phase (2), before any `.grad` is written; `owner` names the loss in the message.
     """
     if not torch.is_grad_enabled():  # evaluation: the value and nothing else
         return calculate_loss([[e] for e in embeddings], *args)
     leaves = [e.detach().requires_grad_() for e in embeddings]
     value = calculate_loss([[leaf] for leaf in leaves], *args, with_backward=True)
-    bridge = sum((e * leaf.grad).sum() for e, leaf in zip(embeddings, leaves) if leaf.grad is not None)
-    return value + bridge - bridge.detach() if isinstance(bridge, torch.Tensor) else value
+    unused = [str(c) for c, leaf in enumerate(leaves) if leaf.grad is None]
+    if unused:
+        raise ValueError(
+            f"the loss of {owner} did not use input column(s) {', '.join(unused)} (counting from 0) of the "
+            f"{len(leaves)} it got: their embeddings received no gradient. Every column is encoded twice, once "
+            "without and once with a graph, so remove the unused column(s) from the dataset (or use a loss that "
+            "reads them). No gradient was written."
+        )
+    bridge = sum((e * leaf.grad).sum() for e, leaf in zip(embeddings, leaves))
+    return value + bridge - bridge.detach()
 
 
 def backward_into(value: torch.Tensor, reps: Sequence[Sequence[torch.Tensor]], loss: nn.Module, with_backward: bool) -> torch.Tensor:
@@ -98,7 +115,9 @@ class GradCacheLoss(nn.Module):
             defaults to picking "sentence_embedding" from the model's output.
 
     Raises:
-        TypeError, ValueError: bad options, here; at the call, fewer than two columns (ValueError), a model
+        TypeError, ValueError: bad options or a model based on a StaticEmbedding (ValueError: its features have
+            no batch dimension to chunk), here; at the call, fewer than two columns or a loss that leaves a
+            column unused (ValueError, before any `.grad` is written), a model
             wrapper GradCache cannot run in (TypeError: DataParallel, FSDP1, DeepSpeed; see
             `gradcache.integrations.wrappers`) or a forward patched by a loss modifier (TypeError).
 
@@ -108,6 +127,7 @@ class GradCacheLoss(nn.Module):
     """
 
     uses_gradient_cache = True  # sentence-transformers' mark of a loss whose backward re-encodes (MatryoshkaLoss reads it)
+    uncached = "MultipleNegativesRankingLoss"  # sentence-transformers' loss this one equals, named in messages
 
     def __init__(
         self, model: nn.Module, loss: nn.Module | None = None, chunk_size: int = 32, *, trim_padding: bool = True,
@@ -116,6 +136,8 @@ class GradCacheLoss(nn.Module):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a SentenceTransformer (an nn.Module), got {type(model).__name__}.")
+        refuse_static_embedding(model, type(self).__name__, "model", f"train it with sentence-transformers' "
+                                f"{self.uncached}, uncached: a StaticEmbedding model needs little memory per example")
         if options.get("scaler") is not None:
             raise TypeError(
                 "GradCacheLoss got a scaler, which it cannot honour: the trainer owns the backward and scales the "
@@ -173,7 +195,7 @@ class GradCacheLoss(nn.Module):
             return strategy.loss(*inputs, labels=labels)
 
     def _phase_two(self, *embeddings: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return through_calculate_loss(self.calculate_loss, embeddings, labels)
+        return through_calculate_loss(self.calculate_loss, embeddings, labels, owner=type(self).__name__)
 
     def calculate_loss(
         self, reps: list[list[torch.Tensor]], labels: torch.Tensor | None = None, *, with_backward: bool = False

@@ -109,6 +109,13 @@ def test_the_model_folder_holds_the_merged_model_and_the_adapter(lora_run, tiny_
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # merging rounds W + (alpha / r) B A once
 
 
+def test_gradcache_export_writes_the_adapter_of_the_checkpoint(lora_run, tmp_path):
+    folder, _, _ = lora_run
+    assert main(["export", str(folder), "--output", str(tmp_path / "again")]) == 0
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        assert (tmp_path / "again" / "adapter" / name).read_bytes() == (folder / "model" / "adapter" / name).read_bytes()
+
+
 def _losses(folder):
     with open(folder / "train_log.csv", newline="") as handle:
         return [row["loss"] for row in csv.DictReader(handle)]

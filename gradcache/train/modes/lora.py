@@ -181,3 +181,9 @@ def write_lora_tower(tower: HuggingFaceEncoder, base_folder: Path, max_seq_lengt
     merged = HuggingFaceEncoder(base_folder, pooling=tower.pooling, normalize=tower.normalize)
     merged.model = peft.PeftModel.from_pretrained(merged.model, adapter).merge_and_unload()
     write_sentence_transformers_folder(merged, base_folder, max_seq_length, folder)
+    base = tower.model.peft_config["default"].base_model_name_or_path
+    with open(Path(folder) / "README.md", "a", encoding="utf-8") as readme:
+        readme.write("\n## The LoRA adapter\n\nThe model above is merged with its adapter. The adapter alone, on "
+                     f"its base model:\n\n```python\nimport peft, transformers\nbase = transformers.AutoModel."
+                     f'from_pretrained("{base}")\nmodel = peft.PeftModel.from_pretrained(base, "RUN/model/'
+                     f'{ADAPTER_FOLDER}")\n```\n')

@@ -193,3 +193,25 @@ def test_lora_without_peft_names_the_extra(tmp_path, tiny_bert, capsys, monkeypa
     monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` fail
     _fails(text_args(tiny_bert, tmp_path / "out", "--lora-rank", "4"), capsys, 'pip install -e ".[lora]"')
     assert not (tmp_path / "out").exists()
+
+
+def _train_on_rank(rank: int, world_size: int, argv: list[str]) -> int:
+    return main(argv)  # over the process group run_on_ranks started
+
+
+@pytest.mark.slow  # two processes
+def test_two_ranks_train_the_adapter_of_one_process(tmp_path, tiny_bert):
+    """DDP over the LoRA towers (the frozen base is not reduced): two gloo ranks, each half the batch, train the
+    adapter one process trains on the whole batch (LoRA dropout off: the ranks draw other masks)."""
+    from tests.multiprocess import run_on_ranks
+
+    options = ["--lora-rank", "2", "--lora-dropout", "0", "--chunk-size", "2"]
+    two = text_args(tiny_bert, tmp_path / "two", *options, "--threads", "1")  # forked ranks: one OpenMP thread
+    assert run_on_ranks(_train_on_rank, 2, two) == [0, 0]
+    assert main(text_args(tiny_bert, tmp_path / "one", *options)) == 0
+    assert [float(x) for x in _losses(tmp_path / "two")] == pytest.approx([float(x) for x in _losses(tmp_path / "one")],
+                                                                         rel=1e-5)
+    two, one = (load_checkpoint(tmp_path / d)["model"] for d in ("two", "one"))
+    assert two.keys() == one.keys() and all("lora_" in name for name in one)
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-7, msg=name)

@@ -113,7 +113,8 @@ def test_gradcache_export_writes_the_adapter_of_the_checkpoint(lora_run, tmp_pat
     folder, _, _ = lora_run
     assert main(["export", str(folder), "--output", str(tmp_path / "again")]) == 0
     for name in ("adapter_model.safetensors", "adapter_config.json"):
-        assert (tmp_path / "again" / "adapter" / name).read_bytes() == (folder / "model" / "adapter" / name).read_bytes()
+        again, first = (root / "adapter" / name for root in (tmp_path / "again", folder / "model"))
+        assert again.read_bytes() == first.read_bytes(), name
 
 
 def _losses(folder):
@@ -178,7 +179,8 @@ def test_bad_lora_options_exit_2_and_write_nothing(tmp_path, tiny_bert, capsys):
                f"--lora-dropout {float(dropout)}: must be in [0, 1)")
     _fails(text_args(tiny_bert, out, "--lora-rank", "4", "--lora-alpha", "0"), capsys, "--lora-alpha 0.0")
     _fails(text_args(tiny_bert, out, "--lora-rank", "4", "--lora-targets", "query,attn_q"), capsys,
-           "--lora-targets query,attn_q: 'attn_q' matches no module", "named dense, key, position_embeddings, query, token_type_embeddings, value")
+           "--lora-targets query,attn_q: 'attn_q' matches no module",
+           "named dense, key, position_embeddings, query, token_type_embeddings, value")
     _fails(text_args(tiny_bert, out, "--lora-rank", "4", "--lora-targets", "LayerNorm"), capsys,
            "--lora-targets LayerNorm: peft refuses them", "is not supported")
     _fails(text_args(tiny_bert, out, "--lora-alpha", "8", "--lora-targets", "query"), capsys,

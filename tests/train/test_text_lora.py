@@ -153,6 +153,7 @@ def test_gradcache_with_checkpointing_and_token_chunks_trains_the_adapter_of_the
         torch.testing.assert_close(cached[name], full[name], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # a second run
 def test_separate_towers_each_get_their_own_adapter(tmp_path, tiny_bert):
     assert main(text_args(tiny_bert, tmp_path, *LORA, "--separate-towers", "--steps", "1")) == 0
     state = load_checkpoint(tmp_path)["model"]

@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 10
+CONFIG_VERSION = 11
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -93,6 +93,12 @@ class RunConfig:
     guide: str | None = option(None, modes=TEXT, added=8, path=True)  # a frozen model whose similarities mask false negatives
     guide_margin: float = option(0.0, modes=TEXT, added=8)
     guide_margin_strategy: str = option("absolute", modes=TEXT, added=8)  # or "relative"
+    # LoRA adapters (modes/lora.py); None rank: every weight trained; None alpha, dropout, targets: their defaults there
+    lora_rank: int | None = option(None, modes=TEXT, model=True, at_least=1, added=11)
+    lora_alpha: float | None = option(None, modes=TEXT, above=0, added=11)
+    lora_dropout: float | None = option(None, modes=TEXT, at_least=0, below=1, why="a probability of dropping",
+                                        added=11)
+    lora_targets: list[str] | None = option(None, modes=TEXT, model=True, added=11)  # module names, as peft matches
     # optimisation
     strategy: str = "gradcache"
     batch_size: int = option(128, at_least=2, why="a contrastive batch needs at least 2 examples")  # over every rank

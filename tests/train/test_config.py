@@ -84,10 +84,11 @@ ADDED_IN = {
             guide_margin_strategy="absolute"),
     9: dict(eval_data=None, eval_reference_size=None, shuffle_buffer=1000, train_num_samples=None, corpus=None),
     10: dict(progress_every=30.0),
+    11: dict(lora_rank=None, lora_alpha=None, lora_dropout=None, lora_targets=None),
 }
 
 
-@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9, 10])
 def test_each_older_version_gets_the_values_its_run_trained_under(version):
     lacking = {name: value for added, names in ADDED_IN.items() if added > version for name, value in names.items()}
     changed = RunConfig(mode="text", max_length=64, queue_size=5, collective_timeout=9.0, max_bad_share=0.5,
@@ -104,7 +105,8 @@ def test_the_fields_that_fix_the_parameters_shapes():
     from gradcache.train.config import MODEL_FIELDS
 
     assert set(MODEL_FIELDS) == {"mode", "model", "width", "norm", "image_size", "hidden_dim", "projection_dim",
-                                 "context_length", "text_width", "text_layers", "text_heads", "separate_towers"}
+                                 "context_length", "text_width", "text_layers", "text_heads", "separate_towers",
+                                 "lora_rank", "lora_targets"}
 
 
 def test_the_fields_a_resume_may_give_anew():

@@ -28,6 +28,7 @@ from gradcache.train.checkpoints.atomic import (
     load_checkpoint,
     save_checkpoint,
 )
+from gradcache.train.checkpoints.model_state import load_saved_state, saved_state
 from gradcache.train.errors import CheckpointError
 
 DAMAGED_SUFFIX = ".damaged"  # a newest checkpoint that failed its checks, set aside when a run resumes past it
@@ -94,14 +95,14 @@ class FileCheckpoint(RunCheckpoint):
     def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
         state = self._read()
         _check_holds(self.path, state, trained)  # before any tensor is copied
-        trained["model"].load_state_dict(state["model"])
+        load_saved_state(trained["model"], state["model"])
         trained["loss"].load_state_dict(state["loss"])
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
 
     def save(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
         if distributed.rank() == 0:  # the ranks hold the same replicas
-            save_checkpoint({**meta, "model": trained["model"].state_dict(), "loss": trained["loss"].state_dict(),
+            save_checkpoint({**meta, "model": saved_state(trained["model"]), "loss": trained["loss"].state_dict(),
                              "optimizer": optimizer.state_dict()}, self.path, previous=self.previous_path)
         self.__dict__.pop("_meta", None)
 
@@ -116,11 +117,13 @@ TENSOR_ENTRIES = ("model", "loss", "optimizer")  # what a `last.pt` holds beside
 
 
 def _check_holds(path: Path, state: dict[str, Any], trained: nn.ModuleDict) -> None:
-    """Raise CheckpointError unless `state` holds the tensors of `trained`'s model (each in its shape) and loss, and
-    no others: `load_state_dict` would refuse it too, but only after copying what did fit, and with a RuntimeError.
-    The loss's shapes are its own to adopt (a queue is sized on its first step)."""
+    """Raise CheckpointError unless `state` holds the tensors of `trained`'s model (each in its shape; its frozen
+    parameters left out: checkpoints/model_state.py) and loss, and no others: `load_state_dict` would refuse it too,
+    but only after copying what did fit, and with a RuntimeError. The loss's shapes are its own to adopt (a queue is
+    sized on its first step)."""
     for part in ("model", "loss"):
-        expected, stored = trained[part].state_dict(), state.get(part, {})
+        expected = saved_state(trained[part]) if part == "model" else trained[part].state_dict()
+        stored = state.get(part, {})
         faults = [(what, names) for what, names in (
             ("lacks", sorted(set(expected) - set(stored))), ("has unknown", sorted(set(stored) - set(expected))),
             ("has other shapes for", [f"{key} {tuple(stored[key].shape)} (the model's: {tuple(value.shape)})"

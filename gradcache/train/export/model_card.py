@@ -13,7 +13,7 @@ from gradcache.train.export.model_folders import ModelFolderKind, model_folder_k
 PLACEHOLDER = "RUN/model"  # what the format writers put where the folder's path goes
 SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr",
             "warmup", "weight_decay", "temperature", "precision", "image_size", "max_length", "matryoshka_dims",
-            "queue_size", "seed")
+            "queue_size", "seed", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 
 
 def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, config: RunConfig,

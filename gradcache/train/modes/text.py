@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gradcache import losses
+from gradcache import distributed, losses
 from gradcache.losses.guided import MARGIN_STRATEGIES
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
 from gradcache.models.huggingface_folder import (
@@ -40,6 +41,15 @@ from gradcache.train.export.sentence_transformers import (
     write_sentence_transformers_folder,
 )
 from gradcache.train.modes.base import Mode, OptionGroups
+from gradcache.train.modes.lora import (
+    add_lora,
+    add_lora_options,
+    check_lora_options,
+    check_lora_targets,
+    describe,
+    lora_settings,
+    write_lora_tower,
+)
 
 
 def _quiet_transformers() -> None:
@@ -121,9 +131,11 @@ class Text(Mode):
                          help="gradcache: chunks of at most this many tokens (rows x the chunk's padded length) over "
                          "the texts sorted by length, --chunk-size still capping the rows (default: fixed chunks of "
                          "--chunk-size rows)")
+        add_lora_options(model, default)
 
     def check(self, config: RunConfig) -> None:
-        """--guide with the loss it guides: the dense loss without a queue."""
+        """--guide with the loss it guides: the dense loss without a queue; the LoRA options (modes/lora.py)."""
+        check_lora_options(config)
         if config.guide is not None and (config.queue_size or config.tile_size is not None):
             raise UsageError(f"--guide needs the dense loss without a queue (queued passages have no guide "
                              f"embeddings), got --queue-size {config.queue_size} --tile-size {config.tile_size}; "
@@ -133,6 +145,7 @@ class Text(Mode):
         """The model folder (and the guide's) and its tokenizer load offline, and belong together; read from each
         folder's config.json and tokenizer files, without loading the weights (the run builds the model once)."""
         _check_folder("--model", config.model, config.pooling, config.max_length)
+        check_lora_targets(config, _model_folder(config.model))
         if config.guide is not None:
             _check_folder("--guide", config.guide, None, config.max_length)
 
@@ -179,7 +192,16 @@ class Text(Mode):
             towers = [HuggingFaceEncoder(folder, pooling=config.pooling) for _ in range(1 + config.separate_towers)]
         except ValueError as error:  # weights that do not load (checked in check_model, unless a resume builds first)
             raise UsageError(f"--model {config.model}: {error}") from error
+        lora = lora_settings(config)
+        if lora is not None:  # each tower its own adapter
+            towers = [add_lora(tower, lora) for tower in towers]
         return BiEncoder(*towers)
+
+    def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
+        """A new LoRA run says what it adapts, once (rank 0)."""
+        lora = lora_settings(config)
+        if lora is not None and distributed.rank() == 0:
+            print(f"gradcache train: {describe(model.query_tower, lora)}", file=sys.stderr)
 
     def build_loss(self, config: RunConfig) -> nn.Module:
         return GroupedInfoNCE(self.hard_negatives(config), config.temperature, symmetric=config.symmetric,
@@ -216,13 +238,15 @@ class Text(Mode):
 
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
-        """A sentence-transformers folder; with --separate-towers one per side, `query/` and `passage/`."""
+        """A sentence-transformers folder; with --separate-towers one per side, `query/` and `passage/`; with
+        --lora-rank the model merged with its adapter, and the adapter in `adapter/` (modes/lora.py)."""
         base = _model_folder(config.model)
+        write = write_sentence_transformers_folder if config.lora_rank is None else write_lora_tower
         if model.shared:
-            write_sentence_transformers_folder(model.query_tower, base, config.max_length, folder)
+            write(model.query_tower, base, config.max_length, folder)
             return
         for side, tower in ((QUERY_FOLDER, model.query_tower), (PASSAGE_FOLDER, model.passage_tower)):
-            write_sentence_transformers_folder(tower, base, config.max_length, folder / side)
+            write(tower, base, config.max_length, folder / side)
         (folder / "README.md").write_text(
             "# Two towers (--separate-towers)\n\nEmbed queries with one and passages with the other:\n\n```python\n"
             "from sentence_transformers import SentenceTransformer\n"

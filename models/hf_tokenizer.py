@@ -3,7 +3,9 @@ tensors; `end_with_eos` is the one place that decides whether a text ends with t
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +121,11 @@ class HuggingFaceTokenizer:
     def vocab_size(self) -> int:
         """Token ids run from 0 to ``vocab_size - 1``, added tokens included."""
         return len(self.tokenizer)
+
+    def with_prompt(self, prompt: str | None) -> Callable[[list[str]], dict[str, torch.Tensor]]:
+        """texts -> this tokenizer's tokens of ``prompt + text`` (itself for None): one side's tokenizer."""
+        check_prompt(prompt, "prompt")
+        return self if prompt is None else functools.partial(self, prompt=prompt)
 
     def prompt_length(self, prompt: str) -> int:
         """The tokens of `prompt` (class docstring), counted once per prompt."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 10
+CONFIG_VERSION = 11
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -93,6 +93,10 @@ class RunConfig:
     guide: str | None = option(None, modes=TEXT, added=8, path=True)  # a frozen model whose similarities mask false negatives
     guide_margin: float = option(0.0, modes=TEXT, added=8)
     guide_margin_strategy: str = option("absolute", modes=TEXT, added=8)  # or "relative"
+    # decoder embedders and prompts: texts prepended to queries and to passages (sentence-transformers' prompts)
+    query_prompt: str | None = option(None, modes=TEXT, added=11)
+    passage_prompt: str | None = option(None, modes=TEXT, added=11)
+    exclude_prompt_from_pooling: bool = option(False, modes=TEXT, added=11)  # False: the folder's own, else included
     # optimisation
     strategy: str = "gradcache"
     batch_size: int = option(128, at_least=2, why="a contrastive batch needs at least 2 examples")  # over every rank

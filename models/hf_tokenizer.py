@@ -55,9 +55,15 @@ def end_with_eos(tokenizer: Any) -> None:
                          "(tokenizer.json) with save_pretrained")
     from tokenizers import processors
 
+    before, existing = tokenizer("a")["input_ids"], backend.post_processor
+    if hasattr(type(tokenizer), "add_eos_token"):  # transformers' own switch, which its tokenizer classes save
+        tokenizer.add_eos_token = True
+        if tokenizer("a")["input_ids"] == before + [tokenizer.eos_token_id]:
+            return
+        object.__setattr__(tokenizer, "_add_eos_token", False)  # it rebuilt the template without what it added
+        backend.post_processor = existing
     append = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
                                            special_tokens=[(eos, tokenizer.eos_token_id)])
-    existing = backend.post_processor
     backend.post_processor = append if existing is None else processors.Sequence([existing, append])
 
 

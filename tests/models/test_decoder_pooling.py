@@ -64,6 +64,30 @@ def test_the_eos_token_is_appended_once_and_kept_by_truncation(tmp_path, llama):
     assert torch.equal(again, ids)
 
 
+@pytest.mark.parametrize("switch", [True, False], ids=["add_bos_token", "own-template"])
+def test_the_eos_rule_keeps_what_the_tokenizer_adds_itself(tmp_path, switch):
+    """A tokenizer that adds BOS by transformers' add_bos_token switch, or by a template of its own: both keep
+    their BOS and end with one EOS, also after save_pretrained and a reload (what sentence-transformers reads)."""
+    import string
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from gradcache.models.hf_tokenizer import end_with_eos
+
+    vocab = {token: index for index, token in enumerate(["<pad>", "<unk>", "<s>", "</s>", *string.ascii_lowercase])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    if not switch:
+        backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)])
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                                     pad_token="<pad>", **({"add_bos_token": True} if switch else {}))
+    assert tokenizer("ab")["input_ids"] == [2, 4, 5]
+    end_with_eos(tokenizer)
+    assert tokenizer("ab")["input_ids"] == [2, 4, 5, 3]
+    tokenizer.save_pretrained(tmp_path)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path)("ab")["input_ids"] == [2, 4, 5, 3]
+
+
 def test_a_tokenizer_without_eos_appends_nothing_and_pools_its_own_last_token(tmp_path):
     folder = write_tiny_bert(tmp_path)
     tokens = HuggingFaceTokenizer(folder, max_length=16)(["ab", "abcd"])

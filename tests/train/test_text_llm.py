@@ -150,3 +150,15 @@ def test_an_older_run_reads_as_one_without_prompts():
         stored.pop(name)
     read = RunConfig.from_dict({**stored, "config_version": 10})
     assert (read.query_prompt, read.passage_prompt, read.exclude_prompt_from_pooling) == (None, None, False)
+
+
+def test_mine_and_eval_of_a_run_tokenise_each_side_after_its_prompt(prompted_run):
+    """encode, eval and mine embed through `LoadedModel.side_tokenizer`: a run's sides take its prompts."""
+    from gradcache.train.commands.model import load_model
+
+    loaded = load_model(str(prompted_run))
+    plain = HuggingFaceTokenizer(prompted_run / "model", max_length=24)
+    for tower, prompt in (("query", QUERY_PROMPT), ("passage", PASSAGE_PROMPT)):
+        tokens = loaded.side_tokenizer(tower)(TEXTS)
+        assert torch.equal(tokens["input_ids"], plain([prompt + text for text in TEXTS])["input_ids"])
+        assert tokens["prompt_length"].tolist() == [plain.prompt_length(prompt)] * len(TEXTS)

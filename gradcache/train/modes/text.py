@@ -131,7 +131,7 @@ class Text(Mode):
                            "the folder's own sentence-transformers pooling, else mean)")
         model.add_argument("--query-prompt", default=default("query_prompt"), metavar="TEXT",
                            help="text prepended to every query in training, evaluation and the exported model's "
-                           "prompts['query'], e.g. 'Instruct: find the passage that answers it\nQuery: ' "
+                           "prompts['query'], e.g. 'Instruct: retrieve the passage that answers it. Query: ' "
                            "(default: none)")
         model.add_argument("--passage-prompt", default=default("passage_prompt"), metavar="TEXT",
                            help="text prepended to every passage (positives and hard negatives), and the exported "

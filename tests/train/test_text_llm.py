@@ -162,3 +162,17 @@ def test_mine_and_eval_of_a_run_tokenise_each_side_after_its_prompt(prompted_run
         tokens = loaded.side_tokenizer(tower)(TEXTS)
         assert torch.equal(tokens["input_ids"], plain([prompt + text for text in TEXTS])["input_ids"])
         assert tokens["prompt_length"].tolist() == [plain.prompt_length(prompt)] * len(TEXTS)
+
+
+def test_a_resume_keeps_the_prompts_and_refuses_others(tmp_path, prompted_run, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(prompted_run, run)
+    assert main(["train", "text", "--resume", str(run), "--query-prompt", "other: ", "--steps", "3", "--quiet"]) == 2
+    assert "--query-prompt" in capsys.readouterr().err
+    assert main(["train", "text", "--resume", str(run), "--steps", "3", "--quiet"]) == 0
+    config = RunConfig.from_dict(load_checkpoint(run)["args"])
+    assert (config.query_prompt, config.passage_prompt) == (QUERY_PROMPT, PASSAGE_PROMPT)
+    assert json.loads((run / "model" / "config_sentence_transformers.json").read_text())["prompts"]["query"] == (
+        QUERY_PROMPT)

@@ -1,9 +1,13 @@
-"""A local Hugging Face model folder's own tokenizer, as a callable from texts to padded id and mask tensors."""
+"""A local Hugging Face model folder's own tokenizer, as a callable from texts (and a prompt) to padded id and mask
+tensors; `end_with_eos` is the one place that decides whether a text ends with the EOS token."""
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,13 +26,60 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", 
                    "tokenizer.model")
 
 
+def end_with_eos(tokenizer: Any) -> None:
+    """Make `tokenizer` (a transformers tokenizer) end every text with its EOS token when it has one and does not
+    add it itself, as the E5-Mistral and Qwen3-Embedding recipes do, so that last-token pooling reads the EOS
+    token's hidden state; and pad with the EOS token when it has no padding token (Llama's, Mistral's).
+
+    The EOS token is added by the tokenizer's own post-processor (after what it already adds, e.g. a BOS token),
+    so truncation keeps it, and ``save_pretrained`` writes it: a folder exported with this tokenizer tokenises the
+    same in sentence-transformers. A tokenizer without an EOS token (BERT's) is left as it is: the last token is
+    what it adds itself (``[SEP]``). A tokenizer that already ends texts with EOS is left as it is too.
+
+    Raises:
+        ValueError: it has no padding token and no EOS token to pad with, or it must append EOS but is not a
+            fast tokenizer (no ``tokenizer.json`` post-processor to add it by).
+    """
+    eos = tokenizer.eos_token
+    if tokenizer.pad_token is None:
+        if eos is None:
+            raise ValueError(f"the tokenizer {type(tokenizer).__name__} has neither a padding nor an EOS token, so "
+                             "batches cannot be padded; set tokenizer.pad_token and save it with save_pretrained")
+        tokenizer.pad_token = eos
+    if eos is None or tokenizer("a")["input_ids"][-1:] == [tokenizer.eos_token_id]:
+        return
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(f"the tokenizer {type(tokenizer).__name__} has the EOS token {eos!r} but does not append "
+                         "it, and is not a fast tokenizer that this program can make append it; save a fast one "
+                         "(tokenizer.json) with save_pretrained")
+    from tokenizers import processors
+
+    before, existing = tokenizer("a")["input_ids"], backend.post_processor
+    if hasattr(type(tokenizer), "add_eos_token"):  # transformers' own switch, which its tokenizer classes save
+        tokenizer.add_eos_token = True
+        if tokenizer("a")["input_ids"] == before + [tokenizer.eos_token_id]:
+            return
+        object.__setattr__(tokenizer, "_add_eos_token", False)  # it rebuilt the template without what it added
+        backend.post_processor = existing
+    append = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
+                                           special_tokens=[(eos, tokenizer.eos_token_id)])
+    backend.post_processor = append if existing is None else processors.Sequence([existing, append])
+
+
 class HuggingFaceTokenizer:
-    """texts -> ``{"input_ids": (B, L), "attention_mask": (B, L)}`` int64, by the folder's own ``AutoTokenizer``.
+    """texts -> ``{"input_ids": (B, L), "attention_mask": (B, L)}`` int64, by the folder's own ``AutoTokenizer``;
+    with a ``prompt``, ``prompt + text`` for each text, and ``"prompt_length"`` (B,): the prompt's tokens.
 
     L is the longest text of the batch after truncation to ``max_length`` tokens (special tokens included), so a
     batch is padded only as far as it needs. A text is cut to ``max_length * CHARACTERS_PER_TOKEN`` characters
     before the tokenizer reads it, so a huge text costs no more than an ordinary long one. ``token_type_ids`` is
-    left out: one-segment inputs take its default. A sentence-transformers folder's tokenizer is read from its ``Transformer`` module's path.
+    left out: one-segment inputs take its default. A sentence-transformers folder's tokenizer is read from its
+    ``Transformer`` module's path. Each text ends with the EOS token where ``end_with_eos`` says so.
+
+    ``prompt_length`` counts the tokens of the prompt tokenised alone, less a trailing special token (EOS, SEP):
+    its leading special token (BOS, CLS) and its words, as sentence-transformers counts it for
+    ``Pooling(include_prompt=False)``. ``HuggingFaceEncoder(include_prompt=False)`` leaves them out of mean pooling.
 
     Args:
         path: a local model folder (``save_pretrained`` of a model and its tokenizer).
@@ -37,11 +88,13 @@ class HuggingFaceTokenizer:
     Raises:
         ImportError: ``transformers`` is not installed.
         FileNotFoundError: ``path`` is not a directory.
-        ValueError: ``max_length`` below 2, or no tokenizer in the folder that loads without the network.
+        ValueError: ``max_length`` below 2, or no tokenizer in the folder that loads without the network, or one
+            that ``end_with_eos`` cannot complete; an empty ``prompt`` (give None for no prompt).
 
     Example:
         >>> tokenize = HuggingFaceTokenizer("/data/tiny-bert", max_length=32)
         >>> tokenize(["a query", "a longer passage"])["input_ids"].shape  # (2, L), L <= 32
+        >>> tokenize(["who bakes bread?"], prompt="query: ")["prompt_length"]  # tensor([3]): [CLS] query :
     """
 
     def __init__(self, path: str | os.PathLike, max_length: int = 128) -> None:
@@ -63,18 +116,52 @@ class HuggingFaceTokenizer:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(os.fspath(folder), local_files_only=True)
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise ValueError(f"the tokenizer in {folder} does not load without the network: {error}") from error
+        try:
+            end_with_eos(self.tokenizer)
+        except ValueError as error:
+            raise ValueError(f"the tokenizer in {folder}: {error}") from error
         self.max_length = max_length
+        self._prompt_lengths: dict[str, int] = {}
 
     @property
     def vocab_size(self) -> int:
         """Token ids run from 0 to ``vocab_size - 1``, added tokens included."""
         return len(self.tokenizer)
 
-    def __call__(self, texts: list[str]) -> dict[str, torch.Tensor]:
+    def with_prompt(self, prompt: str | None) -> Callable[[list[str]], dict[str, torch.Tensor]]:
+        """texts -> this tokenizer's tokens of ``prompt + text`` (itself for None): one side's tokenizer."""
+        check_prompt(prompt, "prompt")
+        return self if prompt is None else functools.partial(self, prompt=prompt)
+
+    def prompt_length(self, prompt: str) -> int:
+        """The tokens of `prompt` (class docstring), counted once per prompt."""
+        if prompt not in self._prompt_lengths:
+            ids = self.tokenizer([prompt], truncation=True, max_length=self.max_length)["input_ids"][0]
+            special = set(self.tokenizer.all_special_ids)
+            self._prompt_lengths[prompt] = len(ids) - (1 if ids and ids[-1] in special else 0)
+        return self._prompt_lengths[prompt]
+
+    def __call__(self, texts: list[str], prompt: str | None = None) -> dict[str, torch.Tensor]:
         if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
             raise TypeError(f"texts must be a list of str, got {type(texts).__name__}; wrap a single text as [text].")
+        check_prompt(prompt, "prompt")
         kept = self.max_length * CHARACTERS_PER_TOKEN
         texts = [text[:kept] if isinstance(text, str) else text for text in texts]
+        if prompt is not None:
+            texts = [prompt + text if isinstance(text, str) else text for text in texts]
         batch = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_length,
                                return_tensors="pt")
-        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        tokens = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        if prompt is not None:
+            tokens["prompt_length"] = torch.full((len(texts),), self.prompt_length(prompt), dtype=torch.long)  # (B,)
+        return tokens
+
+
+def check_prompt(prompt: str | None, name: str) -> None:
+    """A prompt is None (none) or a non-empty str; TypeError or ValueError naming `name` otherwise."""
+    if prompt is None:
+        return
+    if not isinstance(prompt, str):
+        raise TypeError(f"{name} must be a str or None, got {type(prompt).__name__}")
+    if not prompt:
+        raise ValueError(f"{name}='' is empty; give None (no prompt) or the text to prepend, e.g. 'query: '")

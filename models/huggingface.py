@@ -1,4 +1,5 @@
-"""Any Hugging Face ``AutoModel`` as a text encoder: last hidden states pooled over the attention mask."""
+"""Any Hugging Face ``AutoModel`` as a text encoder: last hidden states pooled over the attention mask (the mean,
+the first token, or each row's last non-padding token)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
-HF_POOLINGS = ("mean", "cls")
+HF_POOLINGS = ("mean", "cls", "last")
 
 
 def _load_local_model(path: str | os.PathLike) -> nn.Module:
@@ -106,8 +107,17 @@ class HuggingFaceEncoder(nn.Module):
     """(input_ids (B, L), attention_mask (B, L), ...) -> pooled last hidden state (B, out_dim).
 
     ``"mean"`` averages the hidden states of the tokens whose mask is 1 (sentence-transformers'
-    mean pooling); ``"cls"`` takes position 0; ``normalize`` then divides by the L2 norm. Extra keyword
-    arguments (``token_type_ids`` ...) go to the model unchanged.
+    mean pooling); ``"cls"`` takes position 0; ``"last"`` takes each row's last token whose mask is 1, whichever
+    side the padding is on (sentence-transformers' ``lasttoken``: decoder embedders such as E5-Mistral or
+    Qwen3-Embedding, whose tokenizer appends the EOS token that is pooled; see ``HuggingFaceTokenizer``);
+    ``normalize`` then divides by the L2 norm. Extra keyword arguments (``token_type_ids`` ...) go to the model
+    unchanged.
+
+    With ``include_prompt=False`` (mean pooling only, sentence-transformers' ``Pooling(include_prompt=False)``),
+    the first ``prompt_length[b]`` non-padding tokens of row b (the prompt, its leading special token included, as
+    ``HuggingFaceTokenizer`` counts it) are left out of the mean; they still pass through the model. Counted from
+    each row's first non-padding token, so it holds for left and right padding and for any trimming of padding
+    columns or regrouping of rows (``prompt_length`` is split with the rows).
 
     A sentence-transformers folder (one with ``modules.json``) is read as sentence-transformers reads it: the
     model from its ``Transformer`` module's path, the pooling from ``1_Pooling/config.json``, normalisation when
@@ -122,27 +132,33 @@ class HuggingFaceEncoder(nn.Module):
         path_or_model: a local directory saved by ``save_pretrained`` or by sentence-transformers (loaded with
             ``AutoModel.from_pretrained(..., local_files_only=True)``) or an already-built model whose
             output has ``last_hidden_state`` or whose first output is the hidden states.
-        pooling: ``"mean"`` or ``"cls"``; None: the folder's own pooling when it is a sentence-transformers
-            folder, else ``"mean"``.
+        pooling: ``"mean"``, ``"cls"`` or ``"last"``; None: the folder's own pooling when it is a
+            sentence-transformers folder (``lasttoken`` read as ``"last"``), else ``"mean"``.
         normalize: L2-normalise the pooled output; None: True exactly when the folder lists ``Normalize``.
+        include_prompt: False: mean pooling leaves the prompt's tokens out (``forward``'s ``prompt_length``);
+            None: the folder's ``1_Pooling/config.json`` ``include_prompt``, else True (sentence-transformers'
+            default).
 
     Raises:
         ImportError: a path was given and ``transformers`` is not installed.
         FileNotFoundError: ``path_or_model`` is a path that is not a directory.
-        ValueError: unknown ``pooling``; a folder without ``config.json``; a sentence-transformers folder whose
-            modules cannot be applied.
+        ValueError: unknown ``pooling``; ``include_prompt=False`` with a pooling other than ``"mean"``; a folder
+            without ``config.json``; a sentence-transformers folder whose modules cannot be applied.
         TypeError: ``path_or_model`` is neither a path nor an ``nn.Module``.
 
     Example:
         >>> encoder = HuggingFaceEncoder("/data/tiny-bert", pooling="mean")  # written by save_pretrained
         >>> features = encoder(input_ids, attention_mask)  # (B, encoder.out_dim)
+        >>> decoder = HuggingFaceEncoder("/data/tiny-llama", pooling="last")  # LlamaForCausalLM: its base model
     """
 
     def __init__(self, path_or_model: str | os.PathLike | nn.Module, pooling: str | None = None,
-                 normalize: bool | None = None) -> None:
+                 normalize: bool | None = None, include_prompt: bool | None = None) -> None:
         super().__init__()
         if pooling is not None and pooling not in HF_POOLINGS:
             raise ValueError(f"pooling={pooling!r} is not supported; choose one of {HF_POOLINGS} or None.")
+        if include_prompt is not None and not isinstance(include_prompt, bool):
+            raise TypeError(f"include_prompt must be True, False or None, got {include_prompt!r}")
         if isinstance(path_or_model, (str, os.PathLike)):
             layout = read_sentence_transformer_folder(path_or_model)
             model = _load_local_model(path_or_model if layout is None else layout.model_path)
@@ -156,10 +172,17 @@ class HuggingFaceEncoder(nn.Module):
             pooling = layout.pooling
             if pooling not in HF_POOLINGS:
                 raise ValueError(f"{path_or_model} pools by {pooling!r} (its 1_Pooling/config.json); this wrapper "
-                                 f"computes {HF_POOLINGS}: pass pooling='mean' or pooling='cls' to override")
+                                 f"computes {HF_POOLINGS}: pass pooling='mean', 'cls' or 'last' to override")
+        self.pooling = pooling or "mean"
+        if include_prompt is None:  # a folder's include_prompt=False changes mean pooling alone, as in ST
+            include_prompt = layout is None or layout.include_prompt or self.pooling != "mean"
+        if not include_prompt and self.pooling != "mean":
+            raise ValueError(f"include_prompt=False leaves the prompt out of mean pooling; pooling={self.pooling!r} "
+                             "reads one token, so the prompt's tokens are not in it: drop include_prompt=False, or "
+                             "pool by 'mean'")
         _drop_unused_pooler(model)
         self.model = model
-        self.pooling = pooling or "mean"
+        self.include_prompt = include_prompt
         self.normalize = bool(layout.normalize if normalize is None and layout is not None else normalize)
         # The sequence length the folder's sentence-transformers model was trained with, when it says.
         self.max_seq_length = None if layout is None else layout.max_seq_length
@@ -186,15 +209,36 @@ class HuggingFaceEncoder(nn.Module):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                **kwargs: Any) -> torch.Tensor:
+                prompt_length: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        """Pooled (B, out_dim). `prompt_length` (B,): the prompt's tokens per row, as ``HuggingFaceTokenizer``
+        returns it with a prompt; read only by mean pooling with ``include_prompt=False``."""
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]  # (B, L, H)
+        if attention_mask is None:
+            attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)  # (B, L)
         if self.pooling == "cls":
             pooled = hidden[:, 0]  # (B, H)
-        elif attention_mask is None:
-            pooled = hidden.mean(dim=1)  # (B, H)
+        elif self.pooling == "last":
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_token(attention_mask)]  # (B, H)
         else:
-            weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
+            mask = attention_mask.ne(0)  # (B, L)
+            if not self.include_prompt and prompt_length is not None:
+                mask = mask & ~prompt_tokens(mask, prompt_length)
+            weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
             # clamp: an all-padding row pools to zeros instead of 0 / 0.
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, H)
         return F.normalize(pooled, dim=-1) if self.normalize else pooled
+
+
+def last_token(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) mask -> (B,) the position of each row's last token whose mask is not 0 (0 for an all-padding row):
+    the same token for left and right padding."""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)  # (L,)
+    return (attention_mask.ne(0) * positions).amax(dim=1)  # (B,)
+
+
+def prompt_tokens(mask: torch.Tensor, prompt_length: torch.Tensor) -> torch.Tensor:
+    """(B, L) boolean mask of real tokens, (B,) prompt lengths -> (B, L): True at the first prompt_length[b] real
+    tokens of row b (counted from its first real token, so wherever the padding is)."""
+    rank = mask.long().cumsum(dim=1) - 1  # (B, L) a real token's place among its row's real tokens
+    return mask & (rank < prompt_length.to(rank.device).view(-1, 1))

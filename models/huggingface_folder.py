@@ -79,7 +79,7 @@ def vocab_size(folder: Path, pooling: str | None) -> int | None:
     layout = read_sentence_transformer_folder(folder)
     if pooling is None and layout is not None and layout.pooling not in (None, *HF_POOLINGS):
         raise ValueError(f"{folder} pools by {layout.pooling!r} (its 1_Pooling/config.json); the encoder computes "
-                         f"{HF_POOLINGS}: pass --pooling mean or --pooling cls to override")
+                         f"{HF_POOLINGS}: pass --pooling mean, cls or last to override")
     model_path = folder if layout is None else layout.model_path
     if not (model_path / "config.json").is_file():
         raise ValueError(f"{model_path} has no config.json, so it is not a Hugging Face model folder; give the "

@@ -6,6 +6,10 @@ A folder saved by sentence-transformers holds ``modules.json``, the list of modu
 ``config.json`` names the pooling (``"pooling_mode": "mean"``, or the older ``"pooling_mode_mean_tokens": true``),
 and optionally a ``Normalize`` module (L2 normalisation, no files). all-MiniLM-L6-v2 is exactly that:
 Transformer, mean Pooling, Normalize. ``sentence_bert_config.json`` gives the ``max_seq_length`` it was trained with.
+The Pooling config's ``include_prompt`` (default true) says whether mean pooling counts a prompt's tokens, and
+``config_sentence_transformers.json``'s ``prompts`` name the texts prepended by ``encode(..., prompt_name=...)``:
+``"query"`` for queries, ``"document"`` (else ``"passage"``, else ``"corpus"``, the keys sentence-transformers'
+``encode_document`` tries in this order) for passages.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ _LEGACY_KEYS = {
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
+_OUR_NAMES = {"lasttoken": "last"}  # sentence-transformers' mode names that HuggingFaceEncoder spells otherwise
 
 
 @dataclass(frozen=True)
@@ -28,16 +33,26 @@ class SentenceTransformerLayout:
 
     Args:
         model_path: the folder of the Hugging Face model (the ``Transformer`` module's path).
-        pooling: the ``Pooling`` module's mode (``"mean"``, ``"cls"``, ``"max"`` ...; several joined by ``"+"``
-            when it concatenates them); None when the folder has none.
+        pooling: the ``Pooling`` module's mode (``"mean"``, ``"cls"``, ``"max"`` ..., ``"last"`` for
+            ``lasttoken``; several joined by ``"+"`` when it concatenates them); None when the folder has none.
         normalize: True when a ``Normalize`` module follows the pooling.
         max_seq_length: from ``sentence_bert_config.json``; None when absent.
+        include_prompt: the Pooling config's ``include_prompt`` (True when absent).
+        query_prompt, passage_prompt: the ``prompts`` of ``config_sentence_transformers.json`` for queries and
+            passages (module docstring); None when it has none.
     """
 
     model_path: Path
     pooling: str | None
     normalize: bool
     max_seq_length: int | None
+    include_prompt: bool = True
+    query_prompt: str | None = None
+    passage_prompt: str | None = None
+
+
+QUERY_PROMPT_NAME = "query"
+PASSAGE_PROMPT_NAMES = ("document", "passage", "corpus")  # sentence-transformers' encode_document's order
 
 
 def _module_kind(entry: dict) -> str:
@@ -59,7 +74,7 @@ def _pooling_mode(config: dict) -> str:
         modes = [modes] if isinstance(modes, str) else list(modes)
     else:
         modes = [name for key, name in _LEGACY_KEYS.items() if config.get(key, False)] or ["mean"]
-    return "+".join(modes)
+    return "+".join(_OUR_NAMES.get(mode, mode) for mode in modes)
 
 
 def _inside(root: Path, module_path: str) -> Path:
@@ -88,14 +103,15 @@ def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransfo
     entries = _read_json(root / "modules.json")
     if not isinstance(entries, list):
         raise ValueError(f"{root / 'modules.json'} must hold a list of modules, got {type(entries).__name__}")
-    model_path, pooling, normalize = root, None, False
+    model_path, pooling, normalize, include_prompt = root, None, False, True
     for entry in sorted(entries, key=lambda item: item.get("idx", 0)):
         kind = _module_kind(entry)
         module_path = _inside(root, entry.get("path", ""))
         if kind == "Transformer":
             model_path = module_path
         elif kind == "Pooling":
-            pooling = _pooling_mode(_read_json(module_path / "config.json"))
+            settings = _read_json(module_path / "config.json")
+            pooling, include_prompt = _pooling_mode(settings), bool(settings.get("include_prompt", True))
         elif kind == "Normalize":
             normalize = True
         else:
@@ -108,5 +124,11 @@ def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransfo
         if settings.is_file():
             max_seq_length = _read_json(settings).get("max_seq_length")
             break
+    prompts = {}
+    if (root / "config_sentence_transformers.json").is_file():
+        prompts = _read_json(root / "config_sentence_transformers.json").get("prompts") or {}
+    passage_name = next((name for name in PASSAGE_PROMPT_NAMES if prompts.get(name)), None)
     return SentenceTransformerLayout(model_path=model_path, pooling=pooling, normalize=normalize,
-                                     max_seq_length=max_seq_length)
+                                     max_seq_length=max_seq_length, include_prompt=include_prompt,
+                                     query_prompt=prompts.get(QUERY_PROMPT_NAME) or None,
+                                     passage_prompt=None if passage_name is None else prompts[passage_name])

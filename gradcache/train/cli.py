@@ -136,7 +136,8 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
     from gradcache.train.commands.evaluate import evaluate
     from gradcache.train.commands.model import load_model
 
-    model = load_model(args.model, args.device, args.max_length, args.pooling)
+    model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
+                       args.passage_prompt)
     metrics = evaluate(model, args.data, args.output, args.corpus, args.query_key, args.positive_key,
                        args.negative_keys, args.test_size, args.batch_size, args.classes)
     print(json.dumps(metrics, indent=2, sort_keys=True))
@@ -147,7 +148,8 @@ def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
     from gradcache.train.commands.encode import encode
     from gradcache.train.commands.model import load_model
 
-    model = load_model(args.model, args.device, args.max_length, args.pooling)
+    model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
+                       args.passage_prompt)
     embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size)
     print(f"wrote {args.output}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions "
           f"({model.source})", file=sys.stderr)
@@ -160,7 +162,8 @@ def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
 
     guards = Guards(args.margin, args.relative_margin, *(args.range or (1, None)))
     guards.check()
-    model = load_model(args.model, args.device, args.max_length, args.pooling)
+    model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
+                       args.passage_prompt)
     rows, short = mine(model, args.data, args.output, args.negatives, guards, args.corpus, args.query_key,
                        args.positive_key, args.negative_keys, args.batch_size)
     keys = negative_keys_of(args.output, args.negatives)

@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 11
+CONFIG_VERSION = 12
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -99,6 +99,10 @@ class RunConfig:
     lora_dropout: float | None = option(None, modes=TEXT, at_least=0, below=1, why="a probability of dropping",
                                         added=11)
     lora_targets: list[str] | None = option(None, modes=TEXT, model=True, added=11)  # module names, as peft matches
+    # decoder embedders and prompts: texts prepended to queries and to passages (sentence-transformers' prompts)
+    query_prompt: str | None = option(None, modes=TEXT, added=12)
+    passage_prompt: str | None = option(None, modes=TEXT, added=12)
+    exclude_prompt_from_pooling: bool = option(False, modes=TEXT, added=12)  # False: the folder's own, else included
     # optimisation
     strategy: str = "gradcache"
     batch_size: int = option(128, at_least=2, why="a contrastive batch needs at least 2 examples")  # over every rank

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from gradcache.models.huggingface import HF_POOLINGS
 from gradcache.train.commands.encode import TOWERS
 from gradcache.train.commands.command_inputs import CORPUS_ID, CORPUS_TEXT
 from gradcache.train.commands.mine import NEGATIVES_FIELD
@@ -19,9 +20,20 @@ def add_model_options(parser: argparse.ArgumentParser, model_help: str = MODEL_H
     parser.add_argument("--batch-size", type=int, default=256, help="texts or images embedded at once (default: 256)")
     parser.add_argument("--max-length", type=int, default=None, help="most tokens per text (default: the run's "
                         "--max-length, else the folder's sentence-transformers max_seq_length, else 128)")
-    parser.add_argument("--pooling", choices=["mean", "cls"], default=None,
+    parser.add_argument("--pooling", choices=list(HF_POOLINGS), default=None,
                         help="a model folder's pooling (default: the folder's own sentence-transformers pooling, "
                         "else mean); a run pools as it was trained")
+    add_prompt_options(parser)
+
+
+def add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--query-prompt", default=None, metavar="TEXT", help="a text model folder's prompt, prepended "
+                        "to queries (encode: with --tower query) (default: the folder's "
+                        "config_sentence_transformers.json prompts['query'], else none); a run prompts as it was "
+                        "trained (its --query-prompt)")
+    parser.add_argument("--passage-prompt", default=None, metavar="TEXT", help="a text model folder's prompt, "
+                        "prepended to passages (encode: with --tower passage) (default: the folder's prompts"
+                        "['document'], else none); a run prompts as it was trained (its --passage-prompt)")
 
 
 def add_pairs_options(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +60,8 @@ def add_encode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-key", default=None, help="the table column of image paths (relative to the "
                         "table's folder)")
     parser.add_argument("--tower", choices=TOWERS, default="passage", help="the side that embeds the texts, for a "
-                        "model with a query and a passage tower (default: passage; one shared tower: the same)")
+                        "model with a query and a passage tower, and whose prompt they take (default: passage; one "
+                        "shared tower without prompts: the same)")
 
 
 def add_eval_options(parser: argparse.ArgumentParser) -> None:

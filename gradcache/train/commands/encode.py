@@ -51,7 +51,7 @@ def embed_text_rows(model: LoadedModel, texts: list[str], tower: str, batch_size
     with a progress bar on stderr."""
     encode = model.encode_query if tower == "query" else model.encode_passage
     with tqdm(total=len(texts), desc=description, unit="text", file=sys.stderr, disable=None) as bar:
-        return embed_texts(counted(encode, bar), model.tokenizer, texts, model.device, batch_size)
+        return embed_texts(counted(encode, bar), model.side_tokenizer(tower), texts, model.device, batch_size)
 
 
 def embed_image_rows(model: LoadedModel, images: torch.Tensor, batch_size: int) -> np.ndarray:
@@ -67,7 +67,8 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
     Args:
         data: a .txt file or a table (with `key`) of texts; a folder or a table (with `image_key`) of images, or
             webdataset shards (a .tar, a folder of them, a glob or brace pattern).
-        tower: "query" or "passage": the side that embeds texts (the same for one shared tower and for CLIP).
+        tower: "query" or "passage": the side that embeds texts (the same for one shared tower and for CLIP), and
+            whose prompt is prepended to them (`LoadedModel.query_prompt` / `passage_prompt`).
 
     Raises:
         UsageError: a bad option, texts for a model without a text side or images for one without an image side.

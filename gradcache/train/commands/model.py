@@ -5,8 +5,9 @@ MODEL is, in the order it is recognised:
 - a run folder of `gradcache train` (one holding `last.pt`, `previous.pt`, `last.dcp`, `train_log.csv` or
   `metrics.json`) or a checkpoint file or folder: the run's model, rebuilt from its options and loaded from its
   newest good checkpoint, exactly as `gradcache eval RUN` always did;
-- a sentence-transformers folder (`modules.json`: its pooling and `Normalize` read as sentence-transformers
-  reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with its own tokenizer;
+- a sentence-transformers folder (`modules.json`: its pooling, `include_prompt`, `Normalize` and prompts read as
+  sentence-transformers reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with
+  its own tokenizer;
 - a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
   query tower from the first, the passage tower from the second, the tokenizer of `query/`;
 - an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`);
@@ -69,6 +70,8 @@ class LoadedModel:
         encode_image: (B, 3, H, W) in [-1, 1] -> (B, D) (clip, simclr).
         image_size: the side images are decoded to (clip, simclr).
         config: the run's options, and meta its checkpoint's meta, for a run; None for a model folder.
+        query_prompt, passage_prompt: text models: the texts prepended to queries and to passages (a run's
+            `--query-prompt` / `--passage-prompt`, a folder's prompts "query" / "document"); None: none.
     """
 
     kind: str
@@ -82,6 +85,13 @@ class LoadedModel:
     image_size: int | None = None
     config: RunConfig | None = None
     meta: CheckpointMeta | None = None
+    query_prompt: str | None = None
+    passage_prompt: str | None = None
+
+    def side_tokenizer(self, tower: str) -> Callable[[list[str]], dict[str, torch.Tensor]]:
+        """texts -> tokens of the `tower` side ("query" or "passage"): after that side's prompt, if any."""
+        prompt = self.query_prompt if tower == "query" else self.passage_prompt
+        return self.tokenizer if prompt is None else self.tokenizer.with_prompt(prompt)
 
     @property
     def embeds_text(self) -> bool:
@@ -119,10 +129,14 @@ def load_run(path: str | os.PathLike, device: str = "cpu") -> tuple[RunConfig, n
     return config, model.to(torch.device(device)).eval(), meta
 
 
-def _from_run(path: Path, device: torch.device, max_length: int | None, pooling: str | None) -> LoadedModel:
+def _from_run(path: Path, device: torch.device, max_length: int | None, pooling: str | None,
+              prompts: tuple[str | None, str | None]) -> LoadedModel:
     if pooling is not None:
         raise UsageError(f"--pooling {pooling} applies to a model folder; the run {path} pools as it was trained "
                          "(drop --pooling)")
+    if prompts != (None, None):
+        raise UsageError(f"--query-prompt and --passage-prompt apply to a model folder; the run {path} prompts as it "
+                         "was trained (drop them)")
     config, model, meta = load_run(path, str(device))
     common = {"source": f"run {path} (step {meta.step})", "module": model, "device": device, "config": config,
               "meta": meta}
@@ -131,7 +145,8 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
 
         tokenizer = HuggingFaceTokenizer(_text_model_folder(config.model), max_length or config.max_length)
         return LoadedModel("text", tokenizer=tokenizer, encode_query=model.encode_query,
-                           encode_passage=model.encode_passage, **common)
+                           encode_passage=model.encode_passage, query_prompt=config.query_prompt,
+                           passage_prompt=config.passage_prompt, **common)
     if max_length is not None:
         raise UsageError(f"--max-length applies to text models; the {config.mode} run {path} tokenises captions "
                          "as it was trained (drop --max-length)")
@@ -153,10 +168,12 @@ def _text_model_folder(name: str) -> Path:
 
 
 def _from_text_folder(name: str, folder: Path, device: torch.device, max_length: int | None,
-                      pooling: str | None, passage_folder: Path | None = None) -> LoadedModel:
+                      pooling: str | None, prompts: tuple[str | None, str | None],
+                      passage_folder: Path | None = None) -> LoadedModel:
     """A shared tower from `folder`, or a query tower from `folder` and a passage tower from `passage_folder`
-    (both with `folder`'s tokenizer)."""
+    (both with `folder`'s tokenizer); `prompts` (query, passage) where given, else the folder's own."""
     from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
+    from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
     try:
         quiet_transformers()
@@ -168,15 +185,22 @@ def _from_text_folder(name: str, folder: Path, device: torch.device, max_length:
         # the length the folder says it was trained with (sentence-transformers' max_seq_length), else train's
         length = max_length or encoder.max_seq_length or RunConfig.max_length
         tokenizer = HuggingFaceTokenizer(folder, length)
+        layout = read_sentence_transformer_folder(folder)
     except (ValueError, OSError) as error:
         raise UsageError(f"MODEL {name}: {error}") from error
+    query_prompt, passage_prompt = prompts
+    if layout is not None:
+        query_prompt = query_prompt if query_prompt is not None else layout.query_prompt
+        passage_prompt = passage_prompt if passage_prompt is not None else layout.passage_prompt
     model = BiEncoder(encoder, passage).to(device).eval()
     return LoadedModel("text", source=f"model folder {folder}", module=model, device=device, tokenizer=tokenizer,
-                       encode_query=model.encode_query, encode_passage=model.encode_passage)
+                       encode_query=model.encode_query, encode_passage=model.encode_passage,
+                       query_prompt=query_prompt, passage_prompt=passage_prompt)
 
 
 def load_model(name: str, device: str = "cpu", max_length: int | None = None,
-               pooling: str | None = None) -> LoadedModel:
+               pooling: str | None = None, query_prompt: str | None = None,
+               passage_prompt: str | None = None) -> LoadedModel:
     """The model MODEL `name` names (module docstring), in eval mode on `device`.
 
     Args:
@@ -184,7 +208,9 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
         device: "cpu", "cuda", "cuda:1" ...
         max_length: most tokens per text (default: the run's --max-length, else the folder's max_seq_length,
             else 128).
-        pooling: "mean" or "cls" for a model folder (default: the folder's own); refused for a run.
+        pooling: "mean", "cls" or "last" for a model folder (default: the folder's own); refused for a run.
+        query_prompt, passage_prompt: a text model folder's prompts (default: its config_sentence_transformers.json
+            "query" and "document" prompts, else none); refused for a run, which prompts as it trained.
 
     Raises:
         UsageError: MODEL names nothing, a folder of an unknown kind, or a model that does not load offline.
@@ -196,19 +222,27 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
     """
     if max_length is not None and max_length < 2:
         raise UsageError(f"--max-length must be at least 2 (two special tokens), got {max_length}")
+    prompts = (query_prompt, passage_prompt)
+    for option, prompt in zip(("--query-prompt", "--passage-prompt"), prompts):
+        if prompt is not None and not prompt.strip():
+            raise UsageError(f"{option} {prompt!r} is empty; give the text to prepend, or omit {option}")
     torch_device = torch.device(device)
     if name == PACKAGED_MODEL:
-        return _from_text_folder(name, _text_model_folder(name), torch_device, max_length, pooling)
+        return _from_text_folder(name, _text_model_folder(name), torch_device, max_length, pooling, prompts)
     path = Path(name)
     if not path.exists():
         raise UsageError(f"MODEL {name!r}: no such file or folder; give {MODEL_HELP}")
     if is_run_path(path):
-        return _from_run(path, torch_device, max_length, pooling)
+        return _from_run(path, torch_device, max_length, pooling, prompts)
     kind = model_folder_kind(path)  # UsageError for a folder of no known kind
     if kind in (ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.HUGGING_FACE):
-        return _from_text_folder(name, path, torch_device, max_length, pooling)
+        return _from_text_folder(name, path, torch_device, max_length, pooling, prompts)
     if kind == ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS:
-        return _from_text_folder(name, path / QUERY_FOLDER, torch_device, max_length, pooling, path / PASSAGE_FOLDER)
+        return _from_text_folder(name, path / QUERY_FOLDER, torch_device, max_length, pooling, prompts,
+                                 path / PASSAGE_FOLDER)
+    if prompts != (None, None):
+        raise UsageError(f"--query-prompt and --passage-prompt apply to text models; MODEL {name} is a {kind.value} "
+                         "folder (drop them)")
     if kind == ModelFolderKind.BUILT_IN:
         return _from_built_in(name, path, torch_device, max_length, pooling)
     if kind == ModelFolderKind.OPEN_CLIP:

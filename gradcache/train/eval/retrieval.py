@@ -63,13 +63,16 @@ def retrieval_metrics(query_embeddings: np.ndarray, corpus_embeddings: np.ndarra
 def evaluate_retrieval(encode_query: Callable[..., torch.Tensor], encode_passage: Callable[..., torch.Tensor],
                        tokenizer: Callable, pairs: TextPairs, device: torch.device,
                        batch_size: int = 256, dims: Sequence[int] | None = None,
-                       corpus: tuple[Sequence[str], np.ndarray] | None = None) -> dict[str, float]:
+                       corpus: tuple[Sequence[str], np.ndarray] | None = None,
+                       passage_tokenizer: Callable | None = None) -> dict[str, float]:
     """The held-out queries of `pairs` against their corpus, each text embedded by its tower (module docstring);
     with `dims` (`--matryoshka-dims`), the same metrics at each narrower width d as `<metric>@<d>`. `corpus`
-    (`--corpus`): the passages to rank instead, and (Q,) the place of each query's positive among them."""
+    (`--corpus`): the passages to rank instead, and (Q,) the place of each query's positive among them.
+    `passage_tokenizer`: the passages' own (their prompt), default `tokenizer`."""
     corpus, relevant = retrieval_corpus(pairs) if corpus is None else corpus
     queries = embed_texts(encode_query, tokenizer, pairs.queries, device, batch_size)
-    passages = embed_texts(encode_passage, tokenizer, corpus, device, batch_size)
+    passages = embed_texts(encode_passage, tokenizer if passage_tokenizer is None else passage_tokenizer, corpus,
+                           device, batch_size)
     metrics = retrieval_metrics(queries, passages, relevant)
     for dim in evaluation_dims(dims, queries.shape[1]):
         metrics.update(at_dim(retrieval_metrics(truncated(queries, dim), truncated(passages, dim), relevant), dim))

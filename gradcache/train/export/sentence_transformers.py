@@ -3,8 +3,12 @@ did, and `transformers.AutoModel.from_pretrained(folder)` reads its weights.
 
 The folder is written in the layout all-MiniLM-L6-v2 ships (and sentence-transformers 3 to 6 read): the Hugging
 Face model and its tokenizer at the top (`model.safetensors`, `config.json`, tokenizer files), `modules.json`
-listing Transformer -> Pooling (`1_Pooling/config.json`) -> Normalize when the tower normalises,
-`sentence_bert_config.json` with `max_seq_length` = the run's `--max-length`.
+listing Transformer -> Pooling (`1_Pooling/config.json`: `mean_tokens`, `cls_token` or `lasttoken`, and
+`include_prompt`) -> Normalize when the tower normalises, `sentence_bert_config.json` with `max_seq_length` = the
+run's `--max-length`, and `config_sentence_transformers.json` with the run's prompts, under the names
+`encode(..., prompt_name=...)`, `encode_query` and `encode_document` look up: `"query"` and `"document"`.
+The tokenizer is the one the run tokenised with (`HuggingFaceTokenizer`): where it appends the EOS token, the
+saved tokenizer does too, so sentence-transformers tokenises as the run did.
 """
 from __future__ import annotations
 
@@ -14,15 +18,18 @@ from pathlib import Path
 
 from torch import nn
 
-from gradcache.models import HuggingFaceEncoder
-from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
+from gradcache.models import HuggingFaceEncoder, HuggingFaceTokenizer
+from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME, read_sentence_transformer_folder
 
 _POOLING_KEYS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
+_POOLING_KEY = {"mean": "mean_tokens", "cls": "cls_token", "last": "lasttoken"}  # HuggingFaceEncoder's -> ST's
+PASSAGE_PROMPT_NAME = "document"  # the first name sentence-transformers' encode_document looks up
 _MODULE = "sentence_transformers.models."  # the module paths every sentence-transformers version reads
 
 
 def write_sentence_transformers_folder(tower: HuggingFaceEncoder, base_folder: str | os.PathLike, max_seq_length: int,
-                                       folder: str | os.PathLike) -> None:
+                                       folder: str | os.PathLike, query_prompt: str | None = None,
+                                       passage_prompt: str | None = None) -> None:
     """Write `tower` (its model, pooling and normalisation) with the tokenizer of `base_folder` (the `--model` the
     run started from) into the new or empty `folder`.
 
@@ -34,9 +41,8 @@ def write_sentence_transformers_folder(tower: HuggingFaceEncoder, base_folder: s
         base_folder: the Hugging Face or sentence-transformers folder the run's `--model` named.
         max_seq_length: the most tokens per text the run trained with (`--max-length`).
         folder: where to write.
+        query_prompt, passage_prompt: the run's prompts (`--query-prompt`, `--passage-prompt`); None: none.
     """
-    import transformers
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     layout = read_sentence_transformer_folder(base_folder)
@@ -48,7 +54,7 @@ def write_sentence_transformers_folder(tower: HuggingFaceEncoder, base_folder: s
     finally:
         if restored:
             model.pooler = None
-    transformers.AutoTokenizer.from_pretrained(os.fspath(source), local_files_only=True).save_pretrained(folder)
+    HuggingFaceTokenizer(source, max_seq_length).tokenizer.save_pretrained(folder)  # with the EOS the run appended
     modules = [{"idx": 0, "name": "0", "path": "", "type": _MODULE + "Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": _MODULE + "Pooling"}]
     if tower.normalize:
@@ -58,20 +64,26 @@ def write_sentence_transformers_folder(tower: HuggingFaceEncoder, base_folder: s
     _write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
     (folder / "1_Pooling").mkdir(exist_ok=True)
     pooling = {"word_embedding_dimension": tower.out_dim,
-               **{f"pooling_mode_{key}": key == {"mean": "mean_tokens", "cls": "cls_token"}[tower.pooling]
-                  for key in _POOLING_KEYS},
-               "include_prompt": True}
+               **{f"pooling_mode_{key}": key == _POOLING_KEY[tower.pooling] for key in _POOLING_KEYS},
+               "include_prompt": tower.include_prompt}
     _write_json(folder / "1_Pooling" / "config.json", pooling)
+    prompts = {name: prompt for name, prompt in ((QUERY_PROMPT_NAME, query_prompt),
+                                                 (PASSAGE_PROMPT_NAME, passage_prompt)) if prompt is not None}
     _write_json(folder / "config_sentence_transformers.json",
-                {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
-    pooled = ("hidden[:, 0]" if tower.pooling == "cls" else
-              "(hidden * mask).sum(1) / mask.sum(1)  # mean over the tokens")
+                {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+    pooled = {"cls": "hidden[:, 0]",
+              "last": "hidden[torch.arange(len(hidden)), (mask[..., 0] * torch.arange(mask.shape[1])).argmax(1)]"
+                      "  # each text's last token",
+              "mean": "(hidden * mask).sum(1) / mask.sum(1)  # mean over the tokens"}[tower.pooling]
+    prompted = "".join(f'\n{name}_embeddings = model.encode(texts, prompt_name="{name}")  # prepends {prompt!r}'
+                       for name, prompt in prompts.items())
     (folder / "README.md").write_text(
         "# A sentence-transformers model trained by gradcache\n\n```python\n"
         "from sentence_transformers import SentenceTransformer\n"
         'model = SentenceTransformer("RUN/model")\n'
         f"embeddings = model.encode(texts)  # {'unit length, ' if tower.normalize else ''}at most {max_seq_length} "
-        "tokens per text\n```\n\nWith transformers alone:\n\n```python\n"
+        f"tokens per text{prompted}\n```\n\nWith transformers alone"
+        f"{' (prepend the prompt to each text yourself)' if prompts else ''}:\n\n```python\n"
         "import torch, transformers\n"
         'tokenizer = transformers.AutoTokenizer.from_pretrained("RUN/model")\n'
         'model = transformers.AutoModel.from_pretrained("RUN/model")\n'

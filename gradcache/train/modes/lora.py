@@ -171,16 +171,18 @@ def check_lora_targets(config: RunConfig, folder: Path) -> None:
                          f"{config.model}: {error}") from error
 
 
-def write_lora_tower(tower: HuggingFaceEncoder, base_folder: Path, max_seq_length: int, folder: Path) -> None:
+def write_lora_tower(tower: HuggingFaceEncoder, base_folder: Path, max_seq_length: int, folder: Path,
+                     **prompts: str | None) -> None:
     """The adapter of `tower` as a PEFT folder in `folder/adapter`, and the model merged with it as a
     sentence-transformers folder in `folder`: the base read again from `base_folder` on CPU, the adapter loaded
     into it as users load it, merged (`merge_and_unload`), then written as a run without LoRA writes its model."""
     peft = import_peft()
     adapter = Path(folder) / ADAPTER_FOLDER
     tower.model.save_pretrained(adapter)  # adapter_config.json + adapter_model.safetensors
-    merged = HuggingFaceEncoder(base_folder, pooling=tower.pooling, normalize=tower.normalize)
+    merged = HuggingFaceEncoder(base_folder, pooling=tower.pooling, normalize=tower.normalize,
+                                include_prompt=tower.include_prompt)
     merged.model = peft.PeftModel.from_pretrained(merged.model, adapter).merge_and_unload()
-    write_sentence_transformers_folder(merged, base_folder, max_seq_length, folder)
+    write_sentence_transformers_folder(merged, base_folder, max_seq_length, folder, **prompts)  # query_prompt ...
     base = tower.model.peft_config["default"].base_model_name_or_path
     with open(Path(folder) / "README.md", "a", encoding="utf-8") as readme:
         readme.write("\n## The LoRA adapter\n\nThe model above is merged with its adapter. The adapter alone, on "

@@ -20,6 +20,8 @@ from torch.utils.data import DataLoader
 from gradcache import distributed, losses
 from gradcache.losses.guided import MARGIN_STRATEGIES
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
+from gradcache.models.huggingface import HF_POOLINGS
+from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 from gradcache.models.huggingface_folder import (
     PACKAGED_MODEL,
     check_model_folder,
@@ -108,9 +110,7 @@ class Text(Mode):
         data.add_argument("--negatives-per-query", type=int, default=default("negatives_per_query"),
                           help="hard negatives h per query: a --data file's rows with fewer are skipped (default: "
                           "the count most rows have); the built-in world generates h (default: 1)")
-        model.add_argument("--pooling", default=default("pooling"), choices=["mean", "cls"],
-                           help="pooling of the last hidden states (default: the folder's own sentence-transformers "
-                           "pooling, else mean)")
+        self._add_embedder_options(groups.model, default)
         model.add_argument("--max-length", type=int, default=default("max_length"), help="most tokens per text")
         model.add_argument("--separate-towers", action="store_true",
                            help="a query and a passage encoder, both from --model (default: one shared encoder)")
@@ -133,9 +133,38 @@ class Text(Mode):
                          "--chunk-size rows)")
         add_lora_options(model, default)
 
+    @staticmethod
+    def _add_embedder_options(model: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
+        """Pooling and prompts (decoder embedders: --pooling last, instruction prompts)."""
+        model.add_argument("--pooling", default=default("pooling"), choices=list(HF_POOLINGS),
+                           help="pooling of the last hidden states: mean, cls (position 0), or last (each text's "
+                           "last token, the EOS token appended where the tokenizer has one: decoder LLMs) (default: "
+                           "the folder's own sentence-transformers pooling, else mean)")
+        model.add_argument("--query-prompt", default=default("query_prompt"), metavar="TEXT",
+                           help="text prepended to every query in training, evaluation and the exported model's "
+                           "prompts['query'], e.g. 'Instruct: retrieve the passage that answers it. Query: ' "
+                           "(default: none)")
+        model.add_argument("--passage-prompt", default=default("passage_prompt"), metavar="TEXT",
+                           help="text prepended to every passage (positives and hard negatives), and the exported "
+                           "model's prompts['document'] (default: none)")
+        model.add_argument("--exclude-prompt-from-pooling", action="store_true",
+                           help="mean pooling leaves the prompt's tokens out (sentence-transformers' "
+                           "include_prompt=False) (default: included, sentence-transformers' default)")
+
     def check(self, config: RunConfig) -> None:
-        """--guide with the loss it guides: the dense loss without a queue; the LoRA options (modes/lora.py)."""
+        """--guide with the loss it guides: the dense loss without a queue; the LoRA options (modes/lora.py); prompts
+        that are text, and excluded from pooling only where there is one and mean pooling."""
         check_lora_options(config)
+        for option, prompt in (("--query-prompt", config.query_prompt), ("--passage-prompt", config.passage_prompt)):
+            if prompt is not None and not prompt.strip():
+                raise UsageError(f"{option} {prompt!r} is empty; give the text to prepend, or omit {option}")
+        if config.exclude_prompt_from_pooling:
+            if config.query_prompt is None and config.passage_prompt is None:
+                raise UsageError("--exclude-prompt-from-pooling leaves a prompt out of the pooling, but there is "
+                                 "none; give --query-prompt or --passage-prompt, or drop the flag")
+            if config.pooling not in (None, "mean"):
+                raise UsageError(f"--exclude-prompt-from-pooling applies to mean pooling; --pooling {config.pooling} "
+                                 "reads one token, never the prompt's: drop the flag, or use --pooling mean")
         if config.guide is not None and (config.queue_size or config.tile_size is not None):
             raise UsageError(f"--guide needs the dense loss without a queue (queued passages have no guide "
                              f"embeddings), got --queue-size {config.queue_size} --tile-size {config.tile_size}; "
@@ -146,6 +175,10 @@ class Text(Mode):
         folder's config.json and tokenizer files, without loading the weights (the run builds the model once)."""
         _check_folder("--model", config.model, config.pooling, config.max_length)
         check_lora_targets(config, _model_folder(config.model))
+        pooling = config.pooling or _folder_pooling(_model_folder(config.model))
+        if config.exclude_prompt_from_pooling and pooling != "mean":
+            raise UsageError(f"--exclude-prompt-from-pooling applies to mean pooling; --model {config.model} pools "
+                             f"by {pooling!r}: add --pooling mean, or drop the flag")
         if config.guide is not None:
             _check_folder("--guide", config.guide, None, config.max_length)
 
@@ -163,10 +196,11 @@ class Text(Mode):
 
     def batches(self, config: RunConfig, data: TextSplits, sampler: StepSampler) -> DataLoader:
         guide_tokenizer = None if config.guide is None else _tokenizer(config, config.guide)
+        query_tokenizer, passage_tokenizer = _side_tokenizers(config)
         if isinstance(data.train, StreamedRows):
-            return streamed_batches(data.train, sampler, TokenizeGroups(_tokenizer(config), guide_tokenizer),
-                                    config.workers, config.max_bad_share)
-        return text_batches(data.train, sampler, _tokenizer(config), config.workers, guide_tokenizer)
+            tokenize = TokenizeGroups(query_tokenizer, guide_tokenizer, passage_tokenizer)
+            return streamed_batches(data.train, sampler, tokenize, config.workers, config.max_bad_share)
+        return text_batches(data.train, sampler, query_tokenizer, config.workers, guide_tokenizer, passage_tokenizer)
 
     def resolve(self, config: RunConfig, data: TextSplits) -> RunConfig:
         """h, as the data has it: the loss and the chunk sizes read it from the configuration; streamed rows: the
@@ -189,7 +223,8 @@ class Text(Mode):
         folder = _model_folder(config.model)
         _quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
         try:
-            towers = [HuggingFaceEncoder(folder, pooling=config.pooling) for _ in range(1 + config.separate_towers)]
+            towers = [HuggingFaceEncoder(folder, pooling=config.pooling, include_prompt=include_prompt(config))
+                      for _ in range(1 + config.separate_towers)]
         except ValueError as error:  # weights that do not load (checked in check_model, unless a resume builds first)
             raise UsageError(f"--model {config.model}: {error}") from error
         lora = lora_settings(config)
@@ -233,8 +268,9 @@ class Text(Mode):
     def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
                 device: torch.device) -> dict[str, float]:
         corpus = None if data.corpus is None else (data.corpus, data.test_positions)
-        return evaluate_retrieval(model.encode_query, model.encode_passage, _tokenizer(config), data.test, device,
-                                  dims=config.matryoshka_dims, corpus=corpus)
+        query_tokenizer, passage_tokenizer = _side_tokenizers(config)
+        return evaluate_retrieval(model.encode_query, model.encode_passage, query_tokenizer, data.test, device,
+                                  dims=config.matryoshka_dims, corpus=corpus, passage_tokenizer=passage_tokenizer)
 
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
@@ -242,11 +278,12 @@ class Text(Mode):
         --lora-rank the model merged with its adapter, and the adapter in `adapter/` (modes/lora.py)."""
         base = _model_folder(config.model)
         write = write_sentence_transformers_folder if config.lora_rank is None else write_lora_tower
+        prompts = {"query_prompt": config.query_prompt, "passage_prompt": config.passage_prompt}
         if model.shared:
-            write(model.query_tower, base, config.max_length, folder)
+            write(model.query_tower, base, config.max_length, folder, **prompts)
             return
         for side, tower in ((QUERY_FOLDER, model.query_tower), (PASSAGE_FOLDER, model.passage_tower)):
-            write(tower, base, config.max_length, folder / side)
+            write(tower, base, config.max_length, folder / side, **prompts)
         (folder / "README.md").write_text(
             "# Two towers (--separate-towers)\n\nEmbed queries with one and passages with the other:\n\n```python\n"
             "from sentence_transformers import SentenceTransformer\n"
@@ -285,6 +322,23 @@ def memory_bytes(text: str) -> int:
 def _tokenizer(config: RunConfig, model: str | None = None) -> HuggingFaceTokenizer:
     """The tokenizer of `--model` (or of `model`, e.g. the guide's folder), truncating at `--max-length`."""
     return HuggingFaceTokenizer(_model_folder(config.model if model is None else model), config.max_length)
+
+
+def _side_tokenizers(config: RunConfig) -> tuple[Callable, Callable]:
+    """The tokenizers of queries and of passages: `--model`'s, each text after its side's prompt."""
+    tokenizer = _tokenizer(config)
+    return tokenizer.with_prompt(config.query_prompt), tokenizer.with_prompt(config.passage_prompt)
+
+
+def include_prompt(config: RunConfig) -> bool | None:
+    """The towers' `include_prompt`: False with --exclude-prompt-from-pooling, else the folder's own (None)."""
+    return False if config.exclude_prompt_from_pooling else None
+
+
+def _folder_pooling(folder: Path) -> str:
+    """The pooling a folder's encoder takes without --pooling: its sentence-transformers pooling, else mean."""
+    layout = read_sentence_transformer_folder(folder)
+    return "mean" if layout is None or layout.pooling is None else layout.pooling
 
 
 def _check_folder(option: str, name: str, pooling: str | None, max_length: int) -> None:

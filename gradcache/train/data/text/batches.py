@@ -38,16 +38,19 @@ class QueryPassages(Dataset):
 class TokenizeGroups:
     """Tokenises a batch of items into [query tokens (n, L), passage tokens (n (1 + h), L')], and with a guide's
     tokenizer the same texts again in the guide's tokens (a class, not a lambda, so worker processes can pickle
-    it)."""
+    it). `passage_tokenizer` tokenises the passages where they take another prompt than the queries (default:
+    `tokenizer`)."""
 
     def __init__(self, tokenizer: Callable[[list[str]], dict[str, torch.Tensor]],
-                 guide_tokenizer: Callable[[list[str]], dict[str, torch.Tensor]] | None = None) -> None:
+                 guide_tokenizer: Callable[[list[str]], dict[str, torch.Tensor]] | None = None,
+                 passage_tokenizer: Callable[[list[str]], dict[str, torch.Tensor]] | None = None) -> None:
         self.tokenizer, self.guide_tokenizer = tokenizer, guide_tokenizer
+        self.passage_tokenizer = tokenizer if passage_tokenizer is None else passage_tokenizer
 
     def __call__(self, items: list[tuple[str, list[str]]]) -> list[dict[str, torch.Tensor]]:
         queries = [query for query, _ in items]
         passages = [passage for _, group in items for passage in group]
-        tokens = [self.tokenizer(queries), self.tokenizer(passages)]
+        tokens = [self.tokenizer(queries), self.passage_tokenizer(passages)]
         if self.guide_tokenizer is not None:
             tokens += [self.guide_tokenizer(queries), self.guide_tokenizer(passages)]
         return tokens
@@ -98,7 +101,8 @@ class GroupedInfoNCE(nn.Module):
 
 
 def text_batches(pairs: TextPairs | IndexedPairs, sampler: StepSampler, tokenizer: Callable, workers: int,
-                 guide_tokenizer: Callable | None = None) -> DataLoader:
+                 guide_tokenizer: Callable | None = None, passage_tokenizer: Callable | None = None) -> DataLoader:
     """A loader of [query tokens, passage tokens] per step (and the guide's tokens of both, given
-    `guide_tokenizer`), in the order `sampler` gives."""
-    return step_loader(QueryPassages(pairs), sampler, TokenizeGroups(tokenizer, guide_tokenizer), workers)
+    `guide_tokenizer`), in the order `sampler` gives; passages by `passage_tokenizer` (default: `tokenizer`)."""
+    return step_loader(QueryPassages(pairs), sampler, TokenizeGroups(tokenizer, guide_tokenizer, passage_tokenizer),
+                       workers)

@@ -85,10 +85,11 @@ ADDED_IN = {
     9: dict(eval_data=None, eval_reference_size=None, shuffle_buffer=1000, train_num_samples=None, corpus=None),
     10: dict(progress_every=30.0),
     11: dict(lora_rank=None, lora_alpha=None, lora_dropout=None, lora_targets=None),
+    12: dict(query_prompt=None, passage_prompt=None, exclude_prompt_from_pooling=False),
 }
 
 
-@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9, 10])
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
 def test_each_older_version_gets_the_values_its_run_trained_under(version):
     lacking = {name: value for added, names in ADDED_IN.items() if added > version for name, value in names.items()}
     changed = RunConfig(mode="text", max_length=64, queue_size=5, collective_timeout=9.0, max_bad_share=0.5,

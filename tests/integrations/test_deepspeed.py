@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO stages 1, 2 and 3 as a GradCache encoder on two gloo ranks on CPU: the parameters and losses of
 four AdamW steps (GradCache, CachedLoss, GradCache keeping graphs, FullBatch) against one process on the
-concatenated global batch, the gradient reductions of each step, and the configs and calls that cannot be exact.
+concatenated global batch, ZeRO options passed through (CPU offload, small overlapped buckets), the gradient
+reductions of each step, and the configs and calls that cannot be exact.
 
 What is counted: every reducing collective (all_reduce, reduce, reduce_scatter and their tensor forms) from the
 step's first forward to the end of `engine.step()`, with the number of elements it reduces, split by caller:
@@ -39,6 +40,14 @@ GLOBAL, CHUNK, LR = 12, 2, 1e-2  # 6 rows per rank: 3 chunks per input, 6 chunk 
 # inputs' rows, engine.backward(loss)
 STEPS = ("gradcache", "cached", "kept", "full", "ordinary")
 STAGES = (1, 2, 3)
+# ZeRO options passed through, one GradCache step each: CPU offload (ZeRO-3: parameters and optimizer; torch's
+# AdamW there, not DeepSpeed's compiled CPU Adam), and ZeRO-2's overlapped reduction in buckets smaller than one
+# weight matrix
+ZERO_OPTIONS = {
+    "offload": {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                                      "offload_optimizer": {"device": "cpu"}}, "zero_force_ds_cpu_optimizer": False},
+    "buckets": {"zero_optimization": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 100}},
+}
 REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
             "_reduce_scatter_base", "all_reduce_coalesced")
 
@@ -183,6 +192,11 @@ def all_stages_worker(rank, world_size):
         results = {stage: stage_worker(rank, world_size, stage, calls) for stage in STAGES}
     local = [b[rank * GLOBAL // 2:(rank + 1) * GLOBAL // 2] for b in batch()]
     results["refusals"] = refusals_worker(rank, world_size, local)
+    for name, extra in ZERO_OPTIONS.items():
+        engine = engine_for(extra["zero_optimization"]["stage"], **extra)
+        loss = GradCache(engine, loss_fn(), CHUNK).step(*local)
+        engine.step()
+        results[name] = {"loss": loss, "params": gathered(engine)}
     return results
 
 
@@ -224,6 +238,16 @@ def test_each_step_equals_the_full_batch_on_one_process(ranks, stage):
             for key, want in want_params[step].items():
                 error = (got["params"][step][key] - want).abs().max().item()
                 assert error < 1e-6, f"stage {stage}, step {step} ({name}), {key}: {error:.3g}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ZERO_OPTIONS)
+def test_zero_options_pass_through_exactly(ranks, name):
+    want_losses, want_params = reference()
+    for result in ranks:
+        assert torch.allclose(result[name]["loss"], want_losses[0], rtol=1e-6, atol=0)
+        for key, want in want_params[0].items():
+            assert (result[name]["params"][key] - want).abs().max().item() < 1e-6, key
 
 
 def parameter_reductions(calls):

@@ -189,7 +189,8 @@ class GradCache(Strategy):
         a graph and back-propagate each chunk's cached gradient.
 
         A step synchronises gradients once. A DDP or FSDP2 encoder holds its synchronisation off itself for all
-        but its last backward (`gradient_sync`). Any other encoder may sit under a DDP wrapper of the whole model
+        but its last backward (`gradient_sync`); a DeepSpeed engine reduces the sum of all of them once, as the
+        encoder's `step_reduction` block ends. Any other encoder may sit under a DDP wrapper of the whole model
         (Lightning, the Hugging Face Trainer), which decided at its forward that this backward synchronises:
         every backward but the encoder's last reaches `.grad` without firing DDP's hooks, and the last fires
         each hook once, so DDP all-reduces the accumulated sum. BatchNorm buffers leave as phase (1) left them.

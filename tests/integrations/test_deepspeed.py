@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO stages 1, 2 and 3 as a GradCache encoder on two gloo ranks on CPU: the parameters and losses of
-four AdamW steps (GradCache, CachedLoss, GradCache keeping graphs, FullBatch) against one process on the
-concatenated global batch, ZeRO options passed through (CPU offload, small overlapped buckets), the gradient
-reductions of each step, and the configs and calls that cannot be exact.
+five AdamW steps (GradCache, CachedLoss, GradCache keeping graphs, FullBatch, DeepSpeed's own) against one process
+on the concatenated global batch, ZeRO options passed through (CPU offload, small overlapped buckets),
+NaiveAccumulation against the DDP tests' naive reference, the gradient reductions of each step, and the configs
+and calls that cannot be exact.
 
 What is counted: every reducing collective (all_reduce, reduce, reduce_scatter and their tensor forms) from the
 step's first forward to the end of `engine.step()`, with the number of elements it reduces, split by caller:
@@ -26,11 +27,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gradcache import CachedLoss, FullBatch, GradCache
+from gradcache import CachedLoss, FullBatch, GradCache, NaiveAccumulation
 from gradcache.distributed import all_gather_with_grad
 from gradcache.losses import NTXent
-from tests.conftest import mlp
+from tests.conftest import assert_grads_close, mlp
 from tests.multiprocess import run_on_ranks
+from tests.test_distributed import reference as ddp_reference
 
 if importlib.util.find_spec("deepspeed") is None:  # the torch-only CI stage; .[dev] installs it
     pytest.skip('deepspeed is not installed: pip install -e ".[deepspeed]"', allow_module_level=True)
@@ -98,7 +100,8 @@ def counted_reductions():
             if getattr(inside, "depth", 0) == 0:
                 caller = sys._getframe(1).f_globals.get("__name__", "")
                 largest = max(elements(v) for v in [*args, *kwargs.values()])
-                calls.append(("gradcache" if caller.startswith("gradcache") else "deepspeed", largest, original.__name__))
+                who = "gradcache" if caller.startswith("gradcache") else "deepspeed"
+                calls.append((who, largest, original.__name__))
             inside.depth = getattr(inside, "depth", 0) + 1
             try:
                 return original(*args, **kwargs)
@@ -187,11 +190,19 @@ def refusals_worker(rank, world_size, local):
 
 
 def all_stages_worker(rank, world_size):
+    from deepspeed.utils import safe_get_full_grad
+
     os.environ["LOCAL_RANK"] = str(rank)  # torchrun sets it; deepspeed.initialize asks for it
     with counted_reductions() as calls:
         results = {stage: stage_worker(rank, world_size, stage, calls) for stage in STAGES}
     local = [b[rank * GLOBAL // 2:(rank + 1) * GLOBAL // 2] for b in batch()]
     results["refusals"] = refusals_worker(rank, world_size, local)
+    with counted_reductions() as calls:  # NaiveAccumulation's micro-batches, one reduction (ZeRO-2)
+        torch.manual_seed(1)
+        engine = engine_for(2, mlp())  # test_distributed's shared model: its naive reference
+        loss = NaiveAccumulation(engine, NTXent(temperature=0.2), CHUNK).step(*local)
+        grads = {f"0.{n}": safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters()}
+        results["naive"] = {"loss": loss, "reductions": list(calls), "grads": grads}
     for name, extra in ZERO_OPTIONS.items():
         engine = engine_for(extra["zero_optimization"]["stage"], **extra)
         loss = GradCache(engine, loss_fn(), CHUNK).step(*local)
@@ -271,6 +282,18 @@ def test_one_reduction_per_optimizer_step(ranks, stage):
             assert sorted(counts[name]) == sorted(counts["ordinary"]), name
             assert sorted(at_step[name]) == sorted(at_step["ordinary"]), name
         assert sorted(parameter_reductions(counts["two_backwards"])) == sorted(2 * one_step_reductions)
+
+
+@pytest.mark.slow
+def test_naive_accumulation_reduces_its_micro_batches_once(ranks):
+    """NaiveAccumulation's three micro-batch backward passes: their mean's gradient (the DDP tests' naive
+    reference), reduced in one call as DeepSpeed's own step reduces."""
+    want_loss, want = ddp_reference("shared", "naive", CHUNK)
+    for result in ranks:
+        got = result["naive"]
+        assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
+        assert_grads_close(got["grads"], {k: v for k, v in want.items() if k.startswith("0.")}, 1e-5)
+        assert parameter_reductions(got["reductions"]) == parameter_reductions(result[2]["reductions"]["ordinary"])
 
 
 @pytest.mark.slow

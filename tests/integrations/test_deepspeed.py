@@ -193,6 +193,8 @@ def all_stages_worker(rank, world_size):
     from deepspeed.utils import safe_get_full_grad
 
     os.environ["LOCAL_RANK"] = str(rank)  # torchrun sets it; deepspeed.initialize asks for it
+    # counting from before the first deepspeed.initialize: DeepSpeed's comm backend keeps the reduce-scatter
+    # function it finds then
     with counted_reductions() as calls:
         results = {stage: stage_worker(rank, world_size, stage, calls) for stage in STAGES}
     local = [b[rank * GLOBAL // 2:(rank + 1) * GLOBAL // 2] for b in batch()]
@@ -201,8 +203,8 @@ def all_stages_worker(rank, world_size):
         torch.manual_seed(1)
         engine = engine_for(2, mlp())  # test_distributed's shared model: its naive reference
         loss = NaiveAccumulation(engine, NTXent(temperature=0.2), CHUNK).step(*local)
-        grads = {f"0.{n}": safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters()}
-        results["naive"] = {"loss": loss, "reductions": list(calls), "grads": grads}
+    grads = {f"0.{n}": safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters()}  # all-reduces
+    results["naive"] = {"loss": loss, "reductions": calls, "grads": grads}
     for name, extra in ZERO_OPTIONS.items():
         engine = engine_for(extra["zero_optimization"]["stage"], **extra)
         loss = GradCache(engine, loss_fn(), CHUNK).step(*local)

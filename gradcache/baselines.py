@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
-from gradcache.distributed import gather_sizes, gradient_sync, is_distributed
+from gradcache.distributed import gather_sizes, gradient_sync, is_distributed, step_reduction
 from gradcache.autocast import autocast_off_everywhere
 from gradcache.strategy import Strategy
 
@@ -33,9 +33,12 @@ class FullBatch(Strategy):
         self.require_grad_enabled()
         self.check_inputs(inputs)
         loss = self.loss_over(self.embed(inputs), loss_kwargs)
-        # checkpointing re-runs forwards in this backward
-        with running_stats_frozen(self.all_encoders()), autocast_off_everywhere():
-            self.scaled(loss).backward()
+        # checkpointing re-runs forwards in this backward; a DeepSpeed engine reduces once, after it
+        with contextlib.ExitStack() as reductions:
+            for encoder in self.all_encoders():
+                reductions.enter_context(step_reduction(encoder))
+            with running_stats_frozen(self.all_encoders()), autocast_off_everywhere():
+                self.scaled(loss).backward()
         self.steps_taken += 1
         return loss.detach()
 
@@ -65,7 +68,9 @@ class NaiveAccumulation(Strategy):
         warn_if_batchnorm_in_chunks(self.all_encoders())
         encoders = self.all_encoders()
         losses = []
-        with _HeldGradients(self._parameters()) as held:
+        with contextlib.ExitStack() as reductions, _HeldGradients(self._parameters()) as held:
+            for encoder in encoders:  # a DeepSpeed engine reduces the micro-batches' sum once, at the end
+                reductions.enter_context(step_reduction(encoder))
             for k in range(count):
                 last = k == count - 1
                 with contextlib.ExitStack() as sync:

@@ -34,7 +34,7 @@ from torch import nn
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
 from gradcache.distributed import (
     accumulate_without_hooks, agreed_under_fsdp, check_same_chunk_counts, gradient_sync, graph_leaves,
-    holds_its_own_sync,
+    holds_its_own_sync, step_reduction,
 )
 from gradcache.graph_memory import GraphBudget, saved_bytes
 from gradcache.inputs import check_embedding_count, encode, tensors_of, trim_padding
@@ -197,7 +197,8 @@ class GradCache(Strategy):
         a graph and back-propagate each chunk's cached gradient.
 
         A step synchronises gradients once. A DDP or FSDP2 encoder holds its synchronisation off itself for all
-        but its last backward (`gradient_sync`). Any other encoder may sit under a DDP wrapper of the whole model
+        but its last backward (`gradient_sync`); a DeepSpeed engine reduces the sum of all of them once, as the
+        encoder's `step_reduction` block ends. Any other encoder may sit under a DDP wrapper of the whole model
         (Lightning, the Hugging Face Trainer), which decided at its forward that this backward synchronises:
         every backward but the encoder's last reaches `.grad` without firing DDP's hooks, and the last fires
         each hook once, so DDP all-reduces the accumulated sum. BatchNorm buffers leave as phase (1) left them.
@@ -226,18 +227,19 @@ class GradCache(Strategy):
                 kept = [(out, g) for i in members for k, outs in enumerate(first.kept[i])
                         for out, g in zip(outs, gradients[i][k])]
                 others = [(i, k) for i in members for k in range(len(first.kept[i]), len(replay.chunks[i]))]
-                if kept:
-                    with gradient_sync(encoder, not others, fsdp_reduce):
-                        _backward(encoder, kept, not others, later[key])
-                for n, (i, k) in enumerate(others):
-                    final = n == len(others) - 1
-                    with gradient_sync(encoder, final, fsdp_reduce):
-                        with replay.first.random_states[i][k].replay(), replay.autocast_state.apply():
-                            chunk, name = replay.chunks[i][k], f"input {i}"
-                            outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
-                        check_output_learns(encoder, outputs, name)  # else its backward would reach no parameter
-                        _check_recomputed(check, outputs, replay, i, k)  # before this chunk's backward writes any .grad
-                        _backward(encoder, list(zip(outputs, gradients[i][k])), final, later[key])
+                with step_reduction(encoder):
+                    if kept:
+                        with gradient_sync(encoder, not others, fsdp_reduce):
+                            _backward(encoder, kept, not others, later[key])
+                    for n, (i, k) in enumerate(others):
+                        final = n == len(others) - 1
+                        with gradient_sync(encoder, final, fsdp_reduce):
+                            with replay.first.random_states[i][k].replay(), replay.autocast_state.apply():
+                                chunk, name = replay.chunks[i][k], f"input {i}"
+                                outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
+                            check_output_learns(encoder, outputs, name)  # else its backward would reach no parameter
+                            _check_recomputed(check, outputs, replay, i, k)  # before this chunk's backward writes .grad
+                            _backward(encoder, list(zip(outputs, gradients[i][k])), final, later[key])
                 for i in members:
                     first.kept[i] = []  # the kept graphs are spent
 

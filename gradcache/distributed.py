@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gradcache.deepspeed_engine import coalesced_reduction, is_deepspeed_engine
 from gradcache.token_embeddings import Embedding, TokenEmbeddings, padded_to
 
 
@@ -117,7 +118,7 @@ def gradient_sync(module: nn.Module, enabled: bool, fsdp_reduce: str = "chunk") 
     has nothing to synchronise. This is the one place that knows about wrappers.
     """
     check_fsdp_reduce(fsdp_reduce)
-    if enabled:
+    if enabled or is_deepspeed_engine(module):  # a DeepSpeed engine reduces once per step: `step_reduction`
         return contextlib.nullcontext()
     if hasattr(module, "no_sync"):
         return module.no_sync()
@@ -127,11 +128,19 @@ def gradient_sync(module: nn.Module, enabled: bool, fsdp_reduce: str = "chunk") 
     return contextlib.nullcontext()
 
 
+def step_reduction(module: nn.Module) -> contextlib.AbstractContextManager:
+    """Around all of one step's backward passes through `module`: a DeepSpeed engine accumulates their gradients
+    locally and reduces them once, when the block exits (`gradcache.deepspeed_engine`). Any other module: nothing
+    here (`gradient_sync` holds its synchronisation per backward)."""
+    return coalesced_reduction(module) if is_deepspeed_engine(module) else contextlib.nullcontext()
+
+
 def holds_its_own_sync(module: nn.Module) -> bool:
-    """Whether `gradient_sync` can hold off `module`'s synchronisation: a DDP module itself, or FSDP2 modules
-    inside it. Otherwise a DDP wrapper may still sit above it (Lightning, the Hugging Face Trainer and
-    sentence-transformers wrap the whole model), out of our reach: see `accumulate_without_hooks`."""
-    return hasattr(module, "no_sync") or bool(_fsdp_modules(module))
+    """Whether `gradient_sync` or `step_reduction` can hold off `module`'s synchronisation: a DDP module itself,
+    FSDP2 modules inside it, or a DeepSpeed engine. Otherwise a DDP wrapper may still sit above it (Lightning, the
+    Hugging Face Trainer and sentence-transformers wrap the whole model), out of our reach: see
+    `accumulate_without_hooks`."""
+    return hasattr(module, "no_sync") or bool(_fsdp_modules(module)) or is_deepspeed_engine(module)
 
 
 def accumulate_without_hooks(

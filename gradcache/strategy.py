@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from gradcache.deepspeed_engine import check_deepspeed_engine
 from gradcache.distributed import all_gather_embedding
 from gradcache.inputs import GetEmbedding, SplitFn, batch_length, encode, split, trim_padding
 from gradcache.non_finite import NonFiniteLossError
@@ -62,6 +63,8 @@ class Strategy:
             raise TypeError(
                 f"encoders must be an nn.Module or a non-empty sequence of nn.Modules (one per input), got {encoders!r}."
             )
+        for encoder in self.all_encoders():
+            check_deepspeed_engine(encoder)  # a config that cannot be exact, named by its key
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable (an nn.Module or a function), got {loss_fn!r}.")
         if chunk_size is not None:

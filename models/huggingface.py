@@ -4,6 +4,7 @@ the first token, or each row's last non-padding token)."""
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import pickle
 from typing import Any
@@ -47,19 +48,21 @@ def _load_local_model(path: str | os.PathLike) -> nn.Module:
 
 
 def check_weights(folder: str | os.PathLike) -> None:
-    """The folder's `model.safetensors`, if it has one, against its config.json, from the weights' header and a
-    model built on the meta device: a tampered config with huge sizes is refused before anything of its size is
-    allocated, and a corrupt header is refused naming the file (ValueError)."""
+    """The folder's weights against its config.json, before any is loaded: `model.safetensors` (or the shards its
+    `model.safetensors.index.json` lists) from their headers and a model built on the meta device, so a tampered
+    config with huge sizes is refused before anything of its size is allocated and a corrupt header is refused
+    naming the file; `pytorch_model.bin` (or its shards) must hold tensors alone (ValueError)."""
     import transformers
 
     from gradcache.models.safetensors_header import tensor_shapes
 
     folder = os.fspath(folder)
-    weights = os.path.join(folder, "model.safetensors")
-    if not os.path.isfile(weights):
-        _check_unpickles(os.path.join(folder, "pytorch_model.bin"))
+    safetensors, pickles = _weight_files(folder)
+    for path in pickles:
+        _check_unpickles(path)
+    if not safetensors:
         return
-    found = tensor_shapes(weights)
+    found = {name: shape for path in safetensors for name, shape in tensor_shapes(path).items()}
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
         with torch.device("meta"):
@@ -72,8 +75,40 @@ def check_weights(folder: str | os.PathLike) -> None:
               for name, shape in found.items()
               if expected.get(name.removeprefix(prefix), shape) != shape]
     if differ:
+        weights = safetensors[0] if len(safetensors) == 1 else f"{folder}'s {len(safetensors)} weight shards"
         raise ValueError(f"{weights} does not hold the model its config.json describes ({len(differ)} tensors "
                          f"differ, e.g. {'; '.join(differ[:3])}); the folder was edited or mixed: save it again")
+
+
+# transformers' weight files, in the order it prefers them: one file, or shards named by an index's weight_map
+_WEIGHTS = (("model.safetensors", "model.safetensors.index.json"), ("pytorch_model.bin", "pytorch_model.bin.index.json"))
+
+
+def _weight_files(folder: str) -> tuple[list[str], list[str]]:
+    """(safetensors files, pickled files) that transformers would load from `folder`: the single file, else the
+    shards of its index. A shard named outside the folder (a path, `..`) is refused (ValueError)."""
+    for kind, (single, index) in enumerate(_WEIGHTS):
+        files = [os.path.join(folder, single)] if os.path.isfile(os.path.join(folder, single)) else []
+        if not files and os.path.isfile(os.path.join(folder, index)):
+            files = _shards(folder, os.path.join(folder, index))
+        if files:
+            return (files, []) if kind == 0 else ([], files)
+    return [], []
+
+
+def _shards(folder: str, index: str) -> list[str]:
+    try:
+        with open(index, encoding="utf-8") as handle:
+            weight_map = json.load(handle)["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{index} is not a weight index (a JSON object whose weight_map maps tensor names to shard "
+                         f"files): {error}; save the model again") from error
+    for name in names:
+        if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
+            raise ValueError(f"{index} names the shard {name!r}, which is not a file of {folder}; a shard lies in "
+                             "the folder beside its index")
+    return [os.path.join(folder, name) for name in names]
 
 
 def _check_unpickles(path: str) -> None:

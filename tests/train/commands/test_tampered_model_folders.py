@@ -57,6 +57,8 @@ def _tampered(kind, tmp_path, tiny_bert):
         folder = tmp_path / "bert"
         shutil.copytree(tiny_bert, folder)
     weights = folder / "model.safetensors"
+    if kind.startswith("hugging face sharded"):  # as save_pretrained(max_shard_size=...) writes it: two shards
+        return _sharded(kind, folder, weights)
     if kind == "built-in huge config":
         _edit_json(folder / "config.json", _huge_built_in)
     elif kind == "hugging face huge config":
@@ -71,8 +73,39 @@ def _tampered(kind, tmp_path, tiny_bert):
     return folder, weights
 
 
+def _sharded(kind, folder, weights):
+    from safetensors.torch import load_file
+
+    tensors = load_file(weights)
+    weights.unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    if kind.endswith(".bin that runs code"):
+        shards = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for shard, keys in shards.items():
+        if shard.endswith(".bin"):
+            torch.save({k: tensors[k] for k in keys}, folder / shard)
+        else:
+            save_file({k: tensors[k] for k in keys}, folder / shard)
+    weight_map = {k: shard for shard, keys in shards.items() for k in keys}
+    index = folder / ("pytorch_model.bin.index.json" if kind.endswith("code") else "model.safetensors.index.json")
+    if kind.endswith("shard outside the folder"):
+        weight_map[names[0]] = "../elsewhere.safetensors"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    if kind.endswith("huge config"):
+        _edit_json(folder / "config.json", _huge_bert)
+        return folder, folder
+    if kind.endswith("code"):
+        second = folder / "pytorch_model-00002-of-00002.bin"
+        with open(second, "wb") as handle:
+            pickle.dump({names[1]: _RunsCode()}, handle, protocol=2)
+        return folder, second
+    return folder, index
+
+
 KINDS = ["built-in huge config", "built-in corrupt header", "hugging face huge config",
-         "hugging face corrupt header", "hugging face .bin that runs code"]
+         "hugging face corrupt header", "hugging face .bin that runs code", "hugging face sharded huge config",
+         "hugging face sharded .bin that runs code", "hugging face sharded shard outside the folder"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -86,7 +119,7 @@ def test_a_tampered_model_folder_exits_2_naming_the_file(tmp_path, tiny_bert, ca
     assert status == errors.USAGE, err
     assert str(named) in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     cause = {"config": "does not hold the model its config.json describes", "header": "corrupt safetensors header",
-             "code": "more than tensors, which could run code"}
+             "code": "more than tensors, which could run code", "outside": "which is not a file of"}
     assert cause[next(word for word in cause if word in kind)] in err
     assert not (tmp_path / "out.npy").exists() and not (tmp_path / "ran-code.txt").exists()
 

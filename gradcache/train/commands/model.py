@@ -285,6 +285,34 @@ def _check_local_dir(version: str, name: str) -> None:
                          "\"gradcache[open-clip]\"")
 
 
+def _check_open_clip_weights(folder: Path, values: dict) -> None:
+    """The folder's weights against its `model_cfg`, from the safetensors header and the model built on the meta
+    device (which allocates nothing), as Hugging Face folders are checked (models/huggingface.py check_weights): a
+    config edited to huge sizes is refused before anything of its size is built (UsageError naming the file)."""
+    from open_clip.model import CLIP, CustomTextCLIP
+
+    from gradcache.models.safetensors_header import tensor_shapes
+    from gradcache.train.export.model_folders import OPEN_CLIP_WEIGHTS
+
+    weights = folder / OPEN_CLIP_WEIGHTS
+    found = tensor_shapes(weights)  # ValueError naming the file for a corrupt header
+    config = dict(values["model_cfg"])
+    custom = config.pop("custom_text", False) or "hf_model_name" in config.get("text_cfg", {})
+    try:
+        with torch.device("meta"):
+            skeleton = (CustomTextCLIP if custom else CLIP)(**config)
+    except (TypeError, ValueError, RuntimeError, OverflowError, KeyError) as error:
+        raise UsageError(f"{folder / 'open_clip_config.json'}: its model_cfg builds no open_clip model "
+                         f"({str(error).splitlines()[0]}); give the folder gradcache export wrote, unchanged") from error
+    expected = {name: tuple(tensor.shape) for name, tensor in skeleton.state_dict().items()}
+    differ = [f"{name}: {expected[name]} in open_clip_config.json, {shape} in the weights"
+              for name, shape in found.items() if expected.get(name, shape) != shape]
+    if differ:
+        raise UsageError(f"{weights} does not hold the model its open_clip_config.json describes ({len(differ)} "
+                         f"tensors differ, e.g. {'; '.join(differ[:3])}); the folder was edited or mixed: export it "
+                         "again")
+
+
 def _from_open_clip(name: str, folder: Path, device: torch.device, max_length: int | None,
                     pooling: str | None) -> LoadedModel:
     """An exported open_clip model (gradcache/train/export/open_clip.py), loaded by open_clip from the folder.
@@ -308,6 +336,7 @@ def _from_open_clip(name: str, folder: Path, device: torch.device, max_length: i
         values = json.loads((folder / OPEN_CLIP_CONFIG).read_text(encoding="utf-8"))
         image_size = int(values.get("gradcache", {}).get("image_size")
                          or values["model_cfg"]["vision_cfg"]["image_size"])
+        _check_open_clip_weights(folder, values)  # before open_clip builds what the config says
         model = open_clip.create_model(location).to(device).eval()
         tokenizer = OpenClipTokenizer(location)
     except ImportError as error:

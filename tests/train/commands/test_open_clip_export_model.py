@@ -49,3 +49,30 @@ def test_an_open_clip_too_old_for_local_dir_is_named_not_the_folder(tmp_path, ca
                  "--output", str(tmp_path / "out.npy")]) == 2
     err = capsys.readouterr().err
     assert "open-clip-torch 3.0" in err and "2.24.0" in err and "gradcache[open-clip]" in err
+
+
+@pytest.mark.parametrize("change", ["huge width", "corrupt header"])
+def test_a_tampered_open_clip_folder_is_refused_before_it_is_built(tmp_path, capsys, tiny_architecture,  # noqa: F811
+                                                                    change):
+    from safetensors.torch import save_file
+
+    from gradcache.train.export.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    model = open_clip.create_model(tiny_architecture)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / OPEN_CLIP_WEIGHTS)
+    model_cfg = open_clip.get_model_config(tiny_architecture)
+    if change == "huge width":
+        model_cfg["text_cfg"] = {**model_cfg["text_cfg"], "width": 4_000_000}  # terabytes of text tower
+    (folder / OPEN_CLIP_CONFIG).write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": {}}))
+    if change == "corrupt header":
+        data = (folder / OPEN_CLIP_WEIGHTS).read_bytes()
+        (folder / OPEN_CLIP_WEIGHTS).write_bytes(data[:8] + b"{not json" + data[17:])
+    (tmp_path / "texts.txt").write_text("a red square\n")
+    assert main(["encode", str(folder), "--data", str(tmp_path / "texts.txt"),
+                 "--output", str(tmp_path / "out.npy")]) == 2
+    err = capsys.readouterr().err
+    assert str(folder / OPEN_CLIP_WEIGHTS) in err and len(err.strip().splitlines()) == 1, err
+    assert ("does not hold the model" if change == "huge width" else "corrupt safetensors header") in err
+    assert not (tmp_path / "out.npy").exists()

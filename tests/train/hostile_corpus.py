@@ -97,6 +97,12 @@ def deep_nesting(folder: Path, model: Path) -> list[str]:
     return _text(folder, model, path)
 
 
+def gzip_not_gzipped(folder: Path, model: Path) -> list[str]:
+    path = _jsonl(folder / "pairs.jsonl", _good_rows())
+    path.rename(folder / "pairs.jsonl.gz")  # plain JSON lines under the gzip suffix
+    return _text(folder, model, folder / "pairs.jsonl.gz")
+
+
 def no_rows(folder: Path, model: Path) -> list[str]:
     (folder / "pairs.jsonl").write_text("\n\n", encoding="utf-8")
     return _text(folder, model, folder / "pairs.jsonl")
@@ -252,6 +258,7 @@ CASES = [
     HostileCase("no-value-text", no_value_text, "USAGE", ("pairs.jsonl", "int")),
     HostileCase("bytes-not-utf8", bytes_not_utf8, "USAGE", ("pairs.tsv", "utf-8")),
     HostileCase("deep-nesting", deep_nesting, "USAGE", ("pairs.jsonl", "line 41")),
+    HostileCase("gzip-not-gzipped", gzip_not_gzipped, "USAGE", ("pairs.jsonl.gz", "Not a gzipped file")),
     HostileCase("no-rows", no_rows, "USAGE", ("pairs.jsonl",)),
     HostileCase("missing-column", missing_column, "USAGE", ("pairs.jsonl", "query")),
     HostileCase("huge-row", huge_row, "OK", slow=True),

@@ -109,11 +109,13 @@ def row_reader(text_format: StreamedFormat, files: Sequence[Path], keys: tuple[s
         DataError: a key that names no field of those rows (naming its option).
     """
     names: set = set()
+    damaged: list[str] = []
 
     def head() -> Iterator[dict]:  # the JSON objects of the files, in order, to the first file's damage
         for file in files:
             for unit in text_format.lines(str(file)):
                 if isinstance(unit, Damaged):
+                    damaged.append(unit.name)
                     break
                 try:
                     record = json_value(unit[2])
@@ -126,6 +128,9 @@ def row_reader(text_format: StreamedFormat, files: Sequence[Path], keys: tuple[s
     default = first_rows_negatives(head(), keys)  # read either way: those rows' fields are what the check sees
     h = default if negatives_per_query is None else negatives_per_query
     where = f"the first {FIRST_ROWS:,} rows of {files[0]}" + (" ..." if len(files) > 1 else "")
+    if not names and damaged:  # nothing read before the damage: the file itself is the fault, not its columns
+        raise DataError(f"cannot read {option} {damaged[0]}; give a {text_format.name} file "
+                        f"(`{text_format.decompress_command} -t FILE` checks one)")
     check_columns(names, keys, where, option)
     return RowReader(keys, h, corpus)
 

@@ -12,10 +12,9 @@ from torch import nn
 
 from gradcache import CachedLoss, FullBatch, GradCache, PairScorer, TextPairs, split_pairs
 from gradcache.losses import ListwiseRerank, PointwiseRerank
-from tests.conftest import assert_grads_close, grads_of, zero
+from tests.conftest import assert_grads_close, grads_of, mlp, zero
 from tests.tiny_cross_encoder import grouped_pairs, write_tiny_cross_encoder
 
-transformers = pytest.importorskip("transformers")
 
 
 class Affine(nn.Module):
@@ -99,9 +98,40 @@ def test_negatives_per_anchor_counts_the_group():
     assert PointwiseRerank().negatives_per_anchor(8, hard_negatives=4) == 0
 
 
+# --- GradCache against FullBatch on torch alone ------------------------------------------------------------
+@pytest.mark.parametrize("chunk_size", [2, 3, 5], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("kind", ["listwise", "pointwise"])
+def test_gradcache_and_cached_loss_equal_full_batch_with_dropout(kind, chunk_size):
+    """A scorer of (M, 10) pair features with dropout (its masks row by row, so chunked and whole draw alike):
+    GradCache and CachedLoss equal one full-batch pass on every parameter, chunks of 2 dividing the group of 4,
+    chunks of 3 and 5 cutting groups in two."""
+    torch.manual_seed(0)
+    scorer = mlp(10, 16, 1, dropout=0.1).double()
+    activation = Affine()
+    pairs = torch.randn(3 * 4, 10, dtype=torch.float64)
+    if kind == "listwise":
+        loss_fn, kwargs = ListwiseRerank(0.3, activation=activation), {"group_size": 4}
+    else:
+        loss_fn = PointwiseRerank(0.7, activation=activation, pos_weight=2.0)
+        kwargs = {"labels": torch.tensor([1.0, 0.0, 0.0, 0.0] * 3, dtype=torch.float64)}
+    results = {}
+    for name, run in {
+        "full": lambda: FullBatch(scorer, loss_fn).step(pairs, **kwargs),
+        "gradcache": lambda: GradCache(scorer, loss_fn, chunk_size).step(pairs, **kwargs),
+        "cached_loss": lambda: CachedLoss(scorer, loss_fn, chunk_size)(pairs, **kwargs).backward(),
+    }.items():
+        zero(scorer, loss_fn)
+        torch.manual_seed(1)
+        run()
+        results[name] = grads_of(scorer, loss_fn)
+    assert_grads_close(results["gradcache"], results["full"], rel=1e-10)
+    assert_grads_close(results["cached_loss"], results["full"], rel=1e-10)
+
+
 # --- GradCache over a cross-encoder fed raw pairs ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
+    pytest.importorskip("transformers")  # the formulas above run on torch alone (the CI's torch-floor stage)
     return write_tiny_cross_encoder(tmp_path_factory.mktemp("cross_encoder"), dropout=0.1)
 
 
@@ -110,6 +140,8 @@ _LOADED: dict[str, PairScorer] = {}
 
 def scorer_from(folder) -> PairScorer:
     """A fresh copy of the folder's model (loaded once per folder), float64, in train mode."""
+    import transformers
+
     if str(folder) not in _LOADED:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(str(folder)).double()
         _LOADED[str(folder)] = PairScorer(model, transformers.AutoTokenizer.from_pretrained(str(folder)))
@@ -167,6 +199,7 @@ def test_pointwise_gradcache_over_raw_pairs_equals_brute_force(folder, chunk_siz
 def test_gradcache_equals_full_batch_without_dropout(tmp_path):
     """Without dropout, chunked tokenisation (each chunk padded to its own longest) changes nothing: GradCache
     in chunks that cut the groups equals one full-batch pass over all 12 pairs tokenised at once."""
+    pytest.importorskip("transformers")
     scorer = scorer_from(write_tiny_cross_encoder(tmp_path, dropout=0.0))
     loss_fn = ListwiseRerank(0.2, activation=nn.Sigmoid())
     pairs = TextPairs(grouped_pairs(QUERIES, GROUP))

@@ -1,4 +1,5 @@
-"""Contrastive losses over (N, D) embeddings (``LateInteraction``: over token embeddings), each dense or tiled (``tile_size``) with the same value and gradients,
+"""Contrastive losses over (N, D) embeddings (``LateInteraction``: over token embeddings; ``ListwiseRerank``,
+``PointwiseRerank``: over a cross-encoder's (M,) scores), each dense or tiled (``tile_size``) with the same value and gradients,
 each with an optional queue of past embeddings as extra negatives (``queue_size``, see ``queue.py``); ``Matryoshka``
 sums any of them over nested prefixes of the embeddings.
 
@@ -8,9 +9,12 @@ Every option after ``temperature`` is keyword-only (``InfoNCE(0.05, symmetric=Tr
 from .clip import ClipLoss
 from .infonce import InfoNCE
 from .late_interaction import LateInteraction
+from .listwise_rerank import ListwiseRerank
 from .matryoshka import Matryoshka
 from .ntxent import NTXent
+from .pointwise_rerank import PointwiseRerank
 from .queue import EmbeddingQueue
 from .siglip import SigLipLoss
 
-__all__ = ["InfoNCE", "NTXent", "ClipLoss", "SigLipLoss", "Matryoshka", "EmbeddingQueue", "LateInteraction"]
+__all__ = ["InfoNCE", "NTXent", "ClipLoss", "SigLipLoss", "Matryoshka", "EmbeddingQueue", "LateInteraction",
+           "ListwiseRerank", "PointwiseRerank"]

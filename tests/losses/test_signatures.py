@@ -17,6 +17,8 @@ POSITIONAL = {  # each public loss: the parameters a call may pass by position, 
     "ClipLoss": ("temperature",),
     "SigLipLoss": ("temperature",),
     "LateInteraction": ("temperature",),
+    "ListwiseRerank": ("temperature",),
+    "PointwiseRerank": ("temperature",),
     "Matryoshka": ("loss", "dims"),
 }
 NOT_LOSSES = {"EmbeddingQueue"}  # public, but a queue the losses hold, not a loss

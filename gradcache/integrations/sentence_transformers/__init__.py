@@ -3,6 +3,7 @@
 - `GradCacheLoss(model, loss, chunk_size)`: the counterpart of `CachedMultipleNegativesRankingLoss` (with
   `InfoNCE`), or of any in-batch loss of this library; composes with `MatryoshkaLoss`.
 - `GradCacheGISTLoss(model, guide, ...)`: the counterpart of `CachedGISTEmbedLoss`.
+- `GradCacheCrossEncoderLoss(model, ...)`: the counterpart of the cross-encoder `CachedMultipleNegativesRankingLoss`.
 
 Needs `pip install "gradcache[sentence-transformers]"`.
 """
@@ -12,8 +13,9 @@ from gradcache.integrations.optional import require
 
 require("sentence_transformers", "sentence-transformers", "gradcache.integrations.sentence_transformers")
 
+from gradcache.integrations.sentence_transformers.cross_encoder import GradCacheCrossEncoderLoss  # noqa: E402
 from gradcache.integrations.sentence_transformers.encoders import sentence_embedding  # noqa: E402
 from gradcache.integrations.sentence_transformers.gist import GradCacheGISTLoss  # noqa: E402
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss  # noqa: E402
 
-__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "sentence_embedding"]
+__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "sentence_embedding", "GradCacheCrossEncoderLoss"]

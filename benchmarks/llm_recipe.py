@@ -75,6 +75,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--query-words", default="6,24", help="fewest,most words of a query")
     parser.add_argument("--passage-words", default="16,120", help="fewest,most words of a passage (long-tailed)")
     parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (alpha is twice it)")
+    parser.add_argument("--autocast", choices=("bf16", "none"), default="bf16",
+                        help="the encoder under bf16 autocast, or in its weights' dtype (a CPU without avx512_bf16 "
+                        "or AMX runs bf16 matrix products slowly: compare with none there)")
     parser.add_argument("--hidden", type=int, default=256, help="the built decoder's hidden size")
     parser.add_argument("--layers", type=int, default=4, help="the built decoder's layers")
     parser.add_argument("--heads", type=int, default=4, help="the built decoder's attention heads")
@@ -212,7 +215,7 @@ def build_strategy(name: str, encoder: torch.nn.Module, point: dict[str, Any]) -
     from gradcache.losses import InfoNCE
 
     loss = InfoNCE(temperature=TEMPERATURE)
-    options = {"autocast_dtype": torch.bfloat16}
+    options = {"autocast_dtype": torch.bfloat16 if point["autocast"] == "bf16" else None}
     if name == "gradcache":
         return GradCache(encoder, loss, point["chunk"], chunk_tokens=point["chunk_tokens"], **options)
     if name == "naive":
@@ -347,7 +350,8 @@ def plan_of_folder(folder: str, rank: int, batch: int, chunk_tokens: int) -> dic
 def point_of(args: argparse.Namespace, model: str, strategy: str, batch: int) -> dict[str, Any]:
     return {"model": model, "strategy": strategy, "batch": batch, "chunk": args.chunk,
             "chunk_tokens": args.chunk_tokens, "max_length": args.max_length, "query_words": args.query_range,
-            "passage_words": args.passage_range, "lora_rank": args.lora_rank, "bf16_weights": args.gpu,
+            "passage_words": args.passage_range, "lora_rank": args.lora_rank, "autocast": args.autocast,
+            "bf16_weights": args.gpu,
             "threads": args.threads, "device": args.device, "memory_budget_gb": args.memory_budget_gb}
 
 
@@ -402,8 +406,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         json.dump(document, handle, indent=1, default=str)
     plot_lines(output_dir / f"{args.name}.png", rows, "batch", [("peak_mb", "peak memory above baseline (MiB)"),
                ("step_s", "step time (s)")], "strategy",
-               f"LoRA {args.lora_rank}, last-token pooling, query prompt, bf16 autocast, checkpointing; chunk "
-               f"{args.chunk}, chunk_tokens {args.chunk_tokens}, {args.device}, {args.threads} threads")
+               f"LoRA {args.lora_rank}, last-token pooling, query prompt, autocast {args.autocast}, checkpointing; "
+               f"chunk {args.chunk}, chunk_tokens {args.chunk_tokens}, {args.device}, {args.threads} threads")
     print_table(rows, TABLE)
     print(f"wrote {output_dir / (args.name + '.json')}")
     return rows

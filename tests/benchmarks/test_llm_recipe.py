@@ -108,7 +108,7 @@ def test_bad_options_exit_2(argv: list[str]) -> None:
 def test_a_point_runs_in_a_fresh_process(tmp_path: Path) -> None:
     folder = bench.write_decoder(tmp_path / "decoder", hidden=16, layers=1, heads=2, intermediate=32, vocab=300)
     point = {"model": str(folder), "strategy": "gradcache", "batch": 4, "chunk": 2, "chunk_tokens": 24,
-             "max_length": 20, "query_words": [2, 4], "passage_words": [3, 10], "lora_rank": 2,
+             "max_length": 20, "query_words": [2, 4], "passage_words": [3, 10], "lora_rank": 2, "autocast": "bf16",
              "bf16_weights": False, "threads": 1, "device": "cpu", "memory_budget_gb": 4.0}
     result = run_point(bench.__spec__.name, point, time_budget_s=300)
     assert result["status"] == "ok", result

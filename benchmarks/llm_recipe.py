@@ -4,7 +4,8 @@ The recipe of docs/training.md "Training an LLM embedder", in the library's form
 and passages (`HuggingFaceEncoder(pooling="last")`, EOS appended by `HuggingFaceTokenizer`), a query prompt,
 LoRA rank 16 with alpha 32 on every linear layer of each block (`gradcache.train.modes.lora.add_lora`),
 activation checkpointing, bf16 autocast, InfoNCE at temperature 0.02, AdamW on the adapter. Strategies:
-`gradcache` (chunks of `--chunk` rows and at most `--chunk-tokens` padded tokens, sorted by length),
+`gradcache` (chunks of at most `--chunk` rows and `--chunk-tokens` padded tokens, over the rows sorted by
+length),
 `naive` (`NaiveAccumulation`, the same micro-batch, `trim_padding`) and `full_batch` (`FullBatch`).
 
 CPU form (default): a randomly initialised `LlamaForCausalLM` built here from a config (hidden 256, 4 layers, 4
@@ -15,7 +16,7 @@ the strategies timed round robin in one process (`round_robin.py`), medians over
 to `naive`; `full_batch` only where its memory point ran.
 
 GPU form (`--gpu --model DIR`): a local 7B-class decoder folder (Mistral-7B, Qwen2-7B ...) loaded in bf16 with
-its own tokenizer, global batch 2,048 on one GPU, `gradcache` and `naive`, peak `torch.cuda.max_memory_allocated`.
+its own tokenizer, global batch 2,048 on one GPU, chunks of 64 rows and 8192 tokens, `gradcache` and `naive`, peak `torch.cuda.max_memory_allocated`.
 It prints `memory_plan`'s arithmetic for the folder's config before it runs.
 
     python -m benchmarks.llm_recipe                                   # CPU: batch 32, 64, 128, 256
@@ -68,9 +69,10 @@ def get_args_parser() -> argparse.ArgumentParser:
                         f"(default 32,64,128,256; {GPU_BATCH} with --gpu)")
     parser.add_argument("--strategies", default=None, help=f"comma-separated subset of {','.join(STRATEGIES)} "
                         "(default: all three; gradcache,naive with --gpu)")
-    parser.add_argument("--chunk", type=int, default=8, help="rows per chunk (GradCache) and per micro-batch (naive)")
+    parser.add_argument("--chunk", type=int, default=None, help="most rows per chunk (GradCache), rows per "
+                        "micro-batch (naive) (default 8; 64 with --gpu)")
     parser.add_argument("--chunk-tokens", type=int, default=None,
-                        help="GradCache's chunk_tokens, padded tokens per chunk (default 1024; 8192 with --gpu)")
+                        help="GradCache's chunk_tokens, most padded tokens per chunk (default 512; 8192 with --gpu)")
     parser.add_argument("--max-length", type=int, default=None, help="tokens per text (default 128; 512 with --gpu)")
     parser.add_argument("--query-words", default="6,24", help="fewest,most words of a query")
     parser.add_argument("--passage-words", default="16,120", help="fewest,most words of a passage (long-tailed)")
@@ -96,7 +98,8 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
         args.device = "cuda"
     args.batches = args.batches or (str(GPU_BATCH) if args.gpu else "32,64,128,256")
     args.strategies = args.strategies or ("gradcache,naive" if args.gpu else ",".join(STRATEGIES))
-    args.chunk_tokens = args.chunk_tokens or (8192 if args.gpu else 1024)
+    args.chunk = args.chunk or (64 if args.gpu else 8)
+    args.chunk_tokens = args.chunk_tokens or (8192 if args.gpu else 512)
     args.max_length = args.max_length or (512 if args.gpu else 128)
     try:
         args.batch_list = integer_list(args.batches, "--batches")
@@ -302,10 +305,12 @@ def lora_parameters(hidden: int, layers: int, heads: int, kv_heads: int, interme
 
 
 def memory_plan(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
-                rank: int = 16, batch: int = GPU_BATCH, chunk_tokens: int = 8192) -> dict[str, float]:
+                rank: int = 16, batch: int = GPU_BATCH, chunk_tokens: int = 8192,
+                weight_bytes: int = 2) -> dict[str, float]:
     """GB (10^9 bytes) of one GradCache step of the recipe on one GPU, part by part, and their `total`:
 
-    - `weights`: the frozen base model in bf16, 2 bytes a parameter;
+    - `weights`: the frozen base model, `weight_bytes` a parameter: 2 in bf16 (this script's `--gpu`), 4 in fp32
+      (`gradcache train text --precision bf16`, which autocasts fp32 weights);
     - `lora_states`: the adapter in fp32 (peft keeps adapters in fp32), its gradient and AdamW's two moments,
       16 bytes a parameter;
     - `checkpoints`: with activation checkpointing, each layer's bf16 input for a chunk: layers x tokens x hidden
@@ -320,7 +325,7 @@ def memory_plan(hidden: int, layers: int, heads: int, kv_heads: int, intermediat
     base = decoder_parameters(hidden, layers, heads, kv_heads, intermediate, vocab)
     adapter = lora_parameters(hidden, layers, heads, kv_heads, intermediate, rank)
     parts = {
-        "weights": base * 2,
+        "weights": base * weight_bytes,
         "lora_states": adapter * 16,
         "checkpoints": layers * chunk_tokens * hidden * 2,
         "one_layer": chunk_tokens * (6 * hidden + 4 * intermediate) * 2,

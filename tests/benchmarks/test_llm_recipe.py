@@ -81,6 +81,9 @@ def test_plan_of_a_7b_folder_fits_one_gpu(tmp_path: Path) -> None:
     parts = ("weights", "lora_states", "checkpoints", "one_layer", "cache", "loss")
     assert plan["total"] == pytest.approx(sum(plan[name] for name in parts))
     assert 14 < plan["weights"] < plan["total"] < 80  # an H100's 80 GB
+    fp32 = bench.memory_plan(4096, 32, 32, 8, 14336, 32000, weight_bytes=4)  # the program: autocast, fp32 weights
+    assert fp32["weights"] == pytest.approx(2 * plan["weights"])
+    assert fp32["total"] - plan["total"] == pytest.approx(plan["weights"])
 
 
 def test_gpu_form_options(tmp_path: Path) -> None:
@@ -89,13 +92,13 @@ def test_gpu_form_options(tmp_path: Path) -> None:
         bench.resolve_args(parser.parse_args(["--gpu"]), parser)
     assert exit_info.value.code == 2
     args = bench.resolve_args(parser.parse_args(["--gpu", "--model", str(tmp_path)]), parser)
-    assert (args.device, args.batch_list, args.strategy_list, args.chunk_tokens, args.max_length) == (
-        "cuda", [2048], ["gradcache", "naive"], 8192, 512)
+    assert (args.device, args.batch_list, args.strategy_list, args.chunk, args.chunk_tokens, args.max_length) == (
+        "cuda", [2048], ["gradcache", "naive"], 64, 8192, 512)
     point = bench.point_of(args, str(tmp_path), "gradcache", 2048)
     assert point["bf16_weights"] and point["device"] == "cuda"
 
 
-@pytest.mark.parametrize("argv", [["--strategies", "gradcache,deepspeed"], ["--batches", "1"],
+@pytest.mark.parametrize("argv", [["--strategies", "gradcache,deepspeed"], ["--batches", "1"], ["--chunk", "-1"],
                                   ["--passage-words", "9,3"], ["--batches", "a,b"]])
 def test_bad_options_exit_2(argv: list[str]) -> None:
     parser = bench.get_args_parser()

@@ -16,12 +16,13 @@ the strategies timed round robin in one process (`round_robin.py`), medians over
 to `naive`; `full_batch` only where its memory point ran.
 
 GPU form (`--gpu --model DIR`): a local 7B-class decoder folder (Mistral-7B, Qwen2-7B ...) loaded in bf16 with
-its own tokenizer, global batch 2,048 on one GPU, chunks of 64 rows and 8192 tokens, `gradcache` and `naive`, peak `torch.cuda.max_memory_allocated`.
-It prints `memory_plan`'s arithmetic for the folder's config before it runs.
+its own tokenizer, global batch 2,048 on one GPU, chunks of at most 64 rows and 8192 tokens, `gradcache` and
+`naive`, peak `torch.cuda.max_memory_allocated`. It prints `memory_plan`'s arithmetic for the folder's config
+before it runs. Unrun: no GPU was available when it was written.
 
     python -m benchmarks.llm_recipe                                   # CPU: batch 32, 64, 128, 256
     python -m benchmarks.llm_recipe --batches 32,64 --rounds 5
-    python -m benchmarks.llm_recipe --gpu --model ~/models/mistral-7b --write-results --name llm_recipe_gpu
+    python -m benchmarks.llm_recipe --gpu --model ~/models/mistral-7b --rounds 3 --name llm_recipe_gpu --write-results
 """
 from __future__ import annotations
 

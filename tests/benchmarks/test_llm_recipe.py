@@ -32,6 +32,8 @@ def test_sweep_measures_and_times_every_strategy(tmp_path: Path, monkeypatch: py
     rows = bench.main(["--batches", "6", *TINY, "--output-dir", str(tmp_path)])
     assert [row["strategy"] for row in rows] == list(bench.STRATEGIES)
     assert all(row["status"] == "ok" and row["step_s"] > 0 and row["peak_mb"] >= 0 for row in rows)
+    parameters = bench.decoder_parameters(16, 1, 2, 2, 32, 300) + bench.lora_parameters(16, 1, 2, 2, 32, rank=2)
+    assert rows[0]["weights_mb"] * bench.MB == parameters * 4  # fp32 on CPU
     by_name = {row["strategy"]: row for row in rows}
     assert by_name["naive"]["ratio_to_naive"] == 1.0
     # Same weights, same batch: GradCache's loss is the full batch's (bf16 autocast), accumulation's is not.

@@ -167,3 +167,16 @@ def test_every_docs_page_is_in_the_site_s_nav():
     listed = set(re.findall(r"([\w-]+\.md)", nav))
     assert {p.name for p in DOCS.glob("*.md")} <= listed
     assert listed <= {p.name for p in DOCS.glob("*.md")}
+
+
+def test_no_file_holds_a_merge_conflict_marker():
+    """A conflict resolved by hand leaves no `<<<<<<<` / `>>>>>>>` line in a page, module or config (a page renders
+    it silently)."""
+    suffixes = {".py", ".md", ".toml", ".yml", ".yaml", ".json", ".cfg", ".txt"}
+    found = []
+    for path in ROOT.rglob("*"):
+        if path.suffix in suffixes and path.is_file() and not {".git", "site", ".venv"} & set(path.parts):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            found += [f"{path.relative_to(ROOT)}:{number}" for number, line in enumerate(text.splitlines(), 1)
+                      if line.startswith(("<<<<<<< ", ">>>>>>> "))]
+    assert not found, found

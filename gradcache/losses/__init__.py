@@ -12,5 +12,8 @@ from .matryoshka import Matryoshka
 from .ntxent import NTXent
 from .queue import EmbeddingQueue
 from .siglip import SigLipLoss
+from .sparsity import FlopsRegularizer, L1Regularizer
+from .splade import SpladeLoss
 
-__all__ = ["InfoNCE", "NTXent", "ClipLoss", "SigLipLoss", "Matryoshka", "EmbeddingQueue", "LateInteraction"]
+__all__ = ["InfoNCE", "NTXent", "ClipLoss", "SigLipLoss", "Matryoshka", "EmbeddingQueue", "LateInteraction",
+           "SpladeLoss", "FlopsRegularizer", "L1Regularizer"]

@@ -167,3 +167,14 @@ def test_two_ranks_regularise_the_global_batch_as_one_process_does():
             assert_grads_close(result[name]["grads"], want, 1e-8)
             for part, value in want_parts.items():
                 torch.testing.assert_close(result[name]["parts"][part], value, rtol=1e-10, atol=0)
+
+
+def test_flops_threshold_drops_rows_with_few_non_zeros():
+    w = sparse_rows(6, seed=9)
+    counts = (w != 0).sum(dim=1)
+    threshold = int(counts.median())
+    kept = w * (counts > threshold).double().unsqueeze(1)
+    assert FlopsRegularizer(threshold)(w).item() == pytest.approx(flops_loop(kept), rel=1e-12)
+    assert 0 < int((counts > threshold).sum()) < 6
+    with pytest.raises(ValueError, match="threshold must be None"):
+        FlopsRegularizer(-1)

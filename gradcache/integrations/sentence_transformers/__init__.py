@@ -15,5 +15,6 @@ require("sentence_transformers", "sentence-transformers", "gradcache.integration
 from gradcache.integrations.sentence_transformers.encoders import sentence_embedding  # noqa: E402
 from gradcache.integrations.sentence_transformers.gist import GradCacheGISTLoss  # noqa: E402
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss  # noqa: E402
+from gradcache.integrations.sentence_transformers.splade import GradCacheSpladeLoss  # noqa: E402
 
-__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "sentence_embedding"]
+__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "GradCacheSpladeLoss", "sentence_embedding"]

@@ -64,6 +64,7 @@ def gradients(model, loss_module, feats):
 
 
 @pytest.mark.parametrize("query_weight, spelling", [(0.3, {"chunk_size": 2}), (None, {"mini_batch_size": 3}),
+                                                    (0.3, {"chunk_size": 2, "sparse_cache": False}),
                                                     (0.3, {"chunk_size": 2, "temperature": 0.5})])
 def test_parts_and_gradients_equal_the_uncached_peer(folder, query_weight, spelling):
     model = sparse_encoder(folder, torch.float64)
@@ -73,6 +74,8 @@ def test_parts_and_gradients_equal_the_uncached_peer(folder, query_weight, spell
     want_parts, want = gradients(model, peer, feats)
     ours = GradCacheSpladeLoss(model, SparseMultipleNegativesRankingLoss(model), 0.2, query_weight, **spelling)
     got_parts, got = gradients(model, ours, feats)
+    rows = model(features(model, rows=5)[0])["sentence_embedding"]
+    assert 0 < int((rows == 0).sum()) < rows.numel()  # zeros for the sparse cache to drop, and non-zeros
     assert list(got_parts) == list(want_parts) == PARTS[:2 if query_weight is None else 3]
     for name in want_parts:
         torch.testing.assert_close(got_parts[name], want_parts[name], rtol=1e-6, atol=1e-12)

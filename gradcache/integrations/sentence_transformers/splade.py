@@ -34,7 +34,8 @@ class GradCacheSpladeLoss(GradCacheLoss, _SpladeMark):
     "query_regularizer_loss"}` (weighted; the last absent when `query_regularizer_weight` is None; no total key),
     whose sum carries the gradient. It is a `SpladeLoss` to `SparseEncoderTrainer`, which adds its
     regulariser-weight warm-up callback as it does for the peer's. Defaults as `CachedSpladeLoss`'s: chunks of
-    32 rows, each chunk's trailing padding trimmed.
+    32 rows, each chunk's trailing padding trimmed; unlike it, the cache between the two passes holds each
+    row's non-zeros only (`sparse_cache`), not (N, V) dense rows.
 
     Args:
         model: the SparseEncoder being trained.
@@ -51,6 +52,9 @@ class GradCacheSpladeLoss(GradCacheLoss, _SpladeMark):
             `gradcache.losses.FlopsRegularizer(threshold)`.
         document_regularizer_threshold, query_regularizer_threshold: the default FLOPS's `threshold`.
         use_document_regularizer_only: every column is a document, regularised with lambda_d; no query term.
+        sparse_cache: keep the cached rows and their gradients by their non-zeros (default True: a SparseEncoder's
+            SPLADE rows are 0 only where its relu clamps them, so this is exact; `gradcache.sparse_rows`); a
+            model whose rows hold negative values is refused at the call (ValueError): pass False for it.
         trim_padding, gather_across_devices, show_progress_bar, **options: as for `GradCacheLoss`.
 
     Raises:
@@ -69,8 +73,8 @@ class GradCacheSpladeLoss(GradCacheLoss, _SpladeMark):
         mini_batch_size: int | None = None, temperature: float | None = None, scale: float | None = None,
         document_regularizer: nn.Module | None = None, query_regularizer: nn.Module | None = None,
         document_regularizer_threshold: int | None = None, query_regularizer_threshold: int | None = None,
-        use_document_regularizer_only: bool = False, trim_padding: bool = True, gather_across_devices: bool = False,
-        show_progress_bar: bool = False, **options: Unpack[Options],
+        use_document_regularizer_only: bool = False, sparse_cache: bool = True, trim_padding: bool = True,
+        gather_across_devices: bool = False, show_progress_bar: bool = False, **options: Unpack[Options],
     ) -> None:
         if not isinstance(loss, nn.Module) or not callable(loss):
             raise TypeError(
@@ -94,7 +98,7 @@ class GradCacheSpladeLoss(GradCacheLoss, _SpladeMark):
                 )
         scale_value = _scale(loss, temperature, scale)
         super().__init__(model, loss, chunks, trim_padding=trim_padding, gather_across_devices=gather_across_devices,
-                         show_progress_bar=show_progress_bar, **options)
+                         show_progress_bar=show_progress_bar, sparse_cache=sparse_cache, **options)
         if scale_value is not None:  # after every check: nothing is changed on a refused call
             if hasattr(loss, "scale"):
                 loss.scale = scale_value

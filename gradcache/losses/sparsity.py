@@ -78,6 +78,9 @@ class L1Regularizer(nn.Module):
         >>> l1(torch.relu(torch.randn(8, 100)))
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         check_embeddings(embeddings=embeddings)
         if embeddings.shape[0] == 0:

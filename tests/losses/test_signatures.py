@@ -18,8 +18,10 @@ POSITIONAL = {  # each public loss: the parameters a call may pass by position, 
     "SigLipLoss": ("temperature",),
     "LateInteraction": ("temperature",),
     "Matryoshka": ("loss", "dims"),
+    "SpladeLoss": ("loss", "document_regularizer_weight", "query_regularizer_weight"),
 }
-NOT_LOSSES = {"EmbeddingQueue"}  # public, but a queue the losses hold, not a loss
+# public, but not losses: a queue the losses hold, and the sparsity penalties SpladeLoss holds
+NOT_LOSSES = {"EmbeddingQueue", "FlopsRegularizer", "L1Regularizer"}
 
 
 def test_the_table_names_every_public_loss():

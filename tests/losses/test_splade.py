@@ -1,5 +1,6 @@
 """SpladeLoss, FLOPS and L1 against loops written from their formulas; under GradCache and CachedLoss against
-FullBatch on every parameter (float64); on two gloo ranks against one process on the concatenated batch."""
+FullBatch on every parameter (float64); on two gloo ranks (dense and sparse cache) against one process on the
+concatenated batch."""
 from __future__ import annotations
 
 import math
@@ -108,15 +109,15 @@ def splade_batch(n: int, seed: int = 0):
     return [torch.randn(rows, 5, 8, generator=g, dtype=torch.float64) for rows in (n, n, 2 * n)]
 
 
-def splade_step(strategy, encoder, loss_fn, batch, chunk_size):
+def splade_step(strategy, encoder, loss_fn, batch, chunk_size, **options):
     zero(encoder)
     if strategy is CachedLoss:
-        value = CachedLoss(encoder, loss_fn, chunk_size)(*batch)
+        value = CachedLoss(encoder, loss_fn, chunk_size, **options)(*batch)
         value.backward()
         return value.detach()
     if strategy is FullBatch:
         return FullBatch(encoder, loss_fn).step(*batch)
-    return strategy(encoder, loss_fn, chunk_size).step(*batch)
+    return strategy(encoder, loss_fn, chunk_size, **options).step(*batch)
 
 
 @pytest.mark.parametrize("strategy", [GradCache, CachedLoss])
@@ -148,8 +149,8 @@ def ranks_worker(rank, world_size):
     q, p, n = splade_batch(GLOBAL)
     local = [q[half], p[half], n.view(GLOBAL, 2, 5, 8)[half].reshape(-1, 5, 8)]
     results = {}
-    for name, strategy in (("gradcache", GradCache), ("cached", CachedLoss)):
-        value = splade_step(strategy, wrapped, loss_fn, local, 3)
+    for name, strategy in (("gradcache", GradCache), ("cached", CachedLoss), ("sparse", GradCache)):
+        value = splade_step(strategy, wrapped, loss_fn, local, 3, sparse_cache=name == "sparse")
         results[name] = {"loss": value, "parts": dict(loss_fn.parts), "grads": grads_of(encoder)}
     return results
 
@@ -162,7 +163,7 @@ def test_two_ranks_regularise_the_global_batch_as_one_process_does():
     want_value = splade_step(FullBatch, encoder, loss_fn, splade_batch(GLOBAL), None)
     want, want_parts = grads_of(encoder), dict(loss_fn.parts)
     for result in run_on_ranks(ranks_worker, 2):
-        for name in ("gradcache", "cached"):
+        for name in ("gradcache", "cached", "sparse"):
             torch.testing.assert_close(result[name]["loss"], want_value, rtol=1e-10, atol=0)
             assert_grads_close(result[name]["grads"], want, 1e-8)
             for part, value in want_parts.items():

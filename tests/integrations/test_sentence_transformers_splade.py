@@ -172,3 +172,15 @@ def test_one_column_is_refused(folder):
     loss = GradCacheSpladeLoss(model, SparseMultipleNegativesRankingLoss(model), 0.1, 0.1)
     with pytest.raises(ValueError, match="got 1 column"):
         loss(features(model, columns=("anchor",), rows=3), None)
+
+
+def test_evaluation_returns_the_peers_parts(folder):
+    model = sparse_encoder(folder, torch.float64)
+    feats = features(model, rows=4)
+    peer = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model), 0.2, 0.3)
+    ours = GradCacheSpladeLoss(model, SparseMultipleNegativesRankingLoss(model), 0.2, 0.3, chunk_size=3)
+    with torch.no_grad():
+        want, got = peer(feats, None), ours(feats, None)
+    assert list(got) == PARTS
+    for name in PARTS:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-12)

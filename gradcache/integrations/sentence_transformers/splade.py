@@ -12,8 +12,6 @@ from gradcache.integrations.sentence_transformers.loss import GradCacheLoss, _co
 from gradcache.losses import FlopsRegularizer
 from gradcache.options import Options, Unpack
 
-PARTS = ("base_loss", "document_regularizer_loss", "query_regularizer_loss")
-
 
 class _SpladeMark(_PeerSpladeLoss):
     """Makes `isinstance(loss, SpladeLoss)` true, which is how `SparseEncoderTrainer` decides to add its

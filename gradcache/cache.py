@@ -7,9 +7,11 @@ One step, read top to bottom:
       graph, or, for the first chunks whose graphs fit in `memory_budget`, with it, kept; an input that learns
       nothing (a frozen tower) is encoded here once, for good. Token embeddings (`TokenEmbeddings`: values
       (B_k, L_k, D) and the mask the model returns) of chunks of different lengths are joined padded to the
-      longest (values 0, mask False), so the loss gets one padded (N, L, D) batch and its mask;
+      longest (values 0, mask False), so the loss gets one padded (N, L, D) batch and its mask. With
+      `sparse_cache`, (B_k, V) rows are cached by their non-zeros (`gradcache.sparse_rows`);
   (2) compute the loss over the full batch (gathered from every rank under torch.distributed) from those
-      embeddings, and its gradient with respect to every embedding and every loss parameter: the gradient cache;
+      embeddings, and its gradient with respect to every embedding and every loss parameter: the gradient cache
+      (of a sparse cache: at its non-zeros only, the loss given the rows made dense);
   (3) back-propagate the kept graphs; re-encode each other chunk with a graph under its recorded random and
       autocast state, check it against its cached embedding (`check_recompute`), and back-propagate its slice
       of the cached gradient (its rows; for token embeddings also its own length, grad[:, :L_k]), one chunk at
@@ -43,7 +45,8 @@ from gradcache.random_state import RandomState
 from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
 from gradcache.strategy import LossFn, Strategy, check_output_learns
 from gradcache.token_chunks import cut, split_to_count, token_plan
-from gradcache.token_embeddings import Embedding, join, length_of, piece, rows, values_of, with_values
+from gradcache.sparse_rows import SparseRows, compress, densify
+from gradcache.token_embeddings import Embedding, join, length_of, piece, row_count, rows, values_of, with_values
 
 
 class GradCache(Strategy):
@@ -109,7 +112,7 @@ class GradCache(Strategy):
         ]
 
         if not building:  # evaluation: the loss and nothing else
-            return self.loss_over([with_values(e, upcast) for per_input in embeddings for e in per_input],
+            return self.loss_over([_dense(with_values(e, upcast)) for per_input in embeddings for e in per_input],
                                   loss_kwargs)
 
         cached = [  # (2) the cache's leaves: the vectors, or the token values (their mask a constant)
@@ -123,7 +126,7 @@ class GradCache(Strategy):
             bridged = iter(_ReencodeOnBackward.apply(replay, *(values_of(e) for i in learners for e in cached[i])))
             cached = [[with_values(e, lambda _: next(bridged)) for e in per_input] if learning[i] else per_input
                       for i, per_input in enumerate(cached)]
-        loss = self.loss_over([e for per_input in cached for e in per_input], loss_kwargs)  # one argument each
+        loss = self.loss_over([_dense(e) for per_input in cached for e in per_input], loss_kwargs)  # one argument each
         self.steps_taken += 1
         return loss
 
@@ -179,11 +182,13 @@ class GradCache(Strategy):
                         outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
                 if pieces:
                     check_embedding_count(outputs, len(pieces[0]), name, k)
-                pieces.append([with_values(e, torch.Tensor.detach) for e in outputs])
+                sparse = self.options["sparse_cache"]
+                pieces.append([compress(values_of(e).detach(), name) if sparse else with_values(e, torch.Tensor.detach)
+                               for e in outputs])
             slots = list(zip(*pieces))  # slots[j][k]: embedding j of chunk k
             # (N_i, D), or (N_i, max L_k, D) padded, each; sorted under chunk_tokens
             first.embeddings.append([join(slot, f"input {i}") for slot in slots])
-            first.rows.append([[values_of(e).shape[0] for e in slot] for slot in slots])
+            first.rows.append([[row_count(e) for e in slot] for slot in slots])
             first.lengths.append([[length_of(e) for e in slot] for slot in slots])
             first.random_states.append(states)
             first.kept.append(graphs)
@@ -209,8 +214,9 @@ class GradCache(Strategy):
         flat = iter(cached_gradients)  # in the order of the loss's arguments
         for i in replay.learners:
             order, per_slot = replay.orders[i], []
-            for counts, lengths in zip(first.rows[i], first.lengths[i]):
-                g = next(flat)
+            for cached, counts, lengths in zip(first.embeddings[i], first.rows[i], first.lengths[i]):
+                g = next(flat)  # (N, D), (N, L, D), or (nnz,) at a sparse cache's non-zeros
+                g = cached._replace(values=g) if isinstance(cached, SparseRows) else g
                 g = g if order is None else rows(g, order)  # caller's order -> the chunks' sorted order
                 per_slot.append([piece(g, start, start + count, length)  # the chunk's own rows and length
                                  for start, count, length in zip(_starts(counts), counts, lengths)])
@@ -287,6 +293,11 @@ def _check_recomputed(
         cached = piece(first.embeddings[i][j], start, start + counts[k], first.lengths[i][j][k])
         where = f"chunk {k + 1} of {len(replay.chunks[i])}" + (f", embedding {j + 1} of {count}" if count > 1 else "")
         check(embedding, cached, replay.autocast_state, name, where)
+
+
+def _dense(embedding: Embedding | SparseRows) -> Embedding:
+    """A loss argument: a sparse cache's rows made dense (B, V), differentiable in its non-zeros; others as they are."""
+    return densify(embedding) if isinstance(embedding, SparseRows) else embedding
 
 
 def _callers_order(embedding: Embedding, order: torch.Tensor, index: int) -> Embedding:

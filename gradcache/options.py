@@ -64,6 +64,11 @@ class Options(TypedDict, total=False):
         a tolerance for the precision the forward ran in (see `gradcache.recompute_check`), a float for that
         relative tolerance, False to turn it off for an encoder known to be nondeterministic. Costs one
         reduction and one host sync per re-encoded chunk. FullBatch and NaiveAccumulation recompute nothing.
+    sparse_cache: GradCache and CachedLoss keep phase (1)'s (B, V) embeddings by their non-zeros and phase (2)'s
+        gradient only there, so the cache costs memory in proportion to the non-zeros (SPLADE's rows). Exact
+        for rows that are 0 only where a clamp at zero (relu, SPLADE's max-pooled log(1 + relu(.))) sends
+        them; a negative value is refused (ValueError), see `gradcache.sparse_rows`. Not with `chunk_tokens`.
+        Default False. FullBatch and NaiveAccumulation keep no cache and ignore it.
     """
 
     get_embedding: GetEmbedding | None
@@ -76,6 +81,7 @@ class Options(TypedDict, total=False):
     memory_budget: int | None
     chunk_tokens: int | Sequence[int | None] | None
     check_recompute: bool | float
+    sparse_cache: bool
 
 
 DEFAULTS: Options = {
@@ -89,6 +95,7 @@ DEFAULTS: Options = {
     "memory_budget": None,
     "chunk_tokens": None,
     "check_recompute": True,
+    "sparse_cache": False,
 }
 
 
@@ -101,7 +108,7 @@ def checked(options: dict[str, Any]) -> Options:
     full: Options = {**DEFAULTS, **options}  # type: ignore[typeddict-item]
     _check_per_input_callable("get_embedding", full["get_embedding"], "the output itself")
     _check_per_input_callable("split_fn", full["split_fn"], "the library's own split")
-    for name in ("trim_padding", "gather"):
+    for name in ("trim_padding", "gather", "sparse_cache"):
         if not isinstance(full[name], bool):
             raise TypeError(f"{name} must be True or False, got {full[name]!r}.")
     dtype = full["autocast_dtype"]
@@ -114,6 +121,11 @@ def checked(options: dict[str, Any]) -> Options:
     check_memory_budget(full["memory_budget"])
     check_chunk_tokens(full["chunk_tokens"])
     _check_recompute(full["check_recompute"])
+    if full["sparse_cache"] and full["chunk_tokens"] is not None:
+        raise ValueError(
+            f"sparse_cache=True is not available with chunk_tokens={full['chunk_tokens']!r}: the sparse cache keeps "
+            "rows in chunk order. Drop chunk_tokens (use chunk_size, with trim_padding=True) or sparse_cache."
+        )
     return full
 
 

@@ -13,6 +13,8 @@ for vectors and tokens):
   - each chunk's cached gradient is cut back to its own rows and its own length, grad[:, :L_k]: `piece`;
   - token-chunked rows are put back in the caller's order, values and mask alike: `rows`;
   - under torch.distributed every rank pads to the global longest before the gather (`gradcache.distributed`).
+Phase (1)'s sparse cache of (B, V) rows (`sparse_cache=True`, `gradcache.sparse_rows.SparseRows`) takes the same
+doors: its values are the non-zeros, a piece of it is a chunk's dense rows.
 """
 
 from collections.abc import Callable, Sequence
@@ -21,8 +23,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TokenEmbeddings", "Embedding", "checked", "values_of", "with_values", "length_of", "join", "piece",
-           "rows", "padded_to"]
+from gradcache.sparse_rows import SparseRows, dense_piece, join_sparse
+
+__all__ = ["TokenEmbeddings", "Embedding", "checked", "values_of", "with_values", "length_of", "row_count", "join",
+           "piece", "rows", "padded_to"]
 
 
 class TokenEmbeddings(NamedTuple):
@@ -84,20 +88,27 @@ def checked(embedding: TokenEmbeddings, name: str) -> TokenEmbeddings:
 
 
 def values_of(embedding: Embedding) -> torch.Tensor:
-    """The tensor that carries the gradient: the embedding itself, or its token values."""
-    return embedding.values if isinstance(embedding, TokenEmbeddings) else embedding
+    """The tensor that carries the gradient: the embedding itself, its token values, or its non-zeros."""
+    return embedding.values if isinstance(embedding, (TokenEmbeddings, SparseRows)) else embedding
 
 
 def with_values(embedding: Embedding, change: Callable[[torch.Tensor], torch.Tensor]) -> Embedding:
     """`change` applied to the values (a cast, a detach, requires_grad_), the mask kept."""
     if isinstance(embedding, TokenEmbeddings):
         return TokenEmbeddings(change(embedding.values), embedding.mask)
+    if isinstance(embedding, SparseRows):
+        return embedding._replace(values=change(embedding.values))
     return change(embedding)
 
 
 def length_of(embedding: Embedding) -> int | None:
     """L of token embeddings; None for vectors."""
     return embedding.values.shape[1] if isinstance(embedding, TokenEmbeddings) else None
+
+
+def row_count(embedding: Embedding | SparseRows) -> int:
+    """B: the examples an embedding holds."""
+    return embedding.size[0] if isinstance(embedding, SparseRows) else values_of(embedding).shape[0]
 
 
 def padded_to(embedding: TokenEmbeddings, length: int) -> TokenEmbeddings:
@@ -111,6 +122,8 @@ def padded_to(embedding: TokenEmbeddings, length: int) -> TokenEmbeddings:
 def join(pieces: Sequence[Embedding], name: str) -> Embedding:
     """Chunks' embeddings concatenated along the rows; token embeddings padded to the longest first:
     (B_k, L_k, D) -> (sum B_k, max L_k, D). TypeError when chunks mix vectors and token embeddings."""
+    if isinstance(pieces[0], SparseRows):
+        return join_sparse(list(pieces))  # (sum B_k, V) by its non-zeros
     tokens = [isinstance(p, TokenEmbeddings) for p in pieces]
     if any(tokens) and not all(tokens):
         k = tokens.index(not tokens[0])
@@ -131,6 +144,8 @@ def piece(joined: Embedding, start: int, stop: int, length: int | None) -> Embed
     positions: the chunk as its encoder returned it, grad[start:stop, :L_k]."""
     if isinstance(joined, TokenEmbeddings):
         return TokenEmbeddings(joined.values[start:stop, :length], joined.mask[start:stop, :length])
+    if isinstance(joined, SparseRows):
+        return dense_piece(joined, start, stop)  # (stop - start, V), 0 off the non-zeros
     return joined[start:stop] if length is None else joined[start:stop, :length]
 
 

@@ -15,6 +15,8 @@ from .ntxent import NTXent
 from .pointwise_rerank import PointwiseRerank
 from .queue import EmbeddingQueue
 from .siglip import SigLipLoss
+from .sparsity import FlopsRegularizer, L1Regularizer
+from .splade import SpladeLoss
 
 __all__ = ["InfoNCE", "NTXent", "ClipLoss", "SigLipLoss", "Matryoshka", "EmbeddingQueue", "LateInteraction",
-           "ListwiseRerank", "PointwiseRerank"]
+           "ListwiseRerank", "PointwiseRerank", "SpladeLoss", "FlopsRegularizer", "L1Regularizer"]

@@ -20,8 +20,10 @@ POSITIONAL = {  # each public loss: the parameters a call may pass by position, 
     "ListwiseRerank": ("temperature",),
     "PointwiseRerank": ("temperature",),
     "Matryoshka": ("loss", "dims"),
+    "SpladeLoss": ("loss", "document_regularizer_weight", "query_regularizer_weight"),
 }
-NOT_LOSSES = {"EmbeddingQueue"}  # public, but a queue the losses hold, not a loss
+# public, but not losses: a queue the losses hold, and the sparsity penalties SpladeLoss holds
+NOT_LOSSES = {"EmbeddingQueue", "FlopsRegularizer", "L1Regularizer"}
 
 
 def test_the_table_names_every_public_loss():

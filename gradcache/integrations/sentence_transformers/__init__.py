@@ -17,5 +17,6 @@ from gradcache.integrations.sentence_transformers.cross_encoder import GradCache
 from gradcache.integrations.sentence_transformers.encoders import sentence_embedding  # noqa: E402
 from gradcache.integrations.sentence_transformers.gist import GradCacheGISTLoss  # noqa: E402
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss  # noqa: E402
+from gradcache.integrations.sentence_transformers.splade import GradCacheSpladeLoss  # noqa: E402
 
-__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "sentence_embedding", "GradCacheCrossEncoderLoss"]
+__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "GradCacheCrossEncoderLoss", "GradCacheSpladeLoss", "sentence_embedding"]

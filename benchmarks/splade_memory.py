@@ -1,0 +1,202 @@
+"""Peak memory of one cached SPLADE step: GradCacheSpladeLoss (sparse and dense cache) beside sentence-transformers'
+CachedSpladeLoss, on the same SparseEncoder, batch and chunk, N growing.
+
+Modes: ``peer`` (``CachedSpladeLoss(model, SparseMultipleNegativesRankingLoss(model), ...)``), ``dense``
+(``GradCacheSpladeLoss(..., sparse_cache=False)``: (N, V) rows cached, as the peer does) and ``sparse``
+(``GradCacheSpladeLoss(...)``, the default: rows and their gradients cached by their non-zeros). The model is the
+issue's (BERT ``--dim`` 64 wide, one layer, two heads, a ``--vocab`` 30,522-token WordPiece vocabulary written
+here, dropout 0) with its MLM head's bias shifted so that about ``--positive-fraction`` (0.1%) of the logits of a
+sample batch are positive, as in a trained SPLADE. Data: generated (anchor, positive, negative) texts of random
+vocabulary words, queries of 4-12 words, passages of 10-30. Each point runs in a fresh process
+(``fresh_process.py``): the child builds the model and the batch, resets the peak-RSS mark, runs one forward +
+backward through the loss (the trainer's sum of the returned parts) and reports the peak above that baseline
+(CPU: VmHWM; CUDA: ``torch.cuda.max_memory_allocated``), then the median time of ``--repeats`` more. Nothing here
+touches the network.
+
+    python -m benchmarks.splade_memory                               # N = 64, 256, 1,024, chunk 16, all modes
+    python -m benchmarks.splade_memory --sizes 512 --modes peer,sparse --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.flags import HelpFormatter, add_shared_options, output_folder
+from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
+from benchmarks.report import machine_context, plot_lines, print_table, write_csv
+
+GB = 2**30
+MODES = ("peer", "dense", "sparse")
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+COLUMNS = ["mode", "n", "chunk", "dim", "vocab", "positive_fraction", "status", "peak_gb", "step_s", "runs",
+           "loss_value", "nonzero_fraction", "process_s", "error", "device", "threads", "cpu_count", "loadavg_1m",
+           "loadavg_5m", "torch_version", "gradcache_version", "python_version", "timestamp_utc"]
+TABLE = ["mode", "n", "status", "peak_gb", "step_s", "runs", "loss_value", "nonzero_fraction", "loadavg_1m"]
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    parser.add_argument("--sizes", default="64,256,1024", help="comma-separated batch sizes N")
+    parser.add_argument("--modes", default="peer,dense,sparse", help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument("--chunk", type=int, default=16, help="rows per chunk (the peer's mini_batch_size)")
+    parser.add_argument("--dim", type=int, default=64, help="BERT hidden width")
+    parser.add_argument("--vocab", type=int, default=30522, help="vocabulary size V (the rows' width)")
+    parser.add_argument("--positive-fraction", type=float, default=0.001,
+                        help="share of a sample batch's MLM logits left positive by the bias shift")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs after the measured one (median)")
+    parser.add_argument("--long-run-s", type=float, default=20.0,
+                        help="a point whose first run takes longer reports that run's time alone")
+    add_shared_options(parser, "splade_memory", threads=os.cpu_count(), memory_budget_gb=12.0, time_budget_s=900.0)
+    return parser
+
+
+def _reset_peak_rss() -> None:
+    """Make the kernel's peak RSS restart from the current RSS, so imports and setup do not count."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def words(vocab: int) -> list[str]:
+    """The vocabulary's whole words: everything after the special tokens."""
+    return [f"w{i}" for i in range(vocab - len(SPECIAL))]
+
+
+def build_model(folder: Path, dim: int, vocab: int, positive_fraction: float, sample: list[str]):
+    """A SparseEncoder (MLM BERT, one layer, two heads, max pooling of log(1 + relu)) with its head's bias shifted
+    so that `positive_fraction` of the logits of `sample` are positive."""
+    from sentence_transformers.sparse_encoder import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+
+    (folder / "vocab.txt").write_text("\n".join(SPECIAL + words(vocab)) + "\n", encoding="utf-8")
+    BertTokenizer(str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=vocab, hidden_size=dim, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=4 * dim, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        max_position_embeddings=64)
+    mlm = BertForMaskedLM(config)
+    tokenizer = BertTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        batch = tokenizer(sample, padding=True, return_tensors="pt")
+        logits = mlm(**batch).logits[batch["attention_mask"].bool()]  # (tokens, V)
+        flat = logits.flatten()
+        k = max(1, int(flat.numel() * positive_fraction))
+        mlm.cls.predictions.bias -= flat.topk(k).values[-1].item()  # the k-th largest logit becomes 0
+    mlm.save_pretrained(folder)
+    return SparseEncoder(modules=[MLMTransformer(str(folder)), SpladePooling("max")], device="cpu")
+
+
+def texts(n: int, vocab: int, low: int, high: int, rng: random.Random) -> list[str]:
+    pool = words(vocab)
+    return [" ".join(rng.choice(pool) for _ in range(rng.randint(low, high))) for _ in range(n)]
+
+
+def make_step(point: dict[str, Any], folder: Path) -> tuple[Callable[[], float], float]:
+    """One forward + backward of the point's loss; returns it and the rows' share of non-zeros."""
+    from sentence_transformers.sparse_encoder.losses import CachedSpladeLoss, SparseMultipleNegativesRankingLoss
+
+    from gradcache.integrations.sentence_transformers import GradCacheSpladeLoss
+
+    rng = random.Random(0)
+    n, vocab = point["n"], point["vocab"]
+    columns = [texts(n, vocab, 4, 12, rng), texts(n, vocab, 10, 30, rng), texts(n, vocab, 10, 30, rng)]
+    model = build_model(folder, point["dim"], vocab, point["positive_fraction"], columns[1][:64])
+    device = torch.device(point["device"])
+    model.to(device)
+    features = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in model.preprocess(c).items()}
+                for c in columns]
+    with torch.no_grad():
+        rows = model(dict(features[1]))["sentence_embedding"]
+        nonzero = float((rows != 0).float().mean())
+    base = SparseMultipleNegativesRankingLoss(model)
+    if point["mode"] == "peer":
+        loss = CachedSpladeLoss(model, base, 3e-5, 5e-5, mini_batch_size=point["chunk"])
+    else:
+        loss = GradCacheSpladeLoss(model, base, 3e-5, 5e-5, chunk_size=point["chunk"],
+                                   sparse_cache=point["mode"] == "sparse")
+
+    def step() -> float:
+        model.zero_grad(set_to_none=True)
+        parts = loss(features, None)
+        total = sum(parts.values())
+        total.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return float(total.detach())
+
+    return step, nonzero
+
+
+def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
+    """Child process: one step measured for memory, then the median time of a few more."""
+    torch.set_num_threads(point["threads"])
+    device = torch.device(point["device"])
+    with tempfile.TemporaryDirectory() as folder:
+        step, nonzero = make_step(point, Path(folder))
+        if device.type == "cpu":
+            _reset_peak_rss()
+        peak = PeakMemory(device, int(point["memory_budget_gb"] * GB))
+        started = time.perf_counter()
+        loss_value = step()
+        first_s = time.perf_counter() - started
+        peak_bytes = peak.peak_above_baseline()
+        peak.stop()
+        if first_s > point["long_run_s"] or point["repeats"] < 1:
+            step_s, runs = first_s, 1
+        else:
+            step_s, times = median_time(step, point["repeats"], 0, device)
+            runs = len(times)
+    return {"status": "ok", "peak_gb": peak_bytes / GB, "step_s": step_s, "runs": runs, "loss_value": loss_value,
+            "nonzero_fraction": nonzero}
+
+
+def _choices(value: str, valid: Sequence[str], flag: str) -> list[str]:
+    chosen = value.split(",")
+    for name in chosen:
+        if name not in valid:
+            raise ValueError(f"{flag}: unknown value {name!r}; choose from {', '.join(valid)}")
+    return chosen
+
+
+def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for mode in _choices(args.modes, MODES, "--modes"):
+        for n in sorted({int(size) for size in args.sizes.split(",") if size}):
+            point = {"mode": mode, "n": n, "chunk": args.chunk, "dim": args.dim, "vocab": args.vocab,
+                     "positive_fraction": args.positive_fraction, "threads": args.threads, "device": args.device,
+                     "repeats": args.repeats, "long_run_s": args.long_run_s, "memory_budget_gb": args.memory_budget_gb}
+            row = {**{k: point[k] for k in ("mode", "n", "chunk", "dim", "vocab", "positive_fraction")},
+                   **machine_context(args.threads, args.device)}
+            row.update(run_point(__spec__.name, point, args.time_budget_s))
+            print(json.dumps({key: row.get(key) for key in TABLE if key in row}), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    args = get_args_parser().parse_args(argv)
+    if args.point is not None:
+        report(run_one_point(json.loads(args.point)))
+        return []
+    rows = run_sweep(args)
+    output_dir = output_folder(args)
+    write_csv(output_dir / f"{args.name}.csv", rows, COLUMNS)
+    plot_lines(output_dir / f"{args.name}.png", rows, "n", [("peak_gb", "peak memory above baseline (GB)"),
+               ("step_s", "step time (s)")], "mode",
+               f"cached SPLADE step, BERT {args.dim} wide, V={args.vocab}, chunk {args.chunk}, ~"
+               f"{args.positive_fraction:.2%} logits positive, {args.device}, {args.threads} threads")
+    print_table(rows, TABLE)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

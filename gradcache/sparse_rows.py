@@ -1,0 +1,78 @@
+"""Sparse rows: phase (1)'s cache of nonnegative (B, V) embeddings (SPLADE's vocabulary-sized rows) kept as their
+non-zeros, and phase (2)'s gradient kept only there (the option ``sparse_cache=True``).
+
+    cache:    indices (2, nnz) int32 (row, column), values (nnz,)       instead of (B, V)
+    gradient: d loss / d values (nnz,)                                  instead of (B, V)
+
+Exact where the encoder's zeros cannot move: a row w = max_t log(1 + relu(x_t)) (SPLADE), relu(x), or any output
+that is 0 only where a clamp at zero (relu, its max-pool, its log1p) sends it, since the derivative of relu is 0
+there (PyTorch's relu passes no gradient at 0 either): the gradient reaching the parameters through a zero entry
+is 0 whatever the loss's gradient at that entry, so dropping the loss's gradient at the zeros leaves every
+parameter's gradient unchanged. Not exact for an output that is 0 with a nonzero derivative (an identity or a
+tanh output that happens to hit 0): the library cannot see the derivative, so it refuses what it can see, any
+negative value (not the output of a clamp at zero): ValueError, before any `.grad` is written.
+
+The loss still receives dense (N, V) rows, built from the cached non-zeros for phase (2) and freed by its
+backward; what is paid in proportion to the non-zeros is what lives from phase (1) to the end of phase (3).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["SparseRows", "compress", "densify", "join_sparse", "dense_piece"]
+
+
+class SparseRows(NamedTuple):
+    """(B, V) nonnegative rows by their non-zeros: indices (2, nnz) int32 (row, column), values (nnz,), size (B, V)."""
+
+    indices: torch.Tensor
+    values: torch.Tensor
+    size: torch.Size
+
+
+def compress(rows: torch.Tensor, name: str) -> SparseRows:
+    """A detached (B, V) embedding as its non-zeros, or a ValueError/TypeError naming `name` and the fix."""
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 2:
+        what = f"shape {tuple(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
+        raise TypeError(
+            f"sparse_cache=True caches (B, V) rows, but the encoder of {name} returned {what}; give sparse_cache "
+            "only to encoders that return one 2-D nonnegative tensor per embedding (SPLADE's rows)."
+        )
+    negative = int((rows < 0).sum())
+    if negative:
+        raise ValueError(
+            f"sparse_cache=True is exact only for rows that are 0 where a clamp at zero sends them (SPLADE's "
+            f"max-pooled log(1 + relu(.)), relu), but the encoder of {name} returned {negative} negative value(s) "
+            f"(min {rows.min().item():.4g}): its output is not nonnegative after its activation. Drop sparse_cache "
+            "for this encoder (the dense cache is exact for any output)."
+        )
+    where = rows.nonzero()  # (nnz, 2)
+    return SparseRows(where.T.to(torch.int32).contiguous(), rows[where[:, 0], where[:, 1]], rows.shape)
+
+
+def densify(sparse: SparseRows) -> torch.Tensor:
+    """The (B, V) rows, differentiable with respect to `sparse.values` (phase (2)'s loss input)."""
+    dense = sparse.values.new_zeros(sparse.size)
+    return dense.index_put((sparse.indices[0].long(), sparse.indices[1].long()), sparse.values)  # (B, V)
+
+
+def join_sparse(pieces: list[SparseRows]) -> SparseRows:
+    """Chunks' sparse rows one under the other: (B_k, V) each -> (sum B_k, V)."""
+    offsets = [0]
+    for p in pieces[:-1]:
+        offsets.append(offsets[-1] + p.size[0])
+    indices = torch.cat([p.indices + torch.tensor([[o], [0]], dtype=torch.int32, device=p.indices.device)
+                         for p, o in zip(pieces, offsets)], dim=1)
+    return SparseRows(indices, torch.cat([p.values for p in pieces]),
+                      torch.Size((offsets[-1] + pieces[-1].size[0], pieces[0].size[1])))
+
+
+def dense_piece(sparse: SparseRows, start: int, stop: int) -> torch.Tensor:
+    """Rows start..stop as a dense (stop - start, V) tensor: a chunk's cached embedding, or its gradient when
+    `sparse.values` holds the gradient (0 at the zeros)."""
+    inside = (sparse.indices[0] >= start) & (sparse.indices[0] < stop)
+    dense = sparse.values.new_zeros((stop - start, sparse.size[1]))
+    rows, columns = sparse.indices[0][inside].long() - start, sparse.indices[1][inside].long()
+    return dense.index_put((rows, columns), sparse.values[inside])

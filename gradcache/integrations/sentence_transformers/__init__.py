@@ -3,6 +3,8 @@
 - `GradCacheLoss(model, loss, chunk_size)`: the counterpart of `CachedMultipleNegativesRankingLoss` (with
   `InfoNCE`), or of any in-batch loss of this library; composes with `MatryoshkaLoss`.
 - `GradCacheGISTLoss(model, guide, ...)`: the counterpart of `CachedGISTEmbedLoss`.
+- `GradCacheMultiVectorLoss(model, ...)`: the counterpart of `CachedMultiVectorMultipleNegativesRankingLoss`
+  (ColBERT-style MultiVectorEncoder models), with the tiled MaxSim of `LateInteraction`.
 
 Needs `pip install "gradcache[sentence-transformers]"`.
 """
@@ -15,5 +17,6 @@ require("sentence_transformers", "sentence-transformers", "gradcache.integration
 from gradcache.integrations.sentence_transformers.encoders import sentence_embedding  # noqa: E402
 from gradcache.integrations.sentence_transformers.gist import GradCacheGISTLoss  # noqa: E402
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss  # noqa: E402
+from gradcache.integrations.sentence_transformers.multi_vector import GradCacheMultiVectorLoss  # noqa: E402
 
-__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "sentence_embedding"]
+__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "GradCacheMultiVectorLoss", "sentence_embedding"]

@@ -18,7 +18,7 @@ from sentence_transformers import MultiVectorEncoder  # noqa: E402
 from sentence_transformers.base.losses.gradcache import _create_minibatch, _minibatch_ranges  # noqa: E402
 from sentence_transformers.base.losses.merged_forward import column_merging_disabled  # noqa: E402
 from sentence_transformers.multi_vector_encoder.losses import (  # noqa: E402
-    CachedMultiVectorMultipleNegativesRankingLoss, MultiVectorMultipleNegativesRankingLoss,
+    CachedMultiVectorMultipleNegativesRankingLoss, MultiVectorMatryoshkaLoss, MultiVectorMultipleNegativesRankingLoss,
 )
 from sentence_transformers.util import cat_padded_token_embeddings  # noqa: E402
 
@@ -172,6 +172,20 @@ def test_dropout_on_equals_the_peers_cached_loss_step(bert_folder):
     got_loss, got = loss_and_grads(model, GradCacheMultiVectorLoss(model, chunk_size=3, tile_size=4), batch)
     want_loss, want = loss_and_grads(model, CachedMultiVectorMultipleNegativesRankingLoss(model, mini_batch_size=3),
                                      batch)
+    assert torch.allclose(got_loss, want_loss.double(), rtol=1e-6)  # the peer scores in float32
+    assert_close(got, want, 1e-6)
+
+
+@pytest.mark.slow
+def test_inside_multi_vector_matryoshka_loss(bert_folder):
+    """MultiVectorMatryoshkaLoss truncates the cached token embeddings through calculate_loss, as for the peer's."""
+    model = tiny_colbert(bert_folder).eval()
+    batch = features(model)
+    dims = [128, 32, 8]
+    want_loss, want = loss_and_grads(
+        model, MultiVectorMatryoshkaLoss(model, MultiVectorMultipleNegativesRankingLoss(model), dims), batch)
+    got_loss, got = loss_and_grads(
+        model, MultiVectorMatryoshkaLoss(model, GradCacheMultiVectorLoss(model, chunk_size=3), dims), batch)
     assert torch.allclose(got_loss, want_loss.double(), rtol=1e-6)  # the peer scores in float32
     assert_close(got, want, 1e-6)
 

@@ -60,6 +60,9 @@ class GradCacheMultiVectorLoss(GradCacheLoss):
     similarities never exist whole: the loss's own memory is flat in N. The peer computes its scores in float32
     whatever the model's dtype; this loss computes them in the embeddings' dtype (float64 stays float64).
 
+    Works inside `MultiVectorMatryoshkaLoss(model, GradCacheMultiVectorLoss(...), dims)`: phase (2) runs
+    through `calculate_loss(reps, masks_chunks, with_backward=...)`, the peer's hook, which the modifier decorates.
+
     Both spellings of the peer's options are accepted, in any combination that agrees: `temperature` or `scale`
     (= 1 / temperature), `chunk_size` or `mini_batch_size`, `tile_size` or `score_mini_batch_size`.
 

@@ -218,3 +218,35 @@ def test_bad_options_are_refused_by_name(bert_folder, options, error, match):
     with pytest.raises(error, match=match):
         GradCacheMultiVectorLoss(tiny_colbert(bert_folder), **options)
 
+
+
+def ddp_worker(rank: int, world_size: int, folder: str) -> dict:
+    """Each rank its own half of the rows, under DDP; both losses gather the documents of every rank."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    results = {}
+    for name in ("ours", "theirs"):
+        model = tiny_colbert(folder).eval()
+        wrapped = DistributedDataParallel(model)
+        batch = [{k: v[rank * 4:(rank + 1) * 4] if isinstance(v, torch.Tensor) else v for k, v in f.items()}
+                 for f in features(model, rows=8)]
+        if name == "ours":
+            loss = GradCacheMultiVectorLoss(model, chunk_size=2, gather_across_devices=True)
+        else:
+            loss = MultiVectorMultipleNegativesRankingLoss(model, gather_across_devices=True)
+        loss.model = wrapped  # as the trainer's override_model_in_loss does
+        wrapped.similarity = model.similarity
+        value, grads = loss_and_grads(model, loss, batch)
+        results[name] = {"loss": value, "grads": grads}
+    return results
+
+
+@pytest.mark.slow
+def test_ddp_with_gathered_documents_equals_the_peers_gathered_loss(bert_folder):
+    """Two gloo ranks of 4 rows (the peer gathers equal row counts only): the peer scores its rank's queries against every rank's documents; so does
+    GradCache's gather, and DDP's average of the gradients is the same."""
+    from tests.multiprocess import run_on_ranks
+
+    for rank in run_on_ranks(ddp_worker, 2, str(bert_folder)):
+        ours, theirs = rank["ours"], rank["theirs"]
+        assert_close(ours["grads"], theirs["grads"], 1e-6)

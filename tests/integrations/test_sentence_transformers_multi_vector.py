@@ -220,6 +220,24 @@ def test_bad_options_are_refused_by_name(bert_folder, options, error, match):
 
 
 
+class _Pooled(nn.Module):
+    """A model that returns one vector per text, as a dense SentenceTransformer does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(30522, 4)
+
+    def forward(self, features, task=None):
+        return {"sentence_embedding": self.embedding(features["input_ids"]).mean(dim=1)}
+
+
+def test_a_model_without_token_embeddings_is_refused_by_name():
+    ids = torch.tensor([[101, 7, 102], [101, 8, 102]])
+    column = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with pytest.raises(TypeError, match=r"needs the model's 'token_embeddings'.*got \['sentence_embedding'\]"):
+        GradCacheMultiVectorLoss(_Pooled(), chunk_size=1)([column, dict(column)], None)
+
+
 def ddp_worker(rank: int, world_size: int, folder: str) -> dict:
     """Each rank its own half of the rows, under DDP; both losses gather the documents of every rank."""
     from torch.nn.parallel import DistributedDataParallel

@@ -121,6 +121,17 @@ def test_equals_the_peers_uncached_loss_on_every_parameter(bert_folder, dropout,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("options", [{"chunk_tokens": 30}, {"memory_budget": 200_000}], ids=["chunk_tokens", "budget"])
+def test_the_memory_options_equal_the_peers_loss(bert_folder, options):
+    model = tiny_colbert(bert_folder).eval()
+    batch = features(model)
+    _, want = loss_and_grads(model, MultiVectorMultipleNegativesRankingLoss(model, similarity_fct=float64_scores),
+                             batch)
+    _, got = loss_and_grads(model, GradCacheMultiVectorLoss(model, chunk_size=3, **options), batch)
+    assert_close(got, want, 1e-9)
+
+
+@pytest.mark.slow
 def test_query_expansion_positions_are_scored_and_survive_trimming(bert_folder):
     """A chunk of short queries keeps its expansion columns: the loss depends on them, the peer's way."""
     model = tiny_colbert(bert_folder).eval()
@@ -212,6 +223,7 @@ def test_both_spellings_and_the_peers_defaults(bert_folder):
     ({"scale": -1.0}, ValueError, r"scale must be a positive number"),
     ({"temperature": 0.0}, ValueError, r"temperature"),
     ({"similarity_fct": float64_scores}, TypeError, r"Drop similarity_fct"),
+    ({"mini_batch_num_tokens": 512}, TypeError, r"Pass chunk_tokens instead"),
     ({"scaler": torch.amp.GradScaler("cpu")}, TypeError, r"cannot honour"),
 ])
 def test_bad_options_are_refused_by_name(bert_folder, options, error, match):

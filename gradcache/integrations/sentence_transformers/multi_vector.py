@@ -81,7 +81,8 @@ class GradCacheMultiVectorLoss(GradCacheLoss):
     Raises:
         ValueError: both spellings of one option with different values (naming both), a chunk size below 1,
             t <= 0, bad tile sizes or query_reduction; at the call, fewer than two columns.
-        TypeError: a `similarity_fct` other than None; at the call, a model whose output has no
+        TypeError: a `similarity_fct` other than None; `mini_batch_num_tokens` (spelled `chunk_tokens` here, which
+            counts padded tokens); at the call, a model whose output has no
             "token_embeddings" and "attention_mask".
 
     Example:
@@ -101,6 +102,12 @@ class GradCacheMultiVectorLoss(GradCacheLoss):
                 f"GradCacheMultiVectorLoss got similarity_fct={similarity_fct!r}; it scores with the model's MaxSim "
                 "(or MeanMaxSim, set by model.similarity_fn_name), tiled exactly. Drop similarity_fct, or use "
                 f"sentence-transformers' {PEER} for another scorer (XTR)."
+            )
+        if "mini_batch_num_tokens" in options:
+            raise TypeError(
+                f"GradCacheMultiVectorLoss got mini_batch_num_tokens={options['mini_batch_num_tokens']!r}, the peer's "
+                "chunks packed by real tokens in row order; here chunk_tokens=... bounds rows x padded length per "
+                "chunk, rows sorted by length (also exact). Pass chunk_tokens instead."
             )
         temperature = _one_temperature(temperature, scale)
         chunk_size = _one_count("chunk_size", chunk_size, "mini_batch_size", mini_batch_size, 32)

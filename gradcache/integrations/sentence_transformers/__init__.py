@@ -4,6 +4,10 @@
   `InfoNCE`), or of any in-batch loss of this library; composes with `MatryoshkaLoss`.
 - `GradCacheGISTLoss(model, guide, ...)`: the counterpart of `CachedGISTEmbedLoss`.
 - `GradCacheCrossEncoderLoss(model, ...)`: the counterpart of the cross-encoder `CachedMultipleNegativesRankingLoss`.
+- `GradCacheMultiVectorLoss(model, ...)`: the counterpart of `CachedMultiVectorMultipleNegativesRankingLoss`
+  (ColBERT-style MultiVectorEncoder models), with the tiled MaxSim of `LateInteraction`.
+- `GradCacheSpladeLoss(model, loss, document_regularizer_weight, query_regularizer_weight)`: the counterpart of
+  `CachedSpladeLoss` (SparseEncoder models), its cache paid by the rows' non-zeros.
 
 Needs `pip install "gradcache[sentence-transformers]"`.
 """
@@ -17,6 +21,8 @@ from gradcache.integrations.sentence_transformers.cross_encoder import GradCache
 from gradcache.integrations.sentence_transformers.encoders import sentence_embedding  # noqa: E402
 from gradcache.integrations.sentence_transformers.gist import GradCacheGISTLoss  # noqa: E402
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss  # noqa: E402
+from gradcache.integrations.sentence_transformers.multi_vector import GradCacheMultiVectorLoss  # noqa: E402
 from gradcache.integrations.sentence_transformers.splade import GradCacheSpladeLoss  # noqa: E402
 
-__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "GradCacheCrossEncoderLoss", "GradCacheSpladeLoss", "sentence_embedding"]
+__all__ = ["GradCacheLoss", "GradCacheGISTLoss", "GradCacheMultiVectorLoss", "GradCacheCrossEncoderLoss",
+           "GradCacheSpladeLoss", "sentence_embedding"]

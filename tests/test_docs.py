@@ -180,3 +180,11 @@ def test_no_file_holds_a_merge_conflict_marker():
             found += [f"{path.relative_to(ROOT)}:{number}" for number, line in enumerate(text.splitlines(), 1)
                       if line.startswith(("<<<<<<< ", ">>>>>>> "))]
     assert not found, found
+
+
+def test_every_page_closes_its_code_blocks():
+    """An unclosed fence turns the rest of a page into code: its headings, and the anchors pages link to, vanish."""
+    pages = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    unclosed = [str(page.relative_to(ROOT)) for page in pages
+                if sum(line.lstrip().startswith("```") for line in page.read_text(encoding="utf-8").splitlines()) % 2]
+    assert not unclosed, unclosed

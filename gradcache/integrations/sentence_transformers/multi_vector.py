@@ -146,7 +146,7 @@ class GradCacheMultiVectorLoss(GradCacheLoss):
 
     def _phase_two(self, *embeddings: TokenEmbeddings, labels: torch.Tensor | None = None) -> torch.Tensor:
         return through_calculate_loss(self.calculate_loss, [e.values for e in embeddings],
-                                      [[e.mask] for e in embeddings])
+                                      [[e.mask] for e in embeddings], owner=type(self).__name__)
 
     def calculate_loss(
         self, reps: list[list[torch.Tensor]], masks_chunks: list[list[torch.Tensor]], *, with_backward: bool = False,

@@ -4,8 +4,9 @@ GradCache replaces DeepSpeed's gradient accumulation, so the batch keys follow `
 `train_batch_size` is the global batch, `train_micro_batch_size_per_gpu` the per-rank batch (global / world size)
 and `gradient_accumulation_steps` 1. A key left out or set to "auto" is filled so (as the Hugging Face Trainer fills
 its "auto" values); a contradicting value is refused naming both. Any other "auto" is refused: the program fills the
-batch keys alone. What the engine itself cannot run exactly (fp16, ZeRO stage 0, ...) is refused by
-`gradcache.deepspeed_engine.check_deepspeed_engine` with the key's name.
+batch keys alone. What the engine could not run exactly with GradCache, or what the program already decides, is
+refused before anything is built (`check_program_config`), and the engine again by
+`gradcache.deepspeed_engine.check_deepspeed_engine`.
 """
 from __future__ import annotations
 
@@ -69,3 +70,39 @@ def _autos(value: Any, where: str = "") -> Iterator[str]:
             yield from _autos(item, f"{where}[{index}]")
     elif value == AUTO:
         yield where
+
+
+def check_program_config(config: dict[str, Any], path: str | Path) -> None:
+    """Refuse (UsageError, naming the key) a `deepspeed_config` that the program cannot train exactly: ZeRO stage 0
+    (or no `zero_optimization.stage`: DeepSpeed's default is 0), fp16 or bf16 weights, an `optimizer` or
+    `scheduler` block (the program's --optimizer, --lr and --warmup schedule are the run's), and gradient clipping
+    (DeepSpeed clips at 1.0 unless told otherwise; the program clips in no placement, so `gradient_clipping` is
+    set to 0 here when left out)."""
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if stage not in (1, 2, 3):
+        raise UsageError(f"--deepspeed {path}: zero_optimization.stage is {stage!r}; GradCache needs ZeRO stage 1, "
+                         "2 or 3 (stage 0 has no coalesced reduction: without ZeRO, drop --deepspeed and let DDP "
+                         'average the gradients): e.g. "zero_optimization": {"stage": 2}.')
+    for key, instead in (("fp16", "fp16 loss scaling cannot be exact with GradCache (the scale does not reach the "
+                                  "cached gradients)"),
+                         ("bf16", "the program keeps float32 weights; --precision bf16 runs the encoder under bf16 "
+                                  "autocast instead")):
+        block = config.get(key, {})
+        if isinstance(block, dict) and block.get("enabled"):
+            raise UsageError(f"--deepspeed {path}: {key}.enabled is true; {instead}. Remove the {key} block "
+                             f"(or set {key}.enabled to false).")
+    autocast = config.get("torch_autocast", {})
+    if isinstance(autocast, dict) and autocast.get("enabled"):
+        raise UsageError(f"--deepspeed {path}: torch_autocast.enabled is true; the program's --precision decides "
+                         "autocast (bf16): remove the torch_autocast block.")
+    for key in ("optimizer", "scheduler"):
+        if key in config:
+            raise UsageError(f"--deepspeed {path}: the config has an {key!r} block; the program builds the "
+                             f"optimizer (--optimizer, --lr, --weight-decay) and its warm-up cosine schedule "
+                             f"(--warmup) itself and hands them to DeepSpeed: remove the {key!r} block.")
+    clipping = config.setdefault("gradient_clipping", 0.0)
+    if clipping not in (0, 0.0):
+        raise UsageError(f"--deepspeed {path}: gradient_clipping is {clipping!r}; the program does not clip "
+                         "gradients in any placement, so a DeepSpeed run would train otherwise than the same run "
+                         "under DDP: set gradient_clipping to 0 or leave it out.")

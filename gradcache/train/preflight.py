@@ -49,7 +49,7 @@ from gradcache.train.run_folder.reporters import check_report_to
 from gradcache.train.strategy_choice import build_strategy
 
 RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
-             "train_log.csv")
+             "last.ds", "previous.ds", "train_log.csv")
 
 
 def prepare_run(given: RunConfig, explicit: set[str]
@@ -346,8 +346,6 @@ def _check_deepspeed(config: RunConfig) -> None:
 
     check_program_config(deepspeed_config(config.deepspeed, config.batch_size, distributed.world_size()),
                          config.deepspeed)
-    raise UsageError("--deepspeed: the config is valid, but the program does not yet place the model on a DeepSpeed "
-                     "engine; train under DDP or --fsdp for now")
 
 
 def _dashed(name: str) -> str:

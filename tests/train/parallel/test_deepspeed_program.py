@@ -1,13 +1,127 @@
-"""`gradcache train --deepspeed CONFIG.json`: the options and configs that the program cannot train exactly exit 2
-before anything is written."""
+"""`gradcache train --deepspeed CONFIG.json`: two forked gloo ranks train under ZeRO stages 1, 2 and 3 with the logged
+losses and exported weights of a one-process DDP-free run (same seed, AdamW, fp32, GradCache), a ZeRO-2 run killed
+after step 3 resumes its `last.ds` (step 2) with an uninterrupted run's losses, `gradcache train text` runs under
+ZeRO-3; the options and configs that the program cannot train exactly exit 2 before anything is written."""
 from __future__ import annotations
 
+import csv
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from gradcache.cli import main
+from gradcache.train import errors
+from tests.train.conftest import TINY, text_args
+
+STAGES = (1, 2, 3)
+# 4 steps of 16 over 48 images: an epoch of 3 steps, crossed; a checkpoint at step 2, then at the end
+LONGER = ["--steps", "4", "--checkpoint-every", "2", "--train-size", "48", "--threads", "1"]
+
+
+def _losses(folder: Path) -> list[tuple[int, float]]:
+    with open(folder / "train_log.csv", newline="") as handle:
+        return [(int(row["step"]), float(row["loss"])) for row in csv.DictReader(handle)]
+
+
+def _simclr(folder: Path, *extra: str) -> list[str]:
+    return ["train", "simclr", *TINY["simclr"], "--output-dir", str(folder), *LONGER, *extra]
+
+
+def ranks_worker(rank: int, world_size: int, root: str, bert: str) -> dict:
+    """On every rank: one run per ZeRO stage, a ZeRO-2 run killed after step 3 and its resume, a text run."""
+    from gradcache.train.run_folder.log import RunLog
+
+    os.environ["LOCAL_RANK"] = str(rank)  # torchrun sets it
+    root = Path(root)
+    status = {stage: main(_simclr(root / f"zero{stage}", "--deepspeed", str(root / f"zero{stage}.json")))
+              for stage in STAGES}
+    original = RunLog.log_step
+
+    def crash_after_step_3(self, row):
+        original(self, row)
+        if row["step"] == 3:
+            raise KeyboardInterrupt  # on every rank, as a kill of the job would
+
+    RunLog.log_step = crash_after_step_3
+    try:
+        status["cut"] = main(_simclr(root / "cut", "--deepspeed", str(root / "zero2.json")))
+    finally:
+        RunLog.log_step = original
+    status["resumed"] = main(["train", "simclr", "--resume", str(root / "cut"), "--quiet", "--workers", "0",
+                              "--threads", "1"])
+    status["text"] = main(text_args(bert, root / "text", "--deepspeed", str(root / "zero3.json"), "--threads", "1"))
+    return status
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory, tiny_bert):
+    pytest.importorskip("deepspeed", reason='pip install -e ".[deepspeed]"')
+    from tests.multiprocess import run_on_ranks
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # gloo on CPU, also where a GPU is present
+    import deepspeed  # noqa: F401  imported once here, inherited by the forked ranks
+
+    root = tmp_path_factory.mktemp("deepspeed_program")
+    for stage in STAGES:
+        (root / f"zero{stage}.json").write_text(json.dumps({"zero_optimization": {"stage": stage}}))
+    return root, run_on_ranks(ranks_worker, 2, str(root), str(tiny_bert))
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_bert):
+    """The references: the same runs in one process, without DeepSpeed."""
+    root = tmp_path_factory.mktemp("one_process")
+    assert main(_simclr(root / "simclr")) == 0
+    assert main(text_args(tiny_bert, root / "text")) == 0
+    return root
+
+
+def _exported(folder: Path) -> dict[str, torch.Tensor]:
+    import gradcache.models
+
+    return gradcache.models.from_pretrained(folder / "model").state_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", STAGES)
+def test_two_ranks_train_each_zero_stage_as_one_process(ranks, one_process, stage):
+    root, status = ranks
+    assert [s[stage] for s in status] == [0, 0]
+    run = root / f"zero{stage}"
+    assert (run / "last.ds" / "extra.pt").is_file() and not (run / "last.pt").exists()
+    ours, reference = _losses(root / f"zero{stage}"), _losses(one_process / "simclr")
+    assert [step for step, _ in ours] == [1, 2, 3, 4]
+    assert [loss for _, loss in ours] == pytest.approx([loss for _, loss in reference], abs=1e-5)
+    exported, expected = _exported(root / f"zero{stage}"), _exported(one_process / "simclr")
+    assert exported.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(exported[key], value, atol=1e-5, rtol=1e-5, msg=key)
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_its_last_ds_with_the_same_losses(ranks):
+    root, status = ranks
+    assert [(s["cut"], s["resumed"]) for s in status] == [(errors.INTERRUPTED, 0)] * 2
+    assert _losses(root / "cut") == _losses(root / "zero2")
+    assert (root / "cut" / "previous.ds" / "extra.pt").is_file()
+
+
+@pytest.mark.slow
+def test_text_trains_under_zero_3_as_one_process(ranks, one_process):
+    root, status = ranks
+    assert [s["text"] for s in status] == [0, 0]
+    ours, reference = _losses(root / "text"), _losses(one_process / "text")
+    assert [loss for _, loss in ours] == pytest.approx([loss for _, loss in reference], abs=1e-5)
+    ours = json.loads((root / "text" / "metrics.json").read_text())
+    theirs = json.loads((one_process / "text" / "metrics.json").read_text())
+    scored = [key for key in theirs if isinstance(theirs[key], float) and key not in ("wall_time_s", "peak_memory_mb",
+                                                                                      "data_wait_share")]
+    for key in scored:
+        assert ours[key] == pytest.approx(theirs[key], abs=1e-4), key
 
 ZERO_2 = {"zero_optimization": {"stage": 2}}
 

@@ -6,8 +6,10 @@ engine of the same ZeRO stage (`engine.load_checkpoint`); `gradcache eval` reads
 the partitions without an engine (DeepSpeed's zero_to_fp32)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,8 @@ class DeepSpeedCheckpoint(RunCheckpoint):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         extra = self._extra()
-        state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=TAG)
+        with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout is `gradcache eval`'s JSON
+            state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=TAG)
         module = trained.get_submodule(extra[MODULE_KEY])
         unexpected = module.load_state_dict(state, strict=False).unexpected_keys
         if unexpected:

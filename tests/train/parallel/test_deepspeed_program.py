@@ -172,3 +172,16 @@ def test_without_deepspeed_installed_says_how_to_install(tmp_path, capsys, tiny_
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # import fails as if not installed
     assert main(tiny_args("simclr", tmp_path / "run", "--deepspeed", ds_file(tmp_path, ZERO_2))) == 2
     assert 'pip install -e ".[deepspeed]"' in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_eval_reads_the_zero_3_partitions_into_one_model(ranks, capsys):
+    """`gradcache eval` on a last.ds, in one process without an engine: the run's own final metrics, from the
+    partitions two ranks wrote."""
+    root = ranks[0] / "zero3"
+    trained = json.loads((root / "metrics.json").read_text())
+    capsys.readouterr()
+    assert main(["eval", str(root)]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["steps"] == trained["steps"] == 4 and "knn_top1" in evaluated
+    assert evaluated["knn_top1"] == pytest.approx(trained["knn_top1"])

@@ -67,6 +67,11 @@ class DeepSpeedCheckpoint(RunCheckpoint):
         """A resume: the engine's module, its optimizer partitions (saved on as many ranks, at the same ZeRO
         stage) and the loss's state. Call on every rank."""
         extra = self._extra()
+        saved_on, stage = extra.get("world_size"), engine.zero_optimization_stage()
+        if saved_on != distributed.world_size():
+            raise CheckpointError(f"{self.path} was saved by {saved_on} ranks; a --deepspeed checkpoint resumes on as "
+                                  f"many (its optimizer partitions are per rank): run torchrun --nproc-per-node "
+                                  f"{saved_on}, or export its weights (gradcache export) and start a new run")
         try:
             loaded, _ = engine.load_checkpoint(str(self.path), tag=TAG, load_optimizer_states=True,
                                                load_lr_scheduler_states=False, load_module_strict=True)
@@ -75,7 +80,7 @@ class DeepSpeedCheckpoint(RunCheckpoint):
             raise CheckpointError(f"{self.path} does not load into this run's DeepSpeed engine "
                                   f"({type(error).__name__}: {reason}); a --deepspeed "
                                   "checkpoint resumes on the same number of ranks and ZeRO stage, with the same "
-                                  "model") from error
+                                  f"model (this engine: ZeRO-{stage})") from error
         if loaded is None:
             raise CheckpointError(f"{self.path} holds no DeepSpeed checkpoint under tag {TAG!r}")
         trained["loss"].load_state_dict(extra[LOSS_KEY])

@@ -185,3 +185,18 @@ def test_eval_reads_the_zero_3_partitions_into_one_model(ranks, capsys):
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["steps"] == trained["steps"] == 4 and "knn_top1" in evaluated
     assert evaluated["knn_top1"] == pytest.approx(trained["knn_top1"])
+
+
+@pytest.mark.slow
+def test_one_process_cannot_resume_two_ranks_partitions(ranks, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "zero2"
+    shutil.copytree(ranks[0] / "zero2", run)
+    def files():  # but the folder's lock, which the job takes
+        return sorted((str(p), p.stat().st_mtime_ns) for p in run.rglob("*") if p.name != ".lock")
+
+    before = files()
+    assert main(["train", "simclr", "--resume", str(run), "--steps", "6", "--quiet", "--workers", "0"]) == 2
+    assert "was saved by 2 ranks; a --deepspeed checkpoint resumes on as many" in capsys.readouterr().err
+    assert files() == before

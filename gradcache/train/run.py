@@ -160,7 +160,7 @@ class Run:
         gradients_finite = self.scaler.is_enabled() or _all_finite([p.grad for p in self._parameters])
         learning_rate = self.optimizer.param_groups[0]["lr"]
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        self.placement.optimizer_step(self.optimizer, self.scaler)
+        gradients_finite = self.placement.optimizer_step(self.optimizer, self.scaler) and gradients_finite
         skipped = scale is not None and self.scaler.get_scale() < scale  # the scaler backs off on an overflow
         with warnings.catch_warnings():  # a skipped step still advances the schedule: it follows the step count
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()` before `optimizer.step()`")

@@ -177,8 +177,13 @@ class DeepSpeedPlacement(Placement):
         placed = [self.engine if e is encoder else e for e in listed]
         return placed[0] if isinstance(encoders, nn.Module) else placed
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
-        self.engine.step()  # steps the optimizer over ZeRO's partitions and clears the gradients
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
+        """`engine.step()`: the optimizer over ZeRO's partitions, the gradients cleared. The reduced gradients live
+        in the partitions (the parameters' .grad is empty), so the engine's own finding counts: a step it skipped
+        for a non-finite gradient norm is reported as non-finite gradients (the run then stops as diverged)."""
+        skipped = self.engine.skipped_steps
+        self.engine.step()
+        return self.engine.skipped_steps == skipped
 
     def zero3(self) -> bool:
         return self.engine is not None and self.engine.zero_optimization_stage() == 3

@@ -132,12 +132,14 @@ class Placement:
         here; a DeepSpeed engine wraps one (gradcache/train/parallel/deepspeed.py)."""
         return encoders
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
         """One optimizer step on the gradients the strategy wrote, which are then cleared; one path for every
-        precision: the scaler is off unless fp16."""
+        precision: the scaler is off unless fp16. Returns False where the step found non-finite gradients that
+        the caller's own check cannot see (a DeepSpeed engine's, in its partitions); True here."""
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        return True
 
     def evaluates(self) -> bool:
         """Whether this rank runs the evaluation."""

@@ -200,3 +200,26 @@ def test_one_process_cannot_resume_two_ranks_partitions(ranks, tmp_path, capsys)
     assert main(["train", "simclr", "--resume", str(run), "--steps", "6", "--quiet", "--workers", "0"]) == 2
     assert "was saved by 2 ranks; a --deepspeed checkpoint resumes on as many" in capsys.readouterr().err
     assert files() == before
+
+
+def test_a_step_the_engine_skips_counts_as_non_finite_gradients():
+    """ZeRO keeps the reduced gradients in its partitions (.grad is empty): the engine's own skip (a non-finite
+    gradient norm) is what the run's divergence check reads."""
+    from gradcache.train.config import RunConfig
+    from gradcache.train.parallel.deepspeed import DeepSpeedPlacement
+
+    class Engine:
+        skipped_steps = 0
+
+        def __init__(self, skips):
+            self.skips = skips
+
+        def step(self):
+            self.skipped_steps += self.skips
+
+    placement = DeepSpeedPlacement(RunConfig(deepspeed="ds.json"))
+    verdicts = []
+    for skips in (0, 1):
+        placement.engine = Engine(skips)
+        verdicts.append(placement.optimizer_step(None, None))
+    assert verdicts == [True, False]

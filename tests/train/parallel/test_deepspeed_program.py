@@ -1,7 +1,7 @@
 """`gradcache train --deepspeed CONFIG.json`: two forked gloo ranks train under ZeRO stages 1, 2 and 3 with the logged
-losses and exported weights of a one-process DDP-free run (same seed, AdamW, fp32, GradCache), a ZeRO-2 run killed
-after step 3 resumes its `last.ds` (step 2) with an uninterrupted run's losses, `gradcache train text` runs under
-ZeRO-3; the options and configs that the program cannot train exactly exit 2 before anything is written."""
+losses and exported weights of a one-process DDP-free run (same seed, AdamW, fp32, GradCache), ZeRO-2 and ZeRO-3 runs
+killed after step 3 resume their `last.ds` (step 2) with an uninterrupted run's losses, `--strategy naive` trains as
+under DDP, `gradcache train text` runs under ZeRO-3 as in one process; the options and configs that the program cannot train exactly exit 2 before anything is written."""
 from __future__ import annotations
 
 import csv
@@ -18,6 +18,7 @@ from gradcache.train import errors
 from tests.train.conftest import TINY, text_args
 
 STAGES = (1, 2, 3)
+RESUMED = (2, 3)  # the stages whose killed run is resumed
 # 4 steps of 16 over 48 images: an epoch of 3 steps, crossed; a checkpoint at step 2, then at the end
 LONGER = ["--steps", "4", "--checkpoint-every", "2", "--train-size", "48", "--threads", "1"]
 
@@ -48,11 +49,16 @@ def ranks_worker(rank: int, world_size: int, root: str, bert: str) -> dict:
 
     RunLog.log_step = crash_after_step_3
     try:
-        status["cut"] = main(_simclr(root / "cut", "--deepspeed", str(root / "zero2.json")))
+        for stage in RESUMED:
+            status[f"cut{stage}"] = main(_simclr(root / f"cut{stage}", "--deepspeed", str(root / f"zero{stage}.json")))
     finally:
         RunLog.log_step = original
-    status["resumed"] = main(["train", "simclr", "--resume", str(root / "cut"), "--quiet", "--workers", "0",
-                              "--threads", "1"])
+    for stage in RESUMED:
+        status[f"resumed{stage}"] = main(["train", "simclr", "--resume", str(root / f"cut{stage}"), "--quiet",
+                                          "--workers", "0", "--threads", "1"])
+    # --strategy naive: each rank's micro-batches, as under DDP (whose negatives differ from one process's)
+    status["naive"] = main(_simclr(root / "naive", "--strategy", "naive", "--deepspeed", str(root / "zero2.json")))
+    status["naive_ddp"] = main(_simclr(root / "naive_ddp", "--strategy", "naive"))
     status["text"] = main(text_args(bert, root / "text", "--deepspeed", str(root / "zero3.json"), "--threads", "1"))
     return status
 
@@ -103,11 +109,20 @@ def test_two_ranks_train_each_zero_stage_as_one_process(ranks, one_process, stag
 
 
 @pytest.mark.slow
-def test_a_killed_run_resumes_its_last_ds_with_the_same_losses(ranks):
+@pytest.mark.parametrize("stage", RESUMED)
+def test_a_killed_run_resumes_its_last_ds_with_the_same_losses(ranks, stage):
     root, status = ranks
-    assert [(s["cut"], s["resumed"]) for s in status] == [(errors.INTERRUPTED, 0)] * 2
-    assert _losses(root / "cut") == _losses(root / "zero2")
-    assert (root / "cut" / "previous.ds" / "extra.pt").is_file()
+    assert [(s[f"cut{stage}"], s[f"resumed{stage}"]) for s in status] == [(errors.INTERRUPTED, 0)] * 2
+    assert _losses(root / f"cut{stage}") == _losses(root / f"zero{stage}")
+    assert (root / f"cut{stage}" / "previous.ds" / "extra.pt").is_file()
+
+
+@pytest.mark.slow
+def test_naive_accumulation_trains_as_under_ddp(ranks):
+    root, status = ranks
+    assert [(s["naive"], s["naive_ddp"]) for s in status] == [(0, 0)] * 2
+    ours, ddp = _losses(root / "naive"), _losses(root / "naive_ddp")
+    assert [loss for _, loss in ours] == pytest.approx([loss for _, loss in ddp], abs=1e-5)
 
 
 @pytest.mark.slow

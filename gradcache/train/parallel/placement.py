@@ -1,5 +1,6 @@
 """Where a run's parameters live: replicated on every rank (one process, or DDP under torchrun) or sharded
-block by block (`--fsdp`, FSDP2). Everything the loop would otherwise branch on for sharding is here.
+block by block (`--fsdp`, FSDP2); a third, `--deepspeed`'s ZeRO engine, is in gradcache/train/parallel/deepspeed.py.
+Everything the loop would otherwise branch on for sharding is here.
 
 |                         | Replicated                          | Sharded (`--fsdp`)                               |
 |-------------------------|-------------------------------------|--------------------------------------------------|

@@ -81,7 +81,7 @@ def _register_export(commands: argparse._SubParsersAction) -> None:
                                  formatter_class=HelpFormatter)
     parser.add_argument("run", help="a run folder of gradcache train (it may still be running)")
     parser.add_argument("--checkpoint", default="last", help="last (the newest good checkpoint), previous, or a "
-                        "checkpoint file or folder (last.pt, previous.pt, last.dcp)")
+                        "checkpoint file or folder (last.pt, previous.pt, last.dcp, last.ds)")
     parser.add_argument("--output", default=None, help="the folder to write, replaced whole if an earlier export "
                         "wrote it (default: RUN/model)")
     parser.set_defaults(command=_run_export)
@@ -128,7 +128,8 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
         print(json.dumps(summary, indent=2, sort_keys=True))
         reported = "".join(f", {name}/" for name in reporters_of(config.report_to))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
-              f"{'last.dcp' if config.fsdp else 'last.pt'}, model/{reported}", file=sys.stderr)
+              f"{'last.ds' if config.deepspeed else 'last.dcp' if config.fsdp else 'last.pt'}, model/{reported}",
+              file=sys.stderr)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import math
 import os
 import time
@@ -48,7 +49,7 @@ from gradcache.train.run_folder.reporters import check_report_to
 from gradcache.train.strategy_choice import build_strategy
 
 RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
-             "train_log.csv")
+             "last.ds", "previous.ds", "train_log.csv")
 
 
 def prepare_run(given: RunConfig, explicit: set[str]
@@ -152,6 +153,7 @@ def check_options(config: RunConfig) -> None:
     check_memory(config)
     if config.matryoshka_dims is not None:  # after the model: its width may come from its folder
         check_dims(config.matryoshka_dims, MODES[config.mode].embedding_width(config))
+    _check_deepspeed(config)  # before --fsdp's and adamw8bit's own checks: it names the combination
     _check_sharding(config)
     check_report_to(config.report_to)
 
@@ -319,6 +321,31 @@ def _check_sharding(config: RunConfig) -> None:
         check_8bit_adamw(config.device)
     except RuntimeError as error:
         raise UsageError(str(error)) from error
+
+
+def _check_deepspeed(config: RunConfig) -> None:
+    """--deepspeed: deepspeed installed, its config file one the program trains exactly
+    (gradcache/train/parallel/deepspeed.py), and the options beside it that an engine over one encoder allows."""
+    if config.deepspeed is None:
+        return
+    for given, why in ((config.fsdp, "--fsdp: both shard the model; choose one (ZeRO-3 shards parameters too)"),
+                       (config.mode == "clip", "gradcache train clip: the program hands DeepSpeed one encoder and "
+                        "its optimizer, but clip trains two towers and the loss's temperature; use --fsdp or DDP"),
+                       (config.separate_towers, "--separate-towers: the program hands DeepSpeed one encoder and its "
+                        "optimizer; share the tower or use --fsdp or DDP"),
+                       (config.optimizer == "adamw8bit", "--optimizer adamw8bit: ZeRO steps flattened partitions, "
+                        "which bitsandbytes does not read; use --optimizer adamw (ZeRO's offload_optimizer moves its "
+                        "state to CPU memory)"),
+                       (config.precision == "fp16", "--precision fp16: a gradient scaler's scale does not reach "
+                        "ZeRO's partitions; use --precision bf16 or fp32")):
+        if given:
+            raise UsageError(f"--deepspeed cannot run with {why}")
+    if importlib.util.find_spec("deepspeed") is None:
+        raise UsageError('--deepspeed needs deepspeed: pip install -e ".[deepspeed]"')
+    from gradcache.train.parallel.deepspeed import check_program_config, deepspeed_config
+
+    check_program_config(deepspeed_config(config.deepspeed, config.batch_size, distributed.world_size()),
+                         config.deepspeed)
 
 
 def _dashed(name: str) -> str:

@@ -85,6 +85,7 @@ class Run:
         self.optimizer = build_optimizer(config.optimizer, [self.model, self.loss], lr, config.weight_decay,
                                          config.momentum)
         self.scheduler = warmup_cosine(self.optimizer, self._warmup_steps(fresh=saved is None), self.steps)
+        encoders = placement.with_optimizer(encoders, self.optimizer, self.trained)  # DeepSpeed: the engine
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding,
                                        self.mode.chunk_sizes(config))
@@ -115,7 +116,7 @@ class Run:
     def _resume(self, saved: RunCheckpoint) -> Progress:
         """Continue from `saved`; a longer run than the one saved gets its schedule recomputed (said on stderr)."""
         meta = CheckpointMeta.from_dict(saved.meta(), saved)
-        saved.load(self.trained, self.optimizer)
+        self.placement.load(saved, self.trained, self.optimizer)  # DeepSpeed: into its engine
         if _any_rank([not _all_finite(self._parameters)])[0]:
             raise TrainingDiverged(f"checkpoint {saved.path} holds non-finite weights (NaN or infinite): its run had "
                                    "diverged before it was saved, or the file was edited. Resume from an earlier "
@@ -159,10 +160,8 @@ class Run:
         gradients_finite = self.scaler.is_enabled() or _all_finite([p.grad for p in self._parameters])
         learning_rate = self.optimizer.param_groups[0]["lr"]
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        self.scaler.step(self.optimizer)  # one path for every precision: the scaler is off unless fp16
-        self.scaler.update()
+        gradients_finite = self.placement.optimizer_step(self.optimizer, self.scaler) and gradients_finite
         skipped = scale is not None and self.scaler.get_scale() < scale  # the scaler backs off on an overflow
-        self.optimizer.zero_grad(set_to_none=True)
         with warnings.catch_warnings():  # a skipped step still advances the schedule: it follows the step count
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()` before `optimizer.step()`")
             self.scheduler.step()
@@ -217,7 +216,8 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def _all_finite(tensors: list[torch.Tensor | None]) -> bool:
     """Whether every entry of `tensors` (None skipped; a shard's local part) is finite: the largest |x| is."""
-    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]
+    # FSDP2: a DTensor's local shard; ZeRO-3: a parameter's partition (ds_tensor; the parameter itself is empty)
+    local = [t.to_local() if hasattr(t, "to_local") else getattr(t, "ds_tensor", t) for t in tensors if t is not None]
     return not local or bool(torch.isfinite(get_total_norm(local, norm_type=math.inf)))
 
 

@@ -121,6 +121,10 @@ def _sharding_options(parser: argparse.ArgumentParser, mode: Mode, default: Call
                        "per step (step: whole gradients between chunks, fewer collectives)")
     shard.add_argument("--cpu-offload", action="store_true", help="--fsdp: keep sharded parameters, gradients "
                        "and optimizer state in CPU memory; the optimizer steps on CPU")
+    shard.add_argument("--deepspeed", metavar="CONFIG.json", default=default("deepspeed"),
+                       help="train the encoder as a DeepSpeed ZeRO-1/2/3 engine configured by this JSON file (its "
+                       "batch keys follow --batch-size; the program's --optimizer and schedule are used); checkpoints "
+                       "become last.ds; without torchrun, a one-process gloo group is started")
     shard.add_argument("--collective-timeout", type=float, default=default("collective_timeout"),
                        help="seconds a collective waits for the other ranks before the step fails (a rank that "
                        "died or froze); longer than the slowest evaluation or save, which the others wait for")

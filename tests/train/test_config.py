@@ -86,6 +86,7 @@ ADDED_IN = {
     10: dict(progress_every=30.0),
     11: dict(lora_rank=None, lora_alpha=None, lora_dropout=None, lora_targets=None),
     12: dict(query_prompt=None, passage_prompt=None, exclude_prompt_from_pooling=False),
+    13: dict(deepspeed=None),
 }
 
 

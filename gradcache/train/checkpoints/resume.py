@@ -17,10 +17,10 @@ import dataclasses
 from pathlib import Path
 
 from gradcache.train.checkpoints.run_checkpoint import (
-    KINDS,
     Found,
     RunCheckpoint,
     find_checkpoint,
+    kind_of,
     locate,
 )
 from gradcache.train.checkpoints.meta import CheckpointMeta
@@ -49,11 +49,10 @@ def choose_checkpoint(resume: str, output_dir: str) -> Found:
         found = find_checkpoint(output_dir) if resume == AUTO else locate(resume)
         found.warn()
         chosen = found.chosen
-        return (chosen is not None and chosen.sharded, None if chosen is None else str(chosen.path),
-                [(str(path), reason) for path, reason in found.skipped])
+        return (None if chosen is None else str(chosen.path), [(str(path), reason) for path, reason in found.skipped])
 
-    sharded, path, skipped = decided_by_rank_zero(on_rank_zero)
-    return Found(None if path is None else KINDS[sharded](path), [(Path(p), reason) for p, reason in skipped])
+    path, skipped = decided_by_rank_zero(on_rank_zero)
+    return Found(None if path is None else kind_of(path)(path), [(Path(p), reason) for p, reason in skipped])
 
 
 def merge_resume(given: RunConfig, explicit: set[str], saved: RunCheckpoint) -> RunConfig:

@@ -172,6 +172,21 @@ class ShardedCheckpoint(RunCheckpoint):
 KINDS: dict[bool, type[RunCheckpoint]] = {False: FileCheckpoint, True: ShardedCheckpoint}
 
 
+def _deepspeed_kind() -> type[RunCheckpoint]:
+    from gradcache.train.checkpoints.deepspeed_checkpoint import DeepSpeedCheckpoint  # --deepspeed runs only
+
+    return DeepSpeedCheckpoint
+
+
+def kind_of(path: str | os.PathLike) -> type[RunCheckpoint]:
+    """The kind of the checkpoint at `path`, by its name: `last.ds`/`previous.ds` (--deepspeed), a folder
+    (`last.dcp`, --fsdp) or a file (`last.pt`)."""
+    path = Path(path)
+    if path.suffix == ".ds":
+        return _deepspeed_kind()
+    return KINDS[path.is_dir()]
+
+
 def run_checkpoint(output_dir: str | os.PathLike, sharded: bool) -> RunCheckpoint:
     """Where a run in `output_dir` writes its checkpoint: `last.dcp` when `sharded`, else `last.pt`."""
     kind = KINDS[sharded]
@@ -202,7 +217,7 @@ class Found:
 def is_run_folder(path: str | os.PathLike) -> bool:
     """A folder that is not itself a checkpoint (`--resume runs/x`, as opposed to `--resume runs/x/last.dcp`)."""
     path = Path(path)
-    return path.is_dir() and not is_sharded_folder(path) and path.suffix != ".dcp"
+    return path.is_dir() and not is_sharded_folder(path) and path.suffix not in (".dcp", ".ds")
 
 
 def run_folder_of(path: str | os.PathLike) -> Path:
@@ -219,7 +234,7 @@ def find_checkpoint(folder: str | os.PathLike) -> Found:
     """
     folder = Path(folder)
     found = Found(None)
-    for kind in (ShardedCheckpoint, FileCheckpoint):
+    for kind in (ShardedCheckpoint, _deepspeed_kind(), FileCheckpoint):
         newest, previous = folder / kind.name, folder / kind.previous_name
         if not (newest.exists() or previous.exists()):
             continue
@@ -259,7 +274,7 @@ def locate(path: str | os.PathLike) -> Found:
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist; give a checkpoint file or a run folder "
                               "holding last.pt")
-    chosen = KINDS[path.is_dir()](path)
+    chosen = kind_of(path)(path)
     chosen.check()
     return Found(chosen)
 

@@ -4,17 +4,28 @@ GradCache replaces DeepSpeed's gradient accumulation, so the batch keys follow `
 `train_batch_size` is the global batch, `train_micro_batch_size_per_gpu` the per-rank batch (global / world size)
 and `gradient_accumulation_steps` 1. A key left out or set to "auto" is filled so (as the Hugging Face Trainer fills
 its "auto" values); a contradicting value is refused naming both. Any other "auto" is refused: the program fills the
-batch keys alone. What the engine itself cannot run exactly (fp16, ZeRO stage 0, ...) is refused by
-`gradcache.deepspeed_engine.check_deepspeed_engine` with the key's name.
+batch keys alone. What the engine could not run exactly with GradCache, or what the program already decides, is
+refused before anything is built (`check_program_config`), and the engine again by
+`gradcache.deepspeed_engine.check_deepspeed_engine`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gradcache.train.errors import UsageError
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gradcache import distributed
+from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
+from gradcache.train.config import RunConfig
+from gradcache.train.errors import CheckpointError, UsageError
+from gradcache.train.parallel.placement import Placement
 
 AUTO = "auto"
 
@@ -69,3 +80,146 @@ def _autos(value: Any, where: str = "") -> Iterator[str]:
             yield from _autos(item, f"{where}[{index}]")
     elif value == AUTO:
         yield where
+
+
+def check_program_config(config: dict[str, Any], path: str | Path) -> None:
+    """Refuse (UsageError, naming the key) a `deepspeed_config` that the program cannot train exactly: ZeRO stage 0
+    (or no `zero_optimization.stage`: DeepSpeed's default is 0), fp16 or bf16 weights, an `optimizer` or
+    `scheduler` block (the program's --optimizer, --lr and --warmup schedule are the run's), and gradient clipping
+    (DeepSpeed clips at 1.0 unless told otherwise; the program clips in no placement, so `gradient_clipping` is
+    set to 0 here when left out)."""
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if stage not in (1, 2, 3):
+        raise UsageError(f"--deepspeed {path}: zero_optimization.stage is {stage!r}; GradCache needs ZeRO stage 1, "
+                         "2 or 3 (stage 0 has no coalesced reduction: without ZeRO, drop --deepspeed and let DDP "
+                         'average the gradients): e.g. "zero_optimization": {"stage": 2}.')
+    for key, instead in (("fp16", "fp16 loss scaling cannot be exact with GradCache (the scale does not reach the "
+                                  "cached gradients)"),
+                         ("bf16", "the program keeps float32 weights; --precision bf16 runs the encoder under bf16 "
+                                  "autocast instead")):
+        block = config.get(key, {})
+        if isinstance(block, dict) and block.get("enabled"):
+            raise UsageError(f"--deepspeed {path}: {key}.enabled is true; {instead}. Remove the {key} block "
+                             f"(or set {key}.enabled to false).")
+    autocast = config.get("torch_autocast", {})
+    if isinstance(autocast, dict) and autocast.get("enabled"):
+        raise UsageError(f"--deepspeed {path}: torch_autocast.enabled is true; the program's --precision decides "
+                         "autocast (bf16): remove the torch_autocast block.")
+    for key in ("optimizer", "scheduler"):
+        if key in config:
+            raise UsageError(f"--deepspeed {path}: the config has an {key!r} block; the program builds the "
+                             f"optimizer (--optimizer, --lr, --weight-decay) and its warm-up cosine schedule "
+                             f"(--warmup) itself and hands them to DeepSpeed: remove the {key!r} block.")
+    clipping = config.setdefault("gradient_clipping", 0.0)
+    if clipping not in (0, 0.0):
+        raise UsageError(f"--deepspeed {path}: gradient_clipping is {clipping!r}; the program does not clip "
+                         "gradients in any placement, so a DeepSpeed run would train otherwise than the same run "
+                         "under DDP: set gradient_clipping to 0 or leave it out.")
+
+
+class DeepSpeedPlacement(Placement):
+    """`--deepspeed`: the one trained encoder wrapped by `deepspeed.initialize` with the program's optimizer; ZeRO
+    partitions what its stage partitions, reduces one step's gradient once (gradcache.deepspeed_engine) and
+    `engine.step()` steps the optimizer (the program's schedule then steps as in any placement).
+
+    |                  | ZeRO-1 / ZeRO-2                    | ZeRO-3                                           |
+    |------------------|------------------------------------|--------------------------------------------------|
+    | parameters       | whole on every rank                | a partition per rank, gathered per module        |
+    | who evaluates    | rank 0                             | every rank, the parameters gathered              |
+    | RUN/model        | rank 0's parameters                | the parameters gathered to every rank, rank 0's  |
+    | checkpoint       | `last.ds`: DeepSpeed's own files, every rank writes its optimizer partition       |
+    """
+
+    sharded = False
+
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(config)
+        self.engine: nn.Module | None = None
+
+    @contextlib.contextmanager
+    def process_group(self) -> Iterator[None]:
+        """Without torchrun, a one-process gloo group (DeepSpeed needs one, and LOCAL_RANK), ended on the way out.
+        On --device cpu DeepSpeed is told to use its CPU accelerator (DS_ACCELERATOR), before it is imported."""
+        if torch.device(self.config.device).type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        if distributed.is_distributed():
+            yield
+            return
+        os.environ.setdefault("LOCAL_RANK", "0")
+        backend = "cpu:gloo,cuda:nccl" if self.config.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
+        return encoders  # wrapped with the optimizer: `with_optimizer`
+
+    def with_optimizer(self, encoders: nn.Module | list[nn.Module], optimizer: torch.optim.Optimizer,
+                       trained: nn.Module) -> nn.Module | list[nn.Module]:
+        """The one trained encoder replaced by its engine, built over `optimizer`, which must step exactly that
+        encoder's parameters (preflight refuses the modes and options that train more)."""
+        import deepspeed
+
+        listed = [encoders] if isinstance(encoders, nn.Module) else list(encoders)
+        distinct = {id(e): e for e in listed if any(p.requires_grad for p in e.parameters())}
+        inside = {id(p) for e in distinct.values() for p in e.parameters() if p.requires_grad}
+        outside = [name for name, p in trained.named_parameters() if p.requires_grad and id(p) not in inside]
+        if len(distinct) != 1 or outside:
+            raise UsageError(f"--deepspeed wraps one trained encoder, but this run trains {len(distinct)} encoders "
+                             f"and parameters outside them ({outside[:3]}); use DDP or --fsdp for it")
+        (encoder,) = distinct.values()
+        config = deepspeed_config(self.config.deepspeed, self.config.batch_size, distributed.world_size())
+        check_program_config(config, self.config.deepspeed)
+        self.engine, *_ = deepspeed.initialize(model=encoder, optimizer=optimizer, config=config)
+        placed = [self.engine if e is encoder else e for e in listed]
+        return placed[0] if isinstance(encoders, nn.Module) else placed
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
+        """`engine.step()`: the optimizer over ZeRO's partitions, the gradients cleared. The reduced gradients live
+        in the partitions (the parameters' .grad is empty), so the engine's own finding counts: a step it skipped
+        for a non-finite gradient norm is reported as non-finite gradients (the run then stops as diverged)."""
+        skipped = self.engine.skipped_steps
+        self.engine.step()
+        return self.engine.skipped_steps == skipped
+
+    def zero3(self) -> bool:
+        return self.engine is not None and self.engine.zero_optimization_stage() == 3
+
+    def evaluates(self) -> bool:
+        return self.zero3() or distributed.rank() == 0
+
+    def gathered(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """ZeRO-3: every parameter of `model` gathered for the block (a collective: every rank enters it)."""
+        if not self.zero3():
+            return contextlib.nullcontext()
+        from deepspeed.runtime.zero import GatheredParameters
+
+        return GatheredParameters(list(model.parameters()))
+
+    def whole(self, trained: nn.ModuleDict, build: Callable[[], nn.ModuleDict]) -> nn.ModuleDict | None:
+        """ZeRO-1/2: rank 0's parameters, which are whole. ZeRO-3: gathered on every rank, copied on rank 0."""
+        if not self.zero3():
+            return trained if distributed.rank() == 0 else None
+        with self.gathered(trained):
+            state = {k: v.detach().cpu().clone() for k, v in trained.state_dict().items()} \
+                if distributed.rank() == 0 else None
+        if state is None:
+            return None
+        copy = build()
+        copy.load_state_dict(state)
+        return copy
+
+    def load(self, saved: RunCheckpoint, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer) -> None:
+        from gradcache.train.checkpoints.deepspeed_checkpoint import DeepSpeedCheckpoint
+
+        if not isinstance(saved, DeepSpeedCheckpoint):
+            raise CheckpointError(f"{saved.path} was not written by a --deepspeed run; resume it without --deepspeed")
+        saved.load_into(self.engine, trained)
+
+    def checkpoint(self, output_dir: str | os.PathLike) -> RunCheckpoint:
+        from gradcache.train.checkpoints.deepspeed_checkpoint import DeepSpeedCheckpoint
+
+        return DeepSpeedCheckpoint(Path(output_dir) / DeepSpeedCheckpoint.name, self.engine)

@@ -1,5 +1,6 @@
 """Where a run's parameters live: replicated on every rank (one process, or DDP under torchrun) or sharded
-block by block (`--fsdp`, FSDP2). Everything the loop would otherwise branch on for sharding is here.
+block by block (`--fsdp`, FSDP2); a third, `--deepspeed`'s ZeRO engine, is in gradcache/train/parallel/deepspeed.py.
+Everything the loop would otherwise branch on for sharding is here.
 
 |                         | Replicated                          | Sharded (`--fsdp`)                               |
 |-------------------------|-------------------------------------|--------------------------------------------------|
@@ -126,6 +127,21 @@ class Placement:
         """What the strategy encodes with (built before the optimizer)."""
         raise NotImplementedError
 
+    def with_optimizer(self, encoders: nn.Module | list[nn.Module], optimizer: torch.optim.Optimizer,
+                       trained: nn.Module) -> nn.Module | list[nn.Module]:
+        """What the strategy encodes with once `optimizer` (over `trained`'s parameters) is built: `encoders`
+        here; a DeepSpeed engine wraps one (gradcache/train/parallel/deepspeed.py)."""
+        return encoders
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
+        """One optimizer step on the gradients the strategy wrote, which are then cleared; one path for every
+        precision: the scaler is off unless fp16. Returns False where the step found non-finite gradients that
+        the caller's own check cannot see (a DeepSpeed engine's, in its partitions); True here."""
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return True
+
     def evaluates(self) -> bool:
         """Whether this rank runs the evaluation."""
         raise NotImplementedError
@@ -136,6 +152,10 @@ class Placement:
 
     def checkpoint(self, output_dir: str | os.PathLike) -> RunCheckpoint:
         return run_checkpoint(Path(output_dir), self.sharded)
+
+    def load(self, saved: RunCheckpoint, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer) -> None:
+        """A resume: `saved`'s tensors into `trained` and `optimizer` (see RunCheckpoint.load)."""
+        saved.load(trained, optimizer)
 
     def whole(self, trained: nn.ModuleDict, build: Callable[[], nn.ModuleDict]) -> nn.ModuleDict | None:
         """`trained` as plain modules holding every weight, on rank 0 (None elsewhere): `trained` itself here;
@@ -229,4 +249,8 @@ def _trains(encoder: nn.Module) -> bool:
 
 
 def placement_for(config: RunConfig) -> Placement:
+    if config.deepspeed is not None:
+        from gradcache.train.parallel.deepspeed import DeepSpeedPlacement
+
+        return DeepSpeedPlacement(config)
     return Sharded(config) if config.fsdp else Replicated(config)

@@ -114,7 +114,7 @@ def _describe(holder: str) -> str:
         return "holder unknown: it is still starting"
 
 
-TEMPORARY_PATTERNS = (".*.pt.*.tmp", "*.dcp.partial", "*.json.tmp", ".*.aside.tmp")
+TEMPORARY_PATTERNS = (".*.pt.*.tmp", "*.dcp.partial", "*.ds.partial", "*.json.tmp", ".*.aside.tmp")
 
 
 def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:

@@ -1,0 +1,119 @@
+"""`last.ds`: the checkpoint of a `--deepspeed` run, DeepSpeed's own files (`engine.save_checkpoint`: the module's
+weights and every rank's optimizer partition) under one tag, with the run's `meta`, the loss's state and the sha256
+of every file in `extra.pt` beside them. Every rank writes its files to `last.ds.partial`, which rank 0 renames into
+place (the replaced `last.ds` becoming `previous.ds`), as a sharded `last.dcp` is written. Resuming loads it into an
+engine of the same ZeRO stage (`engine.load_checkpoint`); `gradcache eval` reads the full float32 weights back from
+the partitions without an engine (DeepSpeed's zero_to_fp32)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gradcache import distributed
+from gradcache.train.checkpoints.atomic import EXTRA_FILE, read_checked, rotate_into_place, save_checkpoint
+from gradcache.train.checkpoints.checksum import files_sha256
+from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
+from gradcache.train.errors import CheckpointError
+
+TAG = "state"  # DeepSpeed's subfolder of the checkpoint's files
+FILES_KEY, LOSS_KEY, MODULE_KEY = "files", "loss", "engine_module"  # extra.pt's entries beside the meta
+
+
+class DeepSpeedCheckpoint(RunCheckpoint):
+    name, previous_name, sharded = "last.ds", "previous.ds", False
+
+    def __init__(self, path: str | os.PathLike, engine: nn.Module | None = None) -> None:
+        super().__init__(path)
+        self.engine = engine  # the run's engine, for saving; a checkpoint found on disk has none
+
+    def check(self) -> None:
+        expected = self._extra().get(FILES_KEY, {})
+        actual = files_sha256(self.path / TAG)
+        for name, digest in expected.items():
+            if actual.get(name) != digest:
+                what = "lacks its file" if name not in actual else "fails the checksum of"
+                raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} {what} {name}")
+
+    def meta(self) -> dict[str, Any]:
+        return {k: v for k, v in self._extra().items() if k not in (FILES_KEY, LOSS_KEY, MODULE_KEY)}
+
+    def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Without an engine (`gradcache eval`): the full float32 weights gathered from the saved partitions
+        into `trained`; the optimizer state is read only by `load_into` (a resume)."""
+        if optimizer is not None:
+            raise CheckpointError(f"{self.path} is a --deepspeed checkpoint: a run resumes it on a DeepSpeed engine "
+                                  "(--resume keeps the run's --deepspeed)")
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        extra = self._extra()
+        with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout is `gradcache eval`'s JSON
+            state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=TAG)
+        module = trained.get_submodule(extra[MODULE_KEY])
+        unexpected = module.load_state_dict(state, strict=False).unexpected_keys
+        if unexpected:
+            raise CheckpointError(f"{self.path} holds parameters {unexpected[:5]} that the run's model lacks: it was "
+                                  "saved from another model")
+        trained["loss"].load_state_dict(extra[LOSS_KEY])
+
+    def load_into(self, engine: nn.Module, trained: nn.ModuleDict) -> None:
+        """A resume: the engine's module, its optimizer partitions (saved on as many ranks, at the same ZeRO
+        stage) and the loss's state. Call on every rank."""
+        extra = self._extra()
+        saved_on, stage = extra.get("world_size"), engine.zero_optimization_stage()
+        if saved_on != distributed.world_size():
+            raise CheckpointError(f"{self.path} was saved by {saved_on} ranks; a --deepspeed checkpoint resumes on as "
+                                  f"many (its optimizer partitions are per rank): run torchrun --nproc-per-node "
+                                  f"{saved_on}, or export its weights (gradcache export) and start a new run")
+        try:
+            loaded, _ = engine.load_checkpoint(str(self.path), tag=TAG, load_optimizer_states=True,
+                                               load_lr_scheduler_states=False, load_module_strict=True)
+        except (RuntimeError, KeyError, AssertionError, ValueError) as error:
+            reason = str(error).splitlines()[0][:300] if str(error) else ""
+            raise CheckpointError(f"{self.path} does not load into this run's DeepSpeed engine "
+                                  f"({type(error).__name__}: {reason}); a --deepspeed "
+                                  "checkpoint resumes on the same number of ranks and ZeRO stage, with the same "
+                                  f"model (this engine: ZeRO-{stage})") from error
+        if loaded is None:
+            raise CheckpointError(f"{self.path} holds no DeepSpeed checkpoint under tag {TAG!r}")
+        trained["loss"].load_state_dict(extra[LOSS_KEY])
+
+    def save(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
+        partial = self.path.with_name(self.path.name + ".partial")
+        leader = distributed.rank() == 0
+        if leader:
+            shutil.rmtree(partial, ignore_errors=True)  # what a crashed save left
+        dist.barrier()
+        try:
+            self.engine.save_checkpoint(str(partial), tag=TAG, save_latest=False)
+            dist.barrier()  # every rank's files are written
+            if leader:
+                module = next(name for name, m in trained.named_modules() if m is self.engine.module)
+                save_checkpoint({**meta, LOSS_KEY: trained["loss"].state_dict(), MODULE_KEY: module,
+                                 "world_size": distributed.world_size(), FILES_KEY: files_sha256(partial / TAG)},
+                                partial / EXTRA_FILE)
+                if self.path.exists():
+                    rotate_into_place(partial, self.path, self.previous_path)
+                else:
+                    os.replace(partial, self.path)
+        except BaseException:
+            if leader:
+                shutil.rmtree(partial, ignore_errors=True)
+            raise
+        dist.barrier()  # nobody reads the folder before it is whole
+        self.__dict__.pop("_extra_cache", None)
+
+    def _extra(self) -> dict[str, Any]:
+        if "_extra_cache" not in self.__dict__:
+            if not (self.path / EXTRA_FILE).is_file():
+                raise CheckpointError(f"{str(self.path)!r} is not a whole --deepspeed checkpoint: it lacks "
+                                      f"{EXTRA_FILE}")
+            self._extra_cache = read_checked(self.path / EXTRA_FILE)
+        return self._extra_cache

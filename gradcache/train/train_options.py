@@ -124,7 +124,7 @@ def _sharding_options(parser: argparse.ArgumentParser, mode: Mode, default: Call
     shard.add_argument("--deepspeed", metavar="CONFIG.json", default=default("deepspeed"),
                        help="train the encoder as a DeepSpeed ZeRO-1/2/3 engine configured by this JSON file (its "
                        "batch keys follow --batch-size; the program's --optimizer and schedule are used); checkpoints "
-                       "become last.ds; without torchrun, a one-process gloo group is started")
+                       "become last.ds; without torchrun, a one-process gloo group is started (default: no DeepSpeed)")
     shard.add_argument("--collective-timeout", type=float, default=default("collective_timeout"),
                        help="seconds a collective waits for the other ranks before the step fails (a rank that "
                        "died or froze); longer than the slowest evaluation or save, which the others wait for")

@@ -13,11 +13,12 @@ import torch
 
 from gradcache import CachedLoss, FullBatch, GradCache
 from gradcache.losses import InfoNCE
-from gradcache.models import HuggingFaceEncoder
 from tests.conftest import assert_grads_close, grads_of, zero
 
+# the torch-only stage of .ci/run has neither (nor gradcache.models, the program's): the dev extra brings both
 transformers = pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
 peft = pytest.importorskip("peft", reason='the dev extra installs it: pip install -e ".[dev]"')
+from gradcache.models import HuggingFaceEncoder  # noqa: E402
 
 VOCAB = 64
 

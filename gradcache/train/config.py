@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 13
+CONFIG_VERSION = 14
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -99,6 +99,9 @@ class RunConfig:
     lora_dropout: float | None = option(None, modes=TEXT, at_least=0, below=1, why="a probability of dropping",
                                         added=11)
     lora_targets: list[str] | None = option(None, modes=TEXT, model=True, added=11)  # module names, as peft matches
+    # the kind of model text trains (modes/__init__.py's TEXT_KINDS): dense vectors, token vectors (late
+    # interaction), sparse vocabulary rows (SPLADE), or a cross-encoder scoring each (query, passage) pair
+    kind: str = option("dense", modes=TEXT, model=True, added=14)
     # decoder embedders and prompts: texts prepended to queries and to passages (sentence-transformers' prompts)
     query_prompt: str | None = option(None, modes=TEXT, added=12)
     passage_prompt: str | None = option(None, modes=TEXT, added=12)

@@ -30,7 +30,7 @@ from gradcache.train.data.worker_failures import dead_worker
 from gradcache.train.errors import Preempted, TrainingDiverged, exit_status_of
 from gradcache.train.export.write import MODEL_FOLDER, export_model
 from gradcache.train.matryoshka_dims import unwrapped
-from gradcache.train.modes import MODES
+from gradcache.train.modes import mode_of
 from gradcache.train.parallel.placement import Placement, placement_for
 from gradcache.train.preemption import StopSignals
 from gradcache.train.progress import StepProgress
@@ -57,7 +57,7 @@ def train(config: RunConfig, saved: RunCheckpoint | None = None, data: Splits | 
     # `closing` closes the log (its --report-to writers) on every way out: the end, an error, a pre-emption
     with placement.process_group(), StopSignals() as signals, ExitStack() as closing:
         try:
-            return _train(config, saved, data if data is not None else MODES[config.mode].load_data(config),
+            return _train(config, saved, data if data is not None else mode_of(config).load_data(config),
                           placement, signals, closing)
         except RuntimeError as error:  # torch's SIGCHLD handler reports a dead worker wherever the loop was
             failure = None if exit_status_of(error) is not None else dead_worker()

@@ -39,7 +39,7 @@ from gradcache.train.data.resources import reading_data
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.matryoshka_dims import check_dims
-from gradcache.train.modes import MODES
+from gradcache.train.modes import mode_of
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
     decided_by_rank_zero,
@@ -98,7 +98,7 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
     found = choose_checkpoint(given.resume, given.output_dir) if given.resume is not None else None
     saved = found.chosen if found is not None else None
     config = merge_resume(given, explicit, saved) if saved is not None else dataclasses.replace(given, resume=None)
-    mode = MODES[config.mode]
+    mode = mode_of(config)
     if config.steps is None and config.epochs is None:
         config = dataclasses.replace(config, epochs=mode.default_epochs)
     check_options(config)
@@ -147,12 +147,12 @@ def check_options(config: RunConfig) -> None:
         raise UsageError("--queue-size with --fsdp: the sharded checkpoint cannot load a queue sized on the first "
                          "step yet; drop --fsdp (DDP keeps the queue) or --queue-size")
     _check_device(config.device)
-    MODES[config.mode].check(config)
-    MODES[config.mode].check_model(config)  # after the plain values: it may load a model folder
+    mode_of(config).check(config)
+    mode_of(config).check_model(config)  # after the plain values: it may load a model folder
     _check_builds(config)
     check_memory(config)
     if config.matryoshka_dims is not None:  # after the model: its width may come from its folder
-        check_dims(config.matryoshka_dims, MODES[config.mode].embedding_width(config))
+        check_dims(config.matryoshka_dims, mode_of(config).embedding_width(config))
     _check_deepspeed(config)  # before --fsdp's and adamw8bit's own checks: it names the combination
     _check_sharding(config)
     check_report_to(config.report_to)
@@ -188,7 +188,7 @@ def _check_builds(config: RunConfig) -> None:
     given = " ".join(f"--{_dashed(name)} {getattr(config, name)}" for name in changed or options)
     try:
         with torch.device("meta"):
-            model = MODES[config.mode].build_model(config)
+            model = mode_of(config).build_model(config)
     except (ValueError, TypeError, RuntimeError, OverflowError) as error:  # TypeError, RuntimeError: torch's sizes
         reason = str(error).splitlines()[0]
         raise UsageError(f"{given} (the model options of --model {config.model}) build no model: {reason} Change "
@@ -219,7 +219,7 @@ def check_memory(config: RunConfig) -> None:
                 raise UsageError(f"--image-size {config.image_size}: {what} would take {_gibibytes(needed)}, more "
                                  f"than the {_gibibytes(memory)} of memory here; use --image-size at most {largest}")
     if config.queue_size > 0:
-        width = MODES[config.mode].embedding_width(config)
+        width = mode_of(config).embedding_width(config)
         size = 2 if config.precision in ("fp16", "bf16") else 4
         needed = config.queue_size * width * size
         if needed > memory:
@@ -279,7 +279,7 @@ def _check_with_library(config: RunConfig) -> None:
     _refused_by_library(lambda: check_chunk_tokens(config.chunk_tokens, "--chunk-tokens"))
     if config.chunk_tokens is not None:  # the run's strategy, built as the run builds it, on stand-in encoders
         _refused_by_library(lambda: build_strategy(config, nn.Identity(), _no_loss, None,
-                                                   MODES[config.mode].trim_padding),
+                                                   mode_of(config).trim_padding),
                             f"--chunk-tokens does not apply to --strategy {config.strategy}: ")
 
 

@@ -30,7 +30,7 @@ from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import TrainingDiverged
-from gradcache.train.modes import MODES, Mode
+from gradcache.train.modes import Mode, mode_of
 from gradcache.train.modes.assembly import build_loss, build_model
 from gradcache.train.optim.optimizers import build_optimizer, scaled_learning_rate
 from gradcache.train.optim.schedule import warmup_cosine
@@ -61,7 +61,7 @@ class Run:
     def __init__(self, config: RunConfig, data: Splits, placement: Placement,
                  saved: RunCheckpoint | None = None) -> None:
         self.config, self.data, self.placement = config, data, placement
-        self.mode: Mode = MODES[config.mode]
+        self.mode: Mode = mode_of(config)
         self.device = device_of(config.device)
         if self.device.type == "cpu":  # leave the cores that data workers use to them
             threads = config.threads or max(1, (os.cpu_count() or 1) - config.workers)

@@ -87,10 +87,11 @@ ADDED_IN = {
     11: dict(lora_rank=None, lora_alpha=None, lora_dropout=None, lora_targets=None),
     12: dict(query_prompt=None, passage_prompt=None, exclude_prompt_from_pooling=False),
     13: dict(deepspeed=None),
+    14: dict(kind="dense"),
 }
 
 
-@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
 def test_each_older_version_gets_the_values_its_run_trained_under(version):
     lacking = {name: value for added, names in ADDED_IN.items() if added > version for name, value in names.items()}
     changed = RunConfig(mode="text", max_length=64, queue_size=5, collective_timeout=9.0, max_bad_share=0.5,
@@ -108,7 +109,7 @@ def test_the_fields_that_fix_the_parameters_shapes():
 
     assert set(MODEL_FIELDS) == {"mode", "model", "width", "norm", "image_size", "hidden_dim", "projection_dim",
                                  "context_length", "text_width", "text_layers", "text_heads", "separate_towers",
-                                 "lora_rank", "lora_targets"}
+                                 "lora_rank", "lora_targets", "kind"}
 
 
 def test_the_fields_a_resume_may_give_anew():

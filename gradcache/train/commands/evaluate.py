@@ -71,10 +71,10 @@ def text_metrics(model: LoadedModel, pairs: TextPairs, corpus: str | None = None
 def run_metrics(model: LoadedModel, data: str | None, test_size: int | None = None) -> dict[str, float]:
     """A run's own evaluation: on its held-out split (`data` None: with its baselines and steps), or on the
     held-out split of `data` read with the run's options."""
-    from gradcache.train.modes import MODES
+    from gradcache.train.modes import mode_of
 
     config = model.config
-    mode = MODES[config.mode]
+    mode = mode_of(config)
     if data is not None:
         if test_size is not None and test_size < 1:
             raise UsageError(f"--test-size must be at least 1, got {test_size}")

@@ -115,14 +115,14 @@ def load_run(path: str | os.PathLike, device: str = "cpu") -> tuple[RunConfig, n
     Raises:
         CheckpointError: no checkpoint, or none that passes its checks (exit status 2).
     """
-    from gradcache.train.modes import MODES
+    from gradcache.train.modes import mode_of
     from gradcache.models.open_clip import weights_loaded_next
     from gradcache.train.modes.assembly import build_loss, build_model
 
     saved = open_checkpoint(path)
     meta = CheckpointMeta.from_dict(saved.meta(), saved)
     config = dataclasses.replace(meta.config, device=device)
-    mode = MODES[config.mode]
+    mode = mode_of(config)
     with weights_loaded_next():  # the checkpoint's weights go in below
         model = build_model(mode, config)
     saved.load(nn.ModuleDict({"model": model, "loss": build_loss(mode, config)}))  # shards into one model

@@ -23,7 +23,7 @@ from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, ModelFolderDiskFull, UsageError, out_of_space
 from gradcache.train.export.model_card import write_model_card
 from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
-from gradcache.train.modes import MODES
+from gradcache.train.modes import mode_of
 from gradcache.train.run_folder.permissions import as_if_created
 
 MODEL_FOLDER = "model"  # RUN/model/
@@ -66,7 +66,7 @@ def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: s
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial"))
     try:
-        MODES[config.mode].export(config, model, loss, partial)
+        mode_of(config).export(config, model, loss, partial)
         write_model_card(partial, output, config, metrics)
         for path in (partial, *partial.rglob("*")):
             as_if_created(path)  # mkdtemp makes 0700 and safetensors writes 0600: set what open() and mkdir() give
@@ -137,7 +137,7 @@ def export_checkpoint(saved: RunCheckpoint, output: str | os.PathLike) -> Path:
     """
     check_output(output)
     config = dataclasses.replace(RunConfig.from_dict(saved.meta()["args"]), device="cpu")
-    mode = MODES[config.mode]
+    mode = mode_of(config)
     try:  # a text run is rebuilt from its --model folder: the architecture and the tokenizer
         with weights_loaded_next():  # the checkpoint's weights go in below
             model = mode.build_model(config)

@@ -73,6 +73,8 @@ def _model_folder(name: str, option: str = "--model") -> Path:
 class Text(Mode):
     name = "text"
     help = "text retrieval: fine-tune a Hugging Face encoder on (query, passage, hard negatives) rows, InfoNCE"
+    kind = "dense"  # `--kind`: this class trains dense embedders; each other kind is a subclass (TEXT_KINDS)
+    kind_help = "one pooled vector per text, cosine similarity (a sentence-transformers model)"
     loss_kind = "infonce"
     path_data = ("a .tsv, .csv, .jsonl, .jsonl.gz or .parquet file, a folder or pattern of them "
                  "('part-{000..099}.jsonl'), or a datasets save_to_disk folder, of (query, positive, hard negatives) "
@@ -132,6 +134,16 @@ class Text(Mode):
                          "the texts sorted by length, --chunk-size still capping the rows (default: fixed chunks of "
                          "--chunk-size rows)")
         add_lora_options(model, default)
+        from gradcache.train.modes import TEXT_KINDS  # the registry of kinds imports this module
+
+        model.add_argument("--kind", default=default("kind"), choices=list(TEXT_KINDS),
+                           help="the kind of model trained from the same rows: " + "; ".join(
+                               f"{name}: {kind.kind_help}" for name, kind in TEXT_KINDS.items()))
+        for kind in TEXT_KINDS.values():
+            kind.add_kind_options(groups, default)
+
+    def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
+        """The options only this `--kind` reads, each into its group (the dense kind's are `add_options`')."""
 
     @staticmethod
     def _add_embedder_options(model: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:

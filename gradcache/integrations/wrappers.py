@@ -22,7 +22,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gradcache.deepspeed_engine import check_deepspeed_engine
+from gradcache.deepspeed_engine import check_deepspeed_engine, is_deepspeed_engine
 
 _UNSUPPORTED = ("DataParallel", "FullyShardedDataParallel", "DeepSpeedEngine")
 
@@ -43,13 +43,13 @@ def check_wrapper(wrapper: nn.Module, *, above_the_loss: bool, where: str, deeps
             config cannot be exact (`check_deepspeed_engine`, naming the key).
         TypeError: `nn.DataParallel`, FSDP1, or a DeepSpeed engine the caller does not coalesce.
     """
-    names = {cls.__name__ for cls in type(wrapper).__mro__}
-    if "DeepSpeedEngine" in names and above_the_loss and deepspeed_coalesced:
+    if deepspeed_coalesced and above_the_loss and is_deepspeed_engine(wrapper):
         try:
             check_deepspeed_engine(wrapper)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
         return
+    names = {cls.__name__ for cls in type(wrapper).__mro__}
     for name in _UNSUPPORTED:
         if name in names:
             raise TypeError(

@@ -84,7 +84,7 @@ class OrdinaryTrainer(transformers.Trainer):
         return model(inputs["image"], inputs["text"])
 
 
-def train(folder: str, stage: int, calls: list, ordinary: bool = False, **overrides) -> dict:
+def train(folder: str, stage: int, calls: list, ordinary: bool = False, kept: bool = False, **overrides) -> dict:
     from accelerate.state import AcceleratorState
     from deepspeed.runtime.zero import GatheredParameters
 
@@ -101,8 +101,9 @@ def train(folder: str, stage: int, calls: list, ordinary: bool = False, **overri
     if ordinary:
         trainer = OrdinaryTrainer(model=Ordinary(image, text, loss), args=args, **common)
     else:
-        trainer = Recording(CachedLoss([image, text], loss, chunk_size=CHUNK), args, input_names=("image", "text"),
-                            **common)
+        options = {"memory_budget": 10**12} if kept else {}  # kept: phase (1) keeps every chunk's graph
+        trainer = Recording(CachedLoss([image, text], loss, chunk_size=CHUNK, **options), args,
+                            input_names=("image", "text"), **common)
     trainer.train()
     parameters = list(trainer.model_wrapped.module.parameters())  # image tower, then text tower
     with GatheredParameters(parameters) if stage == 3 else contextlib.nullcontext():  # ZeRO-3 holds shards
@@ -142,6 +143,7 @@ def worker(rank: int, world_size: int, folder: str) -> dict:
         for stage in STAGES:
             out[stage] = {name: train(os.path.join(folder, f"{name}{stage}-{rank}"), stage, calls, ordinary)
                           for name, ordinary in (("gradcache", False), ("ordinary", True))}
+        out[3]["kept"] = train(os.path.join(folder, f"kept3-{rank}"), 3, calls, kept=True)
         original, huggingface.reduced_once_above_the_loss = huggingface.reduced_once_above_the_loss, \
             chunks_reduced_one_by_one
         try:
@@ -189,11 +191,11 @@ def global_batches(ranks: list[dict], stage: int, name: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("name", ["gradcache", "ordinary"])
+@pytest.mark.parametrize("stage, name", [*((s, n) for s in STAGES for n in ("gradcache", "ordinary")), (3, "kept")])
 def test_two_trainer_steps_equal_the_full_batch_on_one_process(ranks, stage, name):
     """The logged losses and gradient norms of both steps, and every parameter after them (a few float32 ulp:
-    ZeRO keeps float32 master weights)."""
+    ZeRO keeps float32 master weights); "kept": ZeRO-3 with every chunk's graph kept from phase (1)
+    (`memory_budget`), back-propagated in phase (3) without re-encoding."""
     losses, norms, parameters = reference(global_batches(ranks, stage, name))
     for r in ranks:
         got = r[stage][name]

@@ -33,7 +33,7 @@ class GradCacheTrainer(transformers.Trainer):
     optimizer step. Under DeepSpeed (`TrainingArguments(deepspeed=ds_config)`, ZeRO stage 1, 2 or 3) the engine
     wraps the `CachedLoss`; its backward runs the second pass chunk by chunk and reduces the full batch's gradient
     once, when the last chunk's backward is done (`gradcache.deepspeed_engine.reduced_once_above_the_loss`), and its
-    step follows: exactly one full-batch AdamW step, as on one process.
+    step follows: the step of one process on the global batch.
 
     Args:
         model: the `CachedLoss` to train.
@@ -129,8 +129,9 @@ def _reduce_once(accelerator: Any) -> None:
     wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
     if wrapped is None:
         raise TypeError(
-            "GradCacheTrainer found a DeepSpeed engine but no accelerator.deepspeed_engine_wrapped to run its "
-            "backward; pass the DeepSpeed config as TrainingArguments(deepspeed=...) (accelerate>=1.0)."
+            "GradCacheTrainer found a DeepSpeed engine but the Trainer's accelerator holds no "
+            "deepspeed_engine_wrapped to run its backward through; pass the DeepSpeed config as "
+            "TrainingArguments(deepspeed=...) rather than wrapping the model yourself."
         )
     if not isinstance(wrapped, _ReducedOnce):
         accelerator.deepspeed_engine_wrapped = _ReducedOnce(wrapped)

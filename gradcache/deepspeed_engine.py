@@ -8,6 +8,11 @@ one step's backward passes sit in one `engine.coalesce_grad_reduction()` block: 
 gradient on the parameters, summed by autograd, and reduces the sum once when the block exits (ZeRO-1 and ZeRO-2:
 one bucketed reduction pass; ZeRO-3: one reduce-scatter pass, holding the whole unpartitioned gradient until then).
 The caller then calls `engine.step()`.
+
+An engine may also wrap the whole loss (the Hugging Face Trainer's model is the `CachedLoss`): then its
+`engine.backward(loss)` runs phase (3), and `reduced_once_above_the_loss` around that call coalesces the reduction
+the same way, every chunk's backward an ordinary one (ZeRO-3 gathers the parameters of each chunk's backward and
+leaves its gradient on them until the block exits).
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from torch import nn
 
 # the engine's global step at its last GradCache reduction: a second one before `engine.step()` is refused
 _REDUCED_AT: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+# engines wrapping a whole GradCache loss whose `engine.backward(loss)` is running inside `reduced_once_above_the_loss`
+_ABOVE_THE_LOSS: list[nn.Module] = []
 
 
 def is_deepspeed_engine(module: object) -> bool:
@@ -107,3 +114,28 @@ def coalesced_reduction(engine: nn.Module) -> Iterator[None]:
     with engine.coalesce_grad_reduction():
         yield
     _REDUCED_AT[engine] = step
+
+
+@contextlib.contextmanager
+def reduced_once_above_the_loss(engine: nn.Module) -> Iterator[None]:
+    """Around `engine.backward(loss)` for an engine whose module computes a GradCache loss (a `CachedLoss` inside
+    it): phase (3)'s backward passes accumulate on the parameters and the engine reduces their sum once, when the
+    block exits (its own backward epilogue reduces nothing inside `coalesce_grad_reduction`). Call `engine.step()`
+    after the block. Inside it, `reduces_above_the_loss()` is True, so every chunk's backward is an ordinary one.
+
+    Raises:
+        ValueError: an engine `check_deepspeed_engine` refuses, before anything runs.
+    """
+    check_deepspeed_engine(engine)
+    with engine.coalesce_grad_reduction():
+        _ABOVE_THE_LOSS.append(engine)
+        try:
+            yield
+        finally:
+            _ABOVE_THE_LOSS.pop()
+
+
+def reduces_above_the_loss() -> bool:
+    """Whether the running backward is inside `reduced_once_above_the_loss`: a DeepSpeed engine above the loss
+    coalesces this step's reduction, so the encoders' backward passes need hold nothing off themselves."""
+    return bool(_ABOVE_THE_LOSS)

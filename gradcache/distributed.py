@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gradcache.deepspeed_engine import coalesced_reduction, is_deepspeed_engine
+from gradcache.deepspeed_engine import coalesced_reduction, is_deepspeed_engine, reduces_above_the_loss
 from gradcache.token_embeddings import Embedding, TokenEmbeddings, padded_to
 
 
@@ -137,10 +137,12 @@ def step_reduction(module: nn.Module) -> contextlib.AbstractContextManager:
 
 def holds_its_own_sync(module: nn.Module) -> bool:
     """Whether `gradient_sync` or `step_reduction` can hold off `module`'s synchronisation: a DDP module itself,
-    FSDP2 modules inside it, or a DeepSpeed engine. Otherwise a DDP wrapper may still sit above it (Lightning, the
-    Hugging Face Trainer and sentence-transformers wrap the whole model), out of our reach: see
-    `accumulate_without_hooks`."""
-    return hasattr(module, "no_sync") or bool(_fsdp_modules(module)) or is_deepspeed_engine(module)
+    FSDP2 modules inside it, or a DeepSpeed engine; or whether a DeepSpeed engine above the loss holds it off for
+    the whole backward (`reduced_once_above_the_loss`: the Hugging Face Trainer's). Otherwise a DDP wrapper may
+    still sit above it (Lightning, the Hugging Face Trainer and sentence-transformers wrap the whole model), out of
+    our reach: see `accumulate_without_hooks`."""
+    return (hasattr(module, "no_sync") or bool(_fsdp_modules(module)) or is_deepspeed_engine(module)
+            or reduces_above_the_loss())
 
 
 def accumulate_without_hooks(

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from gradcache.cached_loss import CachedLoss
+from gradcache.deepspeed_engine import is_deepspeed_engine, reduced_once_above_the_loss
 from gradcache.integrations.optional import require
 from gradcache.integrations.wrappers import check_wrapper
 
@@ -29,7 +30,10 @@ class GradCacheTrainer(transformers.Trainer):
     `bf16`/`fp16` (the second pass re-enters the forward's autocast), gradient clipping, the optimizer over
     every parameter of the encoders and the loss (a learnable temperature included), and the DDP launch
     (`torchrun`), under which every rank's loss is over the global batch and gradients synchronise once per
-    optimizer step.
+    optimizer step. Under DeepSpeed (`TrainingArguments(deepspeed=ds_config)`, ZeRO stage 1, 2 or 3) the engine
+    wraps the `CachedLoss`; its backward runs the second pass chunk by chunk and reduces the full batch's gradient
+    once, when the last chunk's backward is done (`gradcache.deepspeed_engine.reduced_once_above_the_loss`), and its
+    step follows: the step of one process on the global batch.
 
     Args:
         model: the `CachedLoss` to train.
@@ -43,9 +47,12 @@ class GradCacheTrainer(transformers.Trainer):
 
     Raises:
         TypeError: `model` is not a `CachedLoss`, or `input_names` is not a sequence of strings.
-        ValueError: `remove_unused_columns` or `ddp_find_unused_parameters` is on; at a step, a batch without
-            one of `input_names`. TypeError at a step: a wrapper GradCache cannot run in (DataParallel on
-            several GPUs without torchrun, FSDP1, DeepSpeed).
+        ValueError: `remove_unused_columns` or `ddp_find_unused_parameters` is on; under DeepSpeed, a 0-dim
+            parameter (DeepSpeed's engine cannot broadcast one: a learnable temperature); at a step, a batch
+            without one of `input_names`, or, before the first forward, a DeepSpeed config that cannot be exact
+            (named by its key: ZeRO stage 0, `gradient_accumulation_steps` above 1, fp16 loss scaling; see
+            `gradcache.deepspeed_engine.check_deepspeed_engine`). TypeError at a step: a wrapper GradCache
+            cannot run in (DataParallel on several GPUs without torchrun, FSDP1).
 
     Example:
         >>> cached = CachedLoss([image_tower, text_tower], ClipLoss(), chunk_size=64)
@@ -83,6 +90,14 @@ class GradCacheTrainer(transformers.Trainer):
                 "TrainingArguments(remove_unused_columns=True) would drop every batch entry, since CachedLoss.forward "
                 "takes *inputs; pass TrainingArguments(..., remove_unused_columns=False)."
             )
+        if args.deepspeed:
+            scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
+            if scalars:
+                raise ValueError(
+                    f"TrainingArguments(deepspeed=...) with the 0-dim parameters {scalars}: DeepSpeed's engine "
+                    "broadcasts every parameter viewed as bytes, which fails on a 0-dim one (a learnable "
+                    "temperature); under DeepSpeed keep the temperature fixed (e.g. ClipLoss(learnable=False))."
+                )
         if args.ddp_find_unused_parameters is None:
             args.ddp_find_unused_parameters = False  # the Trainer's default for a plain nn.Module is True
         super().__init__(model=model, args=args, **trainer_kwargs)
@@ -95,7 +110,9 @@ class GradCacheTrainer(transformers.Trainer):
     ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """`model(*inputs[name] for name in input_names)`; `model` is the CachedLoss or the Trainer's wrapper of
         it. Keyword arguments the Trainer adds across versions (`num_items_in_batch`) are accepted and unused."""
-        check_wrapper(model, above_the_loss=True, where="GradCacheTrainer")
+        check_wrapper(model, above_the_loss=True, where="GradCacheTrainer", deepspeed_coalesced=True)
+        if is_deepspeed_engine(model):
+            _reduce_once(self.accelerator)
         names = self.input_names if self.input_names is not None else tuple(inputs)
         missing = [n for n in names if n not in inputs]
         if missing:
@@ -105,3 +122,33 @@ class GradCacheTrainer(transformers.Trainer):
             )
         loss = model(*(inputs[n] for n in names))
         return (loss, {"loss": loss}) if return_outputs else loss
+
+
+def _reduce_once(accelerator: Any) -> None:
+    """Make accelerate's DeepSpeed backward (`engine.backward(loss)`, then `engine.step()`) reduce once per step."""
+    wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+    if wrapped is None:
+        raise TypeError(
+            "GradCacheTrainer found a DeepSpeed engine but the Trainer's accelerator holds no "
+            "deepspeed_engine_wrapped to run its backward through; pass the DeepSpeed config as "
+            "TrainingArguments(deepspeed=...) rather than wrapping the model yourself."
+        )
+    if not isinstance(wrapped, _ReducedOnce):
+        accelerator.deepspeed_engine_wrapped = _ReducedOnce(wrapped)
+
+
+class _ReducedOnce:
+    """accelerate's `DeepSpeedEngineWrapper` with `engine.backward(loss)` inside `reduced_once_above_the_loss`."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self.wrapped, self.engine = wrapped, wrapped.engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
+        self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)
+        with reduced_once_above_the_loss(self.engine):
+            self.engine.backward(loss, **kwargs)
+        if sync_gradients:
+            self.engine.step()

@@ -105,8 +105,11 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
     check_bad_share(data.train.skipped, len(data.train) + len(data.test), config.max_bad_share, mode.items)
     config = mode.resolve(config, data)
     if len(data.train) < config.batch_size:
-        raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training {mode.items}; "
-                         "pass a smaller --batch-size or use more data")
+        damaged = getattr(data.train, "damaged", [])  # streamed files the count could not read to their end
+        counted = (f", counted up to the damage of {'; '.join(damaged)}; repair or replace "
+                   f"{'it' if len(damaged) == 1 else 'them'}," if damaged else ";")
+        raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training {mode.items}"
+                         f"{counted} pass a smaller --batch-size or use more data")
     if saved is not None:
         check_length(config, saved, len(data.train))
     if distributed.rank() == 0:  # every check passed

@@ -90,7 +90,7 @@ class StreamedFormat:
 
     def lines(self, path: str, first_line: int = 1) -> Iterator[tuple[str, int, bytes] | Damaged]:
         """(path, line number, bytes) of each non-blank line of `path` from line `first_line` on, in order; a
-        `Damaged` last when the file cannot be read to its end."""
+        `Damaged` last when the file cannot be read to its end, naming the file, the line and the format's error."""
         number = 0
         try:
             with self.open(path) as handle:
@@ -98,7 +98,8 @@ class StreamedFormat:
                     if number >= first_line and raw.strip():
                         yield path, number, raw
         except self.read_errors as error:
-            yield Damaged(f"{path} (unreadable after line {number}: {error})")
+            check = f"; `{self.decompress_command} -t FILE` checks it" if self.decompress_command else ""
+            yield Damaged(f"{path} (unreadable after line {number}, truncated or damaged: {error}{check})")
 
 
 TextFormat = IndexedFormat | StreamedFormat

@@ -57,8 +57,9 @@ class IndexedFormat:
     def __repr__(self) -> str:
         return f"<indexed text format {self.name}>"
 
-    def records(self, file: Path, keys: Keys) -> FileRecords:
-        """The records of `file`: every field, or the columns of `keys` that a columnar file has."""
+    def records(self, file: Path, keys: Keys, every_column: bool = False) -> FileRecords:
+        """The records of `file`: every field of a text file's; a columnar file's columns of `keys` that it has,
+        or, with `every_column`, all of them."""
         raise NotImplementedError
 
     def reader(self, file: Path, header: list[str] | None) -> RecordReader:

@@ -19,12 +19,7 @@ from gradcache import distributed
 from gradcache.losses.checks import check_temperature, check_tile_size
 from gradcache.losses.queue import check_queue_options
 from gradcache.options import check_chunk_tokens, check_memory_budget
-from gradcache.train.checkpoints.run_checkpoint import (
-    FileCheckpoint,
-    RunCheckpoint,
-    ShardedCheckpoint,
-    run_folder_of,
-)
+from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, run_folder_of
 from gradcache.train.checkpoints.resume import (
     AUTO,
     check_length,
@@ -40,6 +35,7 @@ from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.matryoshka_dims import check_dims
 from gradcache.train.modes import mode_of
+from gradcache.train.run_folder.layout import RUN_FILES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
     decided_by_rank_zero,
@@ -47,9 +43,6 @@ from gradcache.train.run_folder.lock import (
 )
 from gradcache.train.run_folder.reporters import check_report_to
 from gradcache.train.strategy_choice import build_strategy
-
-RUN_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name, ShardedCheckpoint.previous_name,
-             "last.ds", "previous.ds", "train_log.csv")
 
 
 def prepare_run(given: RunConfig, explicit: set[str]
@@ -112,8 +105,11 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
     check_bad_share(data.train.skipped, len(data.train) + len(data.test), config.max_bad_share, mode.items)
     config = mode.resolve(config, data)
     if len(data.train) < config.batch_size:
-        raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training {mode.items}; "
-                         "pass a smaller --batch-size or use more data")
+        damaged = getattr(data.train, "damaged", [])  # streamed files the count could not read to their end
+        counted = (f", counted up to the damage of {'; '.join(damaged)}; repair or replace "
+                   f"{'it' if len(damaged) == 1 else 'them'}," if damaged else ";")
+        raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training {mode.items}"
+                         f"{counted} pass a smaller --batch-size or use more data")
     if saved is not None:
         check_length(config, saved, len(data.train))
     if distributed.rank() == 0:  # every check passed

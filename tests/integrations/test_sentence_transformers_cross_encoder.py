@@ -142,12 +142,12 @@ def test_both_spellings_in_any_combination(folders, spelled, temperature, chunk_
 
 
 @pytest.mark.parametrize("options,error,match", [
-    (dict(scale=20.0, temperature=0.1), ValueError, r"temperature=0\.1 and scale=20\.0"),
-    (dict(chunk_size=8, mini_batch_size=16), ValueError, "chunk_size=8 and mini_batch_size=16"),
-    (dict(chunk_size=0), ValueError, "chunk_size must be an int >= 1"),
-    (dict(mini_batch_size=0), ValueError, "mini_batch_size must be an int >= 1"),
-    (dict(scale=0.0), ValueError, "scale must be a number > 0"),
-    (dict(temperature=-1.0), ValueError, "temperature"),
+    (dict(scale=20.0, temperature=0.1), ValueError, r"temperature=0\.1 and scale=20\.0, which disagree"),
+    (dict(chunk_size=8, mini_batch_size=16), ValueError, "chunk_size=8 and mini_batch_size=16, which disagree"),
+    (dict(chunk_size=0), ValueError, "got chunk_size=0; chunk_size must be an int >= 1"),
+    (dict(mini_batch_size=0), ValueError, "got mini_batch_size=0; mini_batch_size must be an int >= 1"),
+    (dict(scale=0.0), ValueError, r"got scale=0\.0; scale must be a finite number > 0"),
+    (dict(temperature=-1.0), ValueError, r"got temperature=-1\.0; temperature must be a finite number > 0"),
     (dict(num_negatives=0), ValueError, "num_negatives"),
     (dict(split_fn=lambda v, n: [v]), TypeError, "split_fn"),
     (dict(gather=True), TypeError, "gather"),

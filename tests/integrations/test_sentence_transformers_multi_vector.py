@@ -214,14 +214,14 @@ def test_both_spellings_and_the_peers_defaults(bert_folder):
 
 
 @pytest.mark.parametrize("options, error, match", [
-    ({"temperature": 0.5, "scale": 1.0}, ValueError, r"temperature=0.5 and scale=1.0, which disagree"),
+    ({"temperature": 0.5, "scale": 1.0}, ValueError, r"temperature=0\.5 and scale=1\.0, which disagree"),
     ({"chunk_size": 4, "mini_batch_size": 8}, ValueError, r"chunk_size=4 and mini_batch_size=8, which disagree"),
-    ({"tile_size": 4, "score_mini_batch_size": 8}, ValueError, r"tile_size=4 and score_mini_batch_size=8"),
-    ({"chunk_size": 0}, ValueError, r"chunk_size must be at least 1, got 0"),
-    ({"mini_batch_size": 0}, ValueError, r"mini_batch_size must be at least 1, got 0"),
-    ({"mini_batch_size": 2.5}, TypeError, r"mini_batch_size must be an int"),
-    ({"scale": -1.0}, ValueError, r"scale must be a positive number"),
-    ({"temperature": 0.0}, ValueError, r"temperature"),
+    ({"tile_size": 4, "score_mini_batch_size": 8}, ValueError, r"tile_size=4 and score_mini_batch_size=8, which disagree"),
+    ({"chunk_size": 0}, ValueError, r"got chunk_size=0; chunk_size must be an int >= 1"),
+    ({"mini_batch_size": 0}, ValueError, r"got mini_batch_size=0; mini_batch_size must be an int >= 1"),
+    ({"mini_batch_size": 2.5}, TypeError, r"got mini_batch_size=2\.5; mini_batch_size must be an int >= 1"),
+    ({"scale": -1.0}, ValueError, r"got scale=-1\.0; scale must be a finite number > 0"),
+    ({"temperature": 0.0}, ValueError, r"got temperature=0\.0; temperature must be a finite number > 0"),
     ({"similarity_fct": float64_scores}, TypeError, r"Drop similarity_fct"),
     ({"mini_batch_num_tokens": 512}, TypeError, r"Pass chunk_tokens instead"),
     ({"scaler": torch.amp.GradScaler("cpu")}, TypeError, r"cannot honour"),

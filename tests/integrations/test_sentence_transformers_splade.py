@@ -138,13 +138,13 @@ def test_trainer_steps_equal_the_peers(folder, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(chunk_size=2, mini_batch_size=3), ValueError, "chunk_size=2 and mini_batch_size=3"),
-    (dict(temperature=0.5, scale=3.0), ValueError, "temperature=0.5 and scale=3.0 disagree"),
-    (dict(temperature=0.0), ValueError, "temperature must be a finite number > 0"),
+    (dict(chunk_size=2, mini_batch_size=3), ValueError, "chunk_size=2 and mini_batch_size=3, which disagree"),
+    (dict(temperature=0.5, scale=3.0), ValueError, r"temperature=0\.5 and scale=3\.0, which disagree"),
+    (dict(temperature=0.0), ValueError, r"got temperature=0\.0; temperature must be a finite number > 0"),
     (dict(document_regularizer_weight=-1.0), ValueError, "document_regularizer_weight must be a number >= 0"),
     (dict(document_regularizer_threshold=3, document_regularizer=L1Regularizer()), ValueError,
      "document_regularizer_threshold=3 applies to the default FLOPS"),
-    (dict(chunk_size=0), ValueError, "chunk_size"),
+    (dict(chunk_size=0), ValueError, "got chunk_size=0; chunk_size must be an int >= 1"),
     (dict(scaler=object()), TypeError, "scaler"),
 ])
 def test_bad_arguments_are_refused(folder, kwargs, error, match):

@@ -56,13 +56,25 @@ def test_memory_budget_sizes(size, expected):
 @pytest.mark.parametrize("extra, fragment", [
     (["--chunk-tokens", "0"], "--chunk-tokens must be at least 1, got 0"),
     (["--chunk-tokens", "64", "--strategy", "naive"], "--chunk-tokens does not apply to --strategy naive"),
-    (["--memory-budget", "-5"], "--memory-budget must be >= 0 bytes, got -5"),
     (["--memory-budget", "lots"], "'lots' is not a size in bytes"),
 ])
 def test_bad_chunking_options_exit_2_and_write_nothing(tmp_path, tiny_bert, capsys, extra, fragment):
     out = tmp_path / "out"
     assert main(_args(tiny_bert, out, *extra)) == 2
     assert fragment in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("size, fragment", [
+    ("-5", "'-5' is a negative size in bytes"), ("-0.5", "'-0.5' is a negative size in bytes"),
+    ("lots", "'lots' is not a size in bytes"), ("inf", "'inf' is not a finite size in bytes"),
+])
+def test_a_bad_memory_budget_is_named_once(tmp_path, tiny_bert, capsys, size, fragment):
+    out = tmp_path / "out"
+    assert main(_args(tiny_bert, out, "--memory-budget", size)) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # the line after argparse's usage
+    assert f"argument --memory-budget: {fragment}; give e.g. 2G, 500M or 1000000" in error
+    assert error.count("memory-budget") + error.count("memory_budget") == 1, error
     assert not out.exists()
 
 

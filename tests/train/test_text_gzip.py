@@ -11,6 +11,8 @@ from gradcache.cli import main
 from gradcache.train import errors
 from gradcache.train.checkpoints.atomic import load_checkpoint
 from gradcache.train.data import bad_data
+from gradcache.train.data.streams import Damaged
+from gradcache.train.data.text.formats.jsonl_gz import JSONL_GZ
 from tests.train.conftest import text_args
 
 pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
@@ -93,4 +95,22 @@ def test_bad_gzip_input_exits_2_and_writes_nothing(tmp_path, tiny_bert, capsys):
         stderr = capsys.readouterr().err
         for fragment in fragments:
             assert fragment in stderr, (fragment, stderr)
+    assert not out.exists()
+
+
+def test_a_truncated_gzip_with_fewer_rows_than_the_batch_names_the_damage(tmp_path, tiny_bert, capsys):
+    whole = gzip.compress(_lines(map(_row, range(400))))
+    data = tmp_path / "cut.jsonl.gz"
+    data.write_bytes(whole[:len(whole) // 2])  # cut mid-stream: the rows before the cut still read
+    held = _gzip(tmp_path / "held.jsonl.gz", [_row(i) for i in range(500, 508)])
+    readable = sum(1 for unit in JSONL_GZ.lines(str(data)) if not isinstance(unit, Damaged))
+    assert 16 <= readable < 400
+    out = tmp_path / "out"
+    assert main(text_args(tiny_bert, out, "--data", str(data), "--eval-data", str(held),
+                          "--batch-size", str(readable + 1))) == errors.USAGE
+    error = capsys.readouterr().err
+    for fragment in (f"--batch-size {readable + 1} exceeds the {readable} training rows",
+                     f"{data} (unreadable after line {readable}, truncated or damaged: Compressed file ended",
+                     "`gunzip -t FILE` checks it", "repair or replace it"):
+        assert fragment in error, (fragment, error)
     assert not out.exists()

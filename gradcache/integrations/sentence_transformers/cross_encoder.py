@@ -3,7 +3,6 @@ sentence-transformers, for `CrossEncoderTrainer`: the same in-batch negatives, t
 chunk by chunk."""
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from torch import nn
 from gradcache.cache import GradCache
 from gradcache.integrations.sentence_transformers.encoders import refuse_patched_forward
 from gradcache.integrations.sentence_transformers.progress import ChunkProgress
+from gradcache.integrations.sentence_transformers.spellings import PeerSpellings, count_of, temperature_of
 from gradcache.integrations.wrappers import check_wrapper
 from gradcache.losses import ListwiseRerank
 from gradcache.options import Options, Unpack
@@ -78,21 +78,7 @@ def in_batch_negatives(anchors: Sequence[str], candidates: Sequence[Sequence[str
     return [[flattened[k] for k in row] for row in indices.T.tolist()]
 
 
-def _one_of(ours: str, value: Any, theirs: str, other: Any, convert: Callable[[Any], Any], default: Any) -> Any:
-    """The value of an option spelled two ways (ours, and sentence-transformers'), either or both, agreeing."""
-    if value is None and other is None:
-        return default
-    if value is None:
-        return convert(other)
-    if other is not None and not math.isclose(value, convert(other), rel_tol=1e-12):
-        raise ValueError(
-            f"got {ours}={value!r} and {theirs}={other!r}, which disagree ({ours} = {convert(other)!r} by "
-            f"{theirs}); give one of them, or values that agree"
-        )
-    return value
-
-
-class GradCacheCrossEncoderLoss(nn.Module):
+class GradCacheCrossEncoderLoss(PeerSpellings, nn.Module):
     """The cross-encoder `CachedMultipleNegativesRankingLoss` of sentence-transformers, by GradCache:
 
     L = -1/N sum_i log( exp(a(s(q_i, p_i)) / t) / sum_{c in group_i} exp(a(s(q_i, c)) / t) ),
@@ -124,8 +110,8 @@ class GradCacheCrossEncoderLoss(nn.Module):
         ValueError: a model that is not a CrossEncoder with one label, scale or temperature <= 0, two spellings
             that disagree, a chunk size below 1, num_negatives below 1; at the call, fewer than two columns or
             columns of different lengths.
-        TypeError: another option, or one that does not apply here (`scaler`, `gather`, `split_fn`, ...); at the
-            call, a model wrapper GradCache cannot run in.
+        TypeError: a chunk size that is not an int; another option, or one that does not apply here (`scaler`,
+            `gather`, `split_fn`, ...); at the call, a model wrapper GradCache cannot run in.
 
     Example:
         >>> loss = GradCacheCrossEncoderLoss(model, num_negatives=4, chunk_size=32)
@@ -153,11 +139,9 @@ class GradCacheCrossEncoderLoss(nn.Module):
         if num_negatives is not None and (isinstance(num_negatives, bool) or not isinstance(num_negatives, int)
                                           or num_negatives < 1):
             raise ValueError(f"num_negatives must be None (all) or an int >= 1, got {num_negatives!r}.")
-        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0):
-            raise ValueError(f"scale must be a number > 0 (scale = 1 / temperature), got {scale!r}.")
-        for name, value in (("mini_batch_size", mini_batch_size), ("chunk_size", chunk_size)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1 (pairs per chunk), got {value!r}.")
+        owner = type(self).__name__
+        temperature = temperature_of(owner, temperature, scale, 1.0 / SCALE)
+        chunk_size = count_of(owner, "chunk_size", chunk_size, "mini_batch_size", mini_batch_size, CHUNK_SIZE)
         if not isinstance(show_progress_bar, bool):
             raise TypeError(f"show_progress_bar must be True or False, got {show_progress_bar!r}.")
         refused = sorted(set(options) - set(PASSED_ON))
@@ -167,8 +151,7 @@ class GradCacheCrossEncoderLoss(nn.Module):
                 "(it splits and tokenises the pairs itself, the trainer owns the backward, and the loss stays on "
                 "each device's batch, as the peer's)."
             )
-        temperature = _one_of("temperature", temperature, "scale", scale, lambda s: 1.0 / s, 1.0 / SCALE)
-        self.chunk_size = _one_of("chunk_size", chunk_size, "mini_batch_size", mini_batch_size, int, CHUNK_SIZE)
+        self.chunk_size = chunk_size
         self.model = model  # a child named "model": the trainer's override_model_in_loss swaps it for its wrapper
         self.num_negatives = num_negatives
         self.activation_fn = activation_fn
@@ -178,18 +161,6 @@ class GradCacheCrossEncoderLoss(nn.Module):
         self.progress = ChunkProgress(show_progress_bar)
         self._built: tuple[nn.Module, GradCache] | None = None
         GradCache(nn.Identity(), self.loss, self.chunk_size, **self.options)  # checks every option now
-
-    @property
-    def temperature(self) -> float:
-        return self.loss.temperature
-
-    @property
-    def scale(self) -> float:
-        return 1.0 / self.loss.temperature
-
-    @property
-    def mini_batch_size(self) -> int:
-        return self.chunk_size
 
     def _strategy(self) -> GradCache:
         """The GradCache around the current `self.model`, built once and rebuilt when the trainer wraps it."""

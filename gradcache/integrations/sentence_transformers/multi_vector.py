@@ -2,7 +2,6 @@
 counterpart of CachedMultiVectorMultipleNegativesRankingLoss, with the tiled MaxSim of `LateInteraction`."""
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +10,7 @@ from torch import nn
 
 from gradcache.integrations.sentence_transformers.encoders import SentenceEncoder
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss, backward_into, through_calculate_loss
+from gradcache.integrations.sentence_transformers.spellings import PeerSpellings, count_of, temperature_of
 from gradcache.losses import LateInteraction
 from gradcache.options import Options, Unpack
 from gradcache.token_embeddings import TokenEmbeddings, join, padded_to
@@ -43,7 +43,7 @@ class TaskEncoder(SentenceEncoder):
         return output
 
 
-class GradCacheMultiVectorLoss(GradCacheLoss):
+class GradCacheMultiVectorLoss(PeerSpellings, GradCacheLoss):
     """ColBERT's in-batch ranking loss over the whole batch at the memory of one chunk:
     `LateInteraction(temperature)(model(query), model(positive), model(negatives))`, by GradCache.
 
@@ -109,9 +109,10 @@ class GradCacheMultiVectorLoss(GradCacheLoss):
                 "chunks packed by real tokens in row order; here chunk_tokens=... bounds rows x padded length per "
                 "chunk, rows sorted by length (also exact). Pass chunk_tokens instead."
             )
-        temperature = _one_temperature(temperature, scale)
-        chunk_size = _one_count("chunk_size", chunk_size, "mini_batch_size", mini_batch_size, 32)
-        tile_size = _one_count("tile_size", tile_size, "score_mini_batch_size", score_mini_batch_size, 32)
+        owner = type(self).__name__
+        temperature = temperature_of(owner, temperature, scale, 1.0)
+        chunk_size = count_of(owner, "chunk_size", chunk_size, "mini_batch_size", mini_batch_size, 32)
+        tile_size = count_of(owner, "tile_size", tile_size, "score_mini_batch_size", score_mini_batch_size, 32)
         if query_reduction is None:
             name = str(getattr(model, "similarity_fn_name", "maxsim"))
             query_reduction = MAXSIM_REDUCTIONS.get(name, "sum")
@@ -120,20 +121,6 @@ class GradCacheMultiVectorLoss(GradCacheLoss):
         options = {"get_embedding": token_embeddings, **options}
         super().__init__(model, loss, chunk_size, trim_padding=trim_padding,
                          gather_across_devices=gather_across_devices, show_progress_bar=show_progress_bar, **options)
-
-    @property
-    def temperature(self) -> float:
-        return self.loss.temperature
-
-    @property
-    def scale(self) -> float:
-        """sentence-transformers' spelling: 1 / temperature."""
-        return 1.0 / self.loss.temperature
-
-    @property
-    def mini_batch_size(self) -> int:
-        """sentence-transformers' spelling of `chunk_size`."""
-        return self.chunk_size
 
     def _encoders(self, columns: int) -> nn.Module:
         return TaskEncoder(self.model, self.progress.tick)
@@ -176,36 +163,3 @@ def _grouped_by_query(columns: list[TokenEmbeddings]) -> TokenEmbeddings | None:
     values = torch.stack([p.values for p in padded], dim=1).reshape(-1, longest, width)  # (N, h, L, D) -> (N h, L, D)
     mask = torch.stack([p.mask for p in padded], dim=1).reshape(-1, longest)  # (N, h, L) -> (N h, L)
     return TokenEmbeddings(values, mask)
-
-
-def _one_temperature(temperature: float | None, scale: float | None) -> float:
-    """The temperature from either spelling (default 1.0, the peer's scale 1), or a ValueError when the two
-    disagree or scale is not positive."""
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0 or math.isinf(scale):
-            raise ValueError(f"scale must be a positive number (1 / temperature), got {scale!r}.")
-        if temperature is not None and not math.isclose(temperature * scale, 1.0, rel_tol=1e-9):
-            raise ValueError(
-                f"GradCacheMultiVectorLoss got temperature={temperature!r} and scale={scale!r}, which disagree: scale "
-                f"is 1 / temperature (here {1 / scale!r}). Give one of them."
-            )
-        return 1.0 / scale if temperature is None else temperature
-    return 1.0 if temperature is None else temperature
-
-
-def _one_count(name: str, value: int | None, peer_name: str, peer_value: int | None, default: int) -> int:
-    """One count option given by this library's name or the peer's (default `default`): an int >= 1, or a
-    ValueError/TypeError naming the spelling given; both given must agree."""
-    for spelling, given in ((name, value), (peer_name, peer_value)):
-        if given is None:
-            continue
-        if isinstance(given, bool) or not isinstance(given, int):
-            raise TypeError(f"{spelling} must be an int >= 1, got {given!r}.")
-        if given < 1:
-            raise ValueError(f"{spelling} must be at least 1, got {given}.")
-    if value is not None and peer_value is not None and value != peer_value:
-        raise ValueError(
-            f"GradCacheMultiVectorLoss got {name}={value} and {peer_name}={peer_value}, which disagree: they are two "
-            f"spellings of one option. Give one of them."
-        )
-    return value if value is not None else peer_value if peer_value is not None else default

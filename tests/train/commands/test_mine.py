@@ -1,6 +1,8 @@
 """`gradcache mine`: never a row's positive, the margins and the range respected (against a brute-force loop),
 an output that `gradcache train text --negative-keys` reads."""
 import csv
+import datetime
+import gzip
 import json
 
 import numpy as np
@@ -79,14 +81,34 @@ def test_mined_file_respects_the_margin_and_trains(tmp_path, tiny_bert, pairs_fi
     assert len(pairs) == sum(len(found) >= 1 for found in negatives)
 
 
-@pytest.mark.parametrize("output", ["mined.jsonl", "mined.csv"])
-def test_the_input_s_other_columns_are_kept_beside_the_mined_negatives(tmp_path, tiny_bert, output):
+def _write_pairs(folder, records, data):
+    """`records` as `data`: a .jsonl, .jsonl.gz or Parquet file, or a datasets folder (save_to_disk)."""
+    path = folder / data
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    if data.endswith(".jsonl"):
+        path.write_text(lines)
+    elif data.endswith(".jsonl.gz"):
+        path.write_bytes(gzip.compress(lines.encode()))
+    else:
+        pyarrow = pytest.importorskip("pyarrow")
+        table = pyarrow.Table.from_pylist(records)
+        if data.endswith(".parquet"):
+            pytest.importorskip("pyarrow.parquet").write_table(table, path)
+        else:
+            pytest.importorskip("datasets").Dataset(table).save_to_disk(str(path))
+    return path
+
+
+@pytest.mark.parametrize("data, output", [("pairs.jsonl", "mined.jsonl"), ("pairs.jsonl", "mined.csv"),
+                                          ("pairs.jsonl.gz", "mined.jsonl"), ("pairs.parquet", "mined.csv"),
+                                          ("pairs-dataset", "mined.jsonl")])
+def test_the_input_s_other_columns_are_kept_beside_the_mined_negatives(tmp_path, tiny_bert, data, output):
     rows = pair_rows()
     records = [{"id": f"r{i}", "query": row["query"], "positive": row["positive"], "score": i / 4,
-                "tags": ["a", i]} for i, row in enumerate(rows)]
+                "tags": ["a", str(i)]} for i, row in enumerate(rows)]
     records.insert(3, {"id": "empty", "query": "", "positive": "left out"})  # unusable: not written
-    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert main(["mine", str(tiny_bert), "--data", str(tmp_path / "pairs.jsonl"), "--negatives", "2",
+    path = _write_pairs(tmp_path, records, data)
+    assert main(["mine", str(tiny_bert), "--data", str(path), "--negatives", "2",
                  "--output", str(tmp_path / output)]) == 0
     kept = [r for r in records if r["query"]]
     if output.endswith(".jsonl"):
@@ -100,6 +122,19 @@ def test_the_input_s_other_columns_are_kept_beside_the_mined_negatives(tmp_path,
         assert [(m["id"], m["score"], m["tags"]) for m in mined] == [
             (r["id"], json.dumps(r["score"]), json.dumps(r["tags"])) for r in kept]
     assert [m["query"] for m in mined] == [r["query"] for r in kept]
+
+
+def test_a_value_json_cannot_hold_is_written_as_its_text(tmp_path, tiny_bert):
+    pyarrow = pytest.importorskip("pyarrow")
+    rows = pair_rows()
+    when = [datetime.datetime(2026, 1, 1 + i) for i in range(len(rows))]
+    table = pyarrow.Table.from_pylist([{"query": r["query"], "positive": r["positive"], "when": w, "raw": b"\x00"}
+                                       for r, w in zip(rows, when)])
+    pytest.importorskip("pyarrow.parquet").write_table(table, tmp_path / "pairs.parquet")
+    assert main(["mine", str(tiny_bert), "--data", str(tmp_path / "pairs.parquet"), "--negatives", "1",
+                 "--output", str(tmp_path / "mined.jsonl")]) == 0
+    mined = [json.loads(line) for line in (tmp_path / "mined.jsonl").read_text().splitlines()]
+    assert [(m["when"], m["raw"]) for m in mined] == [(str(w), str(b"\x00")) for w in when]
 
 
 @pytest.mark.parametrize("case", ["corpus missing", "zero negatives", "relative margin 1", "bad range",

@@ -14,7 +14,8 @@ and the resume.
   counted once as a bad row, and the stream goes on with the next file: it does not stop the run.
 - h by default, and the check that every key names a field: from the first FIRST_ROWS rows with a query and a
   positive, read from the head of the files in name order (`row_reader`; usable_rows.py's rule).
-- Epoch length: `--train-num-samples`, or counted at start in one streamed pass over the training rows, which
+- Epoch length: `--train-num-samples`, or counted at start in one streamed pass over the training rows (the
+  files it cannot read to their end kept in `damaged`, for a --batch-size that exceeds the count to name), which
   also checks every passage id against `--corpus` (one it lacks: DataError naming the file, line and id, before
   anything is written); with `--train-num-samples` the ids are checked as rows are read, and a missing one stops
   the run there (DataError).
@@ -138,7 +139,8 @@ def row_reader(text_format: StreamedFormat, files: Sequence[Path], keys: tuple[s
 @dataclass
 class StreamedRows:
     """Training rows streamed from files of `text_format` (data/streams.py's `StreamedFiles`); `len` is the epoch
-    length in rows; `skipped` counts the bad rows met (held out, and as the run reads them)."""
+    length in rows; `skipped` counts the bad rows met (held out, and as the run reads them); `damaged` names the
+    files the count of the epoch could not read to their end (none when --train-num-samples gave it)."""
 
     text_format: StreamedFormat
     parts: list[StreamPart]
@@ -146,6 +148,7 @@ class StreamedRows:
     shuffle_buffer: int
     reader: RowReader
     skipped: SkippedRows = field(default_factory=SkippedRows)
+    damaged: list[str] = field(default_factory=list)
     items = "rows"
 
     def __len__(self) -> int:
@@ -225,12 +228,18 @@ def load_streamed_rows(text_format: StreamedFormat, files: Sequence[Path], keys:
     held = None
     if test_size is not None:
         held, parts = _hold_out(text_format, parts, reader, test_size, data_seed, skipped, spec)
+    damaged: list[str] = []
     if train_num_samples is None:
-        train_num_samples = sum(not isinstance(reader.item(unit), Damaged) for part in parts
-                                for unit in text_format.lines(part.path, part.first_line))
+        train_num_samples = 0
+        for part in parts:
+            for unit in text_format.lines(part.path, part.first_line):
+                if isinstance(unit, Damaged):  # the file's end: counted as a bad row as the run meets it
+                    damaged.append(unit.name)
+                elif not isinstance(reader.item(unit), Damaged):
+                    train_num_samples += 1
         if not train_num_samples:
             raise no_usable_row(f"--data {spec} (its training rows)", reader.negatives_per_query)
-    return StreamedRows(text_format, parts, train_num_samples, shuffle_buffer, reader, skipped), held
+    return StreamedRows(text_format, parts, train_num_samples, shuffle_buffer, reader, skipped, damaged), held
 
 
 def _hold_out(text_format: StreamedFormat, parts: list[StreamPart], reader: RowReader, test_size: int, seed: int,

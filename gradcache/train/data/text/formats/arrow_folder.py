@@ -47,10 +47,10 @@ class ArrowFolder(IndexedFormat):
     def is_folder(self, path: Path) -> bool:
         return path.is_dir() and (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
 
-    def records(self, file: Path, keys: Keys) -> ColumnarRecords:
+    def records(self, file: Path, keys: Keys, every_column: bool = False) -> ColumnarRecords:
         dataset = load_folder(file)
         return ColumnarRecords(list(dataset.column_names), keys, lambda columns: dataset.select_columns(
-            columns).data.to_batches(max_chunksize=COLUMNAR_BATCH))
+            columns).data.to_batches(max_chunksize=COLUMNAR_BATCH), every_column)
 
     def reader(self, file: Path, header: list[str] | None) -> ArrowFolderReader:
         return ArrowFolderReader(file, header)

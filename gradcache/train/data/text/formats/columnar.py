@@ -14,11 +14,14 @@ COLUMNAR_BATCH = 4_096
 
 class ColumnarRecords:
     """(row number, row number + 1, record) of every row of a columnar file, a record batch at a time, of the
-    columns of `keys` that it has (`header`); `names` are all of its columns (read from its schema, no row)."""
+    columns of `keys` that it has, or of all of them with `every_column` (`header`); `names` are all of its
+    columns (read from its schema, no row)."""
 
-    def __init__(self, names: list[str], keys: Keys, batches: Callable[[list[str]], Iterable]) -> None:
+    def __init__(self, names: list[str], keys: Keys, batches: Callable[[list[str]], Iterable],
+                 every_column: bool = False) -> None:
         self.names = set(names)
-        self.header = [key for key in (keys[0], keys[1], *keys[2]) if key in self.names]
+        self.header = list(names) if every_column else [key for key in (keys[0], keys[1], *keys[2])
+                                                         if key in self.names]
         self.batches = batches
 
     def __iter__(self) -> Iterator[Record]:

@@ -93,7 +93,7 @@ class Delimited(IndexedFormat):
     def __init__(self, suffix: str, separator: str) -> None:
         self.name, self.suffixes, self.separator = suffix, (suffix,), separator
 
-    def records(self, file: Path, keys: Keys) -> DelimitedRecords:
+    def records(self, file: Path, keys: Keys, every_column: bool = False) -> DelimitedRecords:
         return DelimitedRecords(file, self.separator)
 
     def reader(self, file: Path, header: list[str] | None) -> DelimitedReader:

@@ -73,7 +73,7 @@ class Jsonl(IndexedFormat):
     text_table = True
     holds_lists = True
 
-    def records(self, file: Path, keys: Keys) -> JsonlRecords:
+    def records(self, file: Path, keys: Keys, every_column: bool = False) -> JsonlRecords:
         return JsonlRecords(file)
 
     def records_between(self, file: Path, start: int, end: int, first_line: int) -> JsonlRecords:

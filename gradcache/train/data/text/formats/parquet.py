@@ -42,7 +42,7 @@ class Parquet(IndexedFormat):
     suffixes = (".parquet",)
     unit = "row"
 
-    def records(self, file: Path, keys: Keys) -> ColumnarRecords:
+    def records(self, file: Path, keys: Keys, every_column: bool = False) -> ColumnarRecords:
         from pyarrow import parquet
 
         try:
@@ -57,7 +57,7 @@ class Parquet(IndexedFormat):
             except (OSError, ValueError) as error:
                 raise DataError(f"cannot read {file}: {error}") from error
 
-        return ColumnarRecords(names, keys, batches)
+        return ColumnarRecords(names, keys, batches, every_column)
 
     def reader(self, file: Path, header: list[str] | None) -> ParquetReader:
         return ParquetReader(file, header)

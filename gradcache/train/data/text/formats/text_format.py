@@ -57,8 +57,9 @@ class IndexedFormat:
     def __repr__(self) -> str:
         return f"<indexed text format {self.name}>"
 
-    def records(self, file: Path, keys: Keys) -> FileRecords:
-        """The records of `file`: every field, or the columns of `keys` that a columnar file has."""
+    def records(self, file: Path, keys: Keys, every_column: bool = False) -> FileRecords:
+        """The records of `file`: every field of a text file's; a columnar file's columns of `keys` that it has,
+        or, with `every_column`, all of them."""
         raise NotImplementedError
 
     def reader(self, file: Path, header: list[str] | None) -> RecordReader:
@@ -90,7 +91,7 @@ class StreamedFormat:
 
     def lines(self, path: str, first_line: int = 1) -> Iterator[tuple[str, int, bytes] | Damaged]:
         """(path, line number, bytes) of each non-blank line of `path` from line `first_line` on, in order; a
-        `Damaged` last when the file cannot be read to its end."""
+        `Damaged` last when the file cannot be read to its end, naming the file, the line and the format's error."""
         number = 0
         try:
             with self.open(path) as handle:
@@ -98,7 +99,8 @@ class StreamedFormat:
                     if number >= first_line and raw.strip():
                         yield path, number, raw
         except self.read_errors as error:
-            yield Damaged(f"{path} (unreadable after line {number}: {error})")
+            check = f"; `{self.decompress_command} -t FILE` checks it" if self.decompress_command else ""
+            yield Damaged(f"{path} (unreadable after line {number}, truncated or damaged: {error}{check})")
 
 
 TextFormat = IndexedFormat | StreamedFormat

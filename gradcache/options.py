@@ -136,8 +136,8 @@ def check_memory_budget(value: Any, name: str = "memory_budget") -> None:
         return
     _check_int(name, value, "a number of bytes (0 keeps no graph), or None")
     if value < 0:
-        raise ValueError(f"{name} must be >= 0 bytes, got {value} (memory_budget must be at least 0: 0 keeps no "
-                         "graph, None keeps none).")
+        raise ValueError(f"{name} must be >= 0 bytes, got {value}: 0 keeps no graph of the first pass, a positive "
+                         "budget keeps the chunks that fit, None keeps none.")
 
 
 def check_chunk_tokens(value: Any, name: str = "chunk_tokens") -> None:

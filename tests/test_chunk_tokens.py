@@ -98,7 +98,7 @@ def test_evaluation_restores_the_callers_order():
      ({"chunk_tokens": 2.5}, TypeError, "chunk_tokens must be an int"),
      ({"chunk_tokens": [None, -1]}, ValueError, r"chunk_tokens\[1\] must be at least 1"),
      ({"chunk_tokens": []}, ValueError, "chunk_tokens is an empty sequence"),
-     ({"memory_budget": -1}, ValueError, "memory_budget must be at least 0"),
+     ({"memory_budget": -1}, ValueError, "memory_budget must be >= 0 bytes, got -1"),
      ({"memory_budget": 1.5}, TypeError, "memory_budget must be an int"),
      ({"memory_budget": True}, TypeError, "memory_budget must be an int")],
 )

@@ -1,0 +1,107 @@
+"""`--kind sparse` evaluation and export: the sparse retrieval metrics against a brute-force ranking written here
+(ties included), the run's own metrics against its model's rows scored here, and RUN/model loaded by
+sentence-transformers' SparseEncoder, offline, encoding as the run's model does."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gradcache.cli import main
+from gradcache.models import HuggingFaceTokenizer
+from gradcache.train.commands.model import load_run
+from gradcache.train.eval.sparse_retrieval import sparse_metrics
+from gradcache.train.eval.sparse_rows import CsrRows
+from gradcache.train.modes import mode_of
+from tests.train.conftest import TINY
+
+pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
+
+
+def brute_force(queries: np.ndarray, corpus: np.ndarray, relevant: np.ndarray) -> dict[str, float]:
+    """Each query's corpus sorted by (score descending, corpus index), the metrics read off the positive's place."""
+    recall1 = recall10 = mrr = ndcg = 0.0
+    for query, target in zip(queries, relevant):
+        scores = [float(np.dot(query.astype(np.float64), passage.astype(np.float64))) for passage in corpus]
+        ranking = sorted(range(len(corpus)), key=lambda c: (-scores[c], c))
+        rank = ranking.index(target) + 1
+        recall1 += rank == 1
+        recall10 += rank <= 10
+        mrr += 1 / rank if rank <= 10 else 0
+        ndcg += 1 / math.log2(rank + 1) if rank <= 10 else 0
+    n = len(queries)
+    return {"recall@1": 100 * recall1 / n, "recall@10": 100 * recall10 / n, "mrr@10": 100 * mrr / n,
+            "ndcg@10": 100 * ndcg / n, "nonzeros_per_query": float((queries != 0).sum(1).mean()),
+            "nonzeros_per_document": float((corpus != 0).sum(1).mean())}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sparse_metrics_equal_a_brute_force_ranking_with_ties(seed):
+    generator = np.random.default_rng(seed)
+    corpus = generator.integers(0, 3, (40, 12)) * (generator.random((40, 12)) < 0.3)  # small integers: many ties
+    corpus[5] = 0  # an empty row
+    queries = generator.integers(0, 3, (17, 12)) * (generator.random((17, 12)) < 0.5)
+    relevant = generator.integers(0, 40, 17)
+    got = sparse_metrics(CsrRows.from_dense(torch.tensor(queries, dtype=torch.float32)),
+                         CsrRows.from_dense(torch.tensor(corpus, dtype=torch.float32)), relevant)
+    assert got == pytest.approx(brute_force(queries, corpus, relevant), rel=1e-12)
+
+
+def test_csr_rows_round_trip_through_their_npz_file(tmp_path):
+    rows = torch.relu(torch.randn(6, 9))
+    rows[3] = 0
+    saved = CsrRows.from_dense(rows)
+    saved.save(tmp_path / "rows.npz")
+    with np.load(tmp_path / "rows.npz") as arrays:
+        assert sorted(arrays.files) == ["data", "indices", "indptr", "shape"]
+        assert arrays["indptr"].dtype == np.int64 and arrays["data"].dtype == np.float32
+    loaded = CsrRows.load(tmp_path / "rows.npz")
+    np.testing.assert_array_equal(loaded.to_dense(), rows.numpy())
+    assert loaded.shape == (6, 9)
+
+
+@pytest.fixture(scope="module")
+def sparse_run(tmp_path_factory, tiny_bert):
+    """A 2-step run from the tiny BERT *without* an MLM head (initialised by transformers), with both prompts."""
+    folder = tmp_path_factory.mktemp("sparse_run")
+    argv = ["train", "text", "--kind", "sparse", "--model", str(tiny_bert), *TINY["text"], "--output-dir",
+            str(folder), "--negatives-per-query", "1", "--query-prompt", "query: ", "--passage-prompt", "passage: "]
+    return folder, argv
+
+
+def test_the_runs_metrics_equal_its_rows_ranked_here_and_the_export_loads_in_sparse_encoder(sparse_run, capfd,
+                                                                                         monkeypatch):
+    folder, argv = sparse_run
+    assert main(argv) == 0
+    printed = capfd.readouterr()
+    for alarming in ("LOAD REPORT", "MISSING", "newly initialized", "Warning"):  # the head a folder lacks: quietly
+        assert alarming not in printed.err + printed.out
+    metrics = json.loads((folder / "metrics.json").read_text())
+
+    config, model, _ = load_run(folder)
+    splits = mode_of(config).load_data(config)
+    tokenizer = HuggingFaceTokenizer(config.model, config.max_length)
+    corpus = list(dict.fromkeys(p for row in zip(splits.test.positives, *zip(*splits.test.negatives)) for p in row))
+    relevant = np.array([corpus.index(p) for p in splits.test.positives])
+
+    def rows(texts, prompt, encode):  # each text alone: no padding
+        with torch.no_grad():
+            return torch.cat([encode(**tokenizer([text], prompt=prompt)) for text in texts]).numpy()
+
+    queries = rows(splits.test.queries, "query: ", model.encode_query)
+    passages = rows(corpus, "passage: ", model.encode_passage)
+    want = brute_force(queries, passages, relevant)
+    assert {key: metrics[key] for key in want} == pytest.approx(want, rel=1e-6)
+    assert 0 < want["nonzeros_per_query"] < queries.shape[1]
+
+    from sentence_transformers import SparseEncoder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    exported = SparseEncoder(str(folder / "model"), device="cpu", local_files_only=True)
+    assert exported.similarity_fn_name == "dot" and exported.max_seq_length == 24
+    texts = [*splits.test.queries[:3], "a text much longer than the run's twenty-four tokens " * 4]
+    theirs = exported.encode_query(texts, convert_to_sparse_tensor=False).numpy()
+    np.testing.assert_allclose(theirs, rows(texts, "query: ", model.encode_query), rtol=1e-5, atol=1e-6)
+    theirs = exported.encode_document(corpus[:3], convert_to_sparse_tensor=False).numpy()
+    np.testing.assert_allclose(theirs, passages[:3], rtol=1e-5, atol=1e-6)

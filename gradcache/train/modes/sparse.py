@@ -16,6 +16,7 @@ from torch import nn
 
 from gradcache import losses
 from gradcache.models import BiEncoder
+from gradcache.models.sentence_transformers_folder import SPLADE_POOLING, read_sentence_transformer_folder
 from gradcache.models.splade import SpladeEncoder
 from gradcache.train.config import RunConfig
 from gradcache.train.data.text.batches import split_groups
@@ -24,7 +25,7 @@ from gradcache.train.errors import UsageError
 from gradcache.train.eval.sparse_retrieval import evaluate_sparse_retrieval
 from gradcache.train.export.sparse_encoder import write_sparse_encoder_folder
 from gradcache.train.modes.base import OptionGroups
-from gradcache.train.modes.text import Text, _model_folder, _quiet_transformers, _side_tokenizers
+from gradcache.train.modes.text import Text, _check_folder, _model_folder, _quiet_transformers, _side_tokenizers
 
 LOSS_PARTS = ("base_loss", "document_regularizer_loss", "query_regularizer_loss")  # SpladeLoss.parts
 
@@ -106,13 +107,12 @@ class SparseText(Text):
         super().check(config)
 
     def check_model(self, config: RunConfig) -> None:
-        """The dense kind's checks of the folder and its tokenizer, and a masked-language-model class for it."""
-        super().check_model(config)
+        """The folder (a Hugging Face or a sentence-transformers folder, a SparseEncoder one included) and its
+        tokenizer load offline and belong together, and its configuration has a masked-language-model class."""
+        _check_folder("--model", config.model, SPLADE_POOLING, config.max_length)
         import transformers
 
-        folder = _model_folder(config.model)
-        layout_folder = folder if not (folder / "modules.json").is_file() else _transformer_folder(folder)
-        model_config = transformers.AutoConfig.from_pretrained(layout_folder, local_files_only=True)
+        model_config = transformers.AutoConfig.from_pretrained(_transformer_folder(config), local_files_only=True)
         if type(model_config) not in transformers.MODEL_FOR_MASKED_LM_MAPPING:
             raise UsageError(f"--model {config.model} is a {model_config.model_type!r} model, which has no "
                              "masked-language-model head (AutoModelForMaskedLM); --kind sparse needs an encoder "
@@ -123,9 +123,7 @@ class SparseText(Text):
         """The vocabulary size (config.json, read without loading the weights)."""
         import transformers
 
-        folder = _model_folder(config.model)
-        layout_folder = folder if not (folder / "modules.json").is_file() else _transformer_folder(folder)
-        return transformers.AutoConfig.from_pretrained(layout_folder, local_files_only=True).vocab_size
+        return transformers.AutoConfig.from_pretrained(_transformer_folder(config), local_files_only=True).vocab_size
 
     # --- model and loss ---------------------------------------------------------------------------------
     def build_model(self, config: RunConfig) -> nn.Module:
@@ -167,12 +165,11 @@ class SparseText(Text):
         return {f"final_{name}": float(value) for name, value in loss.parts.items()}
 
 
-def _transformer_folder(folder: Path) -> Path:
-    """Where a sentence-transformers folder's Transformer module keeps its config.json."""
-    from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
-
+def _transformer_folder(config: RunConfig) -> Path:
+    """Where `--model` keeps its config.json: the folder, or a sentence-transformers folder's Transformer path."""
+    folder = _model_folder(config.model)
     try:
         layout = read_sentence_transformer_folder(folder)
     except ValueError as error:
-        raise UsageError(f"--model {folder}: {error}") from error
+        raise UsageError(f"--model {config.model}: {error}") from error
     return folder if layout is None else layout.model_path

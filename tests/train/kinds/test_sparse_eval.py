@@ -11,6 +11,7 @@ import torch
 from gradcache.cli import main
 from gradcache.models import HuggingFaceTokenizer
 from gradcache.train.commands.model import load_run
+from gradcache.train.config import RunConfig
 from gradcache.train.eval.sparse_retrieval import sparse_metrics
 from gradcache.train.eval.sparse_rows import CsrRows
 from gradcache.train.modes import mode_of
@@ -34,6 +35,9 @@ def brute_force(queries: np.ndarray, corpus: np.ndarray, relevant: np.ndarray) -
     return {"recall@1": 100 * recall1 / n, "recall@10": 100 * recall10 / n, "mrr@10": 100 * mrr / n,
             "ndcg@10": 100 * ndcg / n, "nonzeros_per_query": float((queries != 0).sum(1).mean()),
             "nonzeros_per_document": float((corpus != 0).sum(1).mean())}
+
+
+brute_force.KEYS = ("recall@1", "recall@10", "mrr@10", "ndcg@10", "nonzeros_per_query", "nonzeros_per_document")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -65,32 +69,43 @@ def test_csr_rows_round_trip_through_their_npz_file(tmp_path):
 def sparse_run(tmp_path_factory, tiny_bert):
     """A 2-step run from the tiny BERT *without* an MLM head (initialised by transformers), with both prompts."""
     folder = tmp_path_factory.mktemp("sparse_run")
-    argv = ["train", "text", "--kind", "sparse", "--model", str(tiny_bert), *TINY["text"], "--output-dir",
-            str(folder), "--negatives-per-query", "1", "--query-prompt", "query: ", "--passage-prompt", "passage: "]
-    return folder, argv
+    assert main(["train", "text", "--kind", "sparse", "--model", str(tiny_bert), *TINY["text"], "--output-dir",
+                 str(folder), "--negatives-per-query", "1", "--query-prompt", "query: ", "--passage-prompt",
+                 "passage: "]) == 0
+    return folder
 
 
-def test_the_runs_metrics_equal_its_rows_ranked_here_and_the_export_loads_in_sparse_encoder(sparse_run, capfd,
-                                                                                         monkeypatch):
-    folder, argv = sparse_run
-    assert main(argv) == 0
+def test_a_folder_without_an_mlm_head_gets_one_quietly(tiny_bert, capfd):
+    config = RunConfig(mode="text", kind="sparse", model=str(tiny_bert))
+    model = mode_of(config).build_model(config)
     printed = capfd.readouterr()
-    for alarming in ("LOAD REPORT", "MISSING", "newly initialized", "Warning"):  # the head a folder lacks: quietly
+    for alarming in ("LOAD REPORT", "MISSING", "newly initialized", "Warning", "Loading weights"):
         assert alarming not in printed.err + printed.out
-    metrics = json.loads((folder / "metrics.json").read_text())
+    assert model.query_tower.out_dim == model.query_tower.model.config.vocab_size
+    assert any(name.startswith("cls.predictions.transform") for name, _ in model.query_tower.model.named_parameters())
 
+
+def held_out(folder):
+    """The run's model, tokenizer, held-out rows, their corpus and each query's positive in it."""
     config, model, _ = load_run(folder)
     splits = mode_of(config).load_data(config)
     tokenizer = HuggingFaceTokenizer(config.model, config.max_length)
     corpus = list(dict.fromkeys(p for row in zip(splits.test.positives, *zip(*splits.test.negatives)) for p in row))
-    relevant = np.array([corpus.index(p) for p in splits.test.positives])
+    return model, tokenizer, splits.test, corpus, np.array([corpus.index(p) for p in splits.test.positives])
 
-    def rows(texts, prompt, encode):  # each text alone: no padding
-        with torch.no_grad():
-            return torch.cat([encode(**tokenizer([text], prompt=prompt)) for text in texts]).numpy()
 
-    queries = rows(splits.test.queries, "query: ", model.encode_query)
-    passages = rows(corpus, "passage: ", model.encode_passage)
+def alone(tokenizer, texts, prompt, encode):
+    """Rows of `texts`, each encoded alone (no padding)."""
+    with torch.no_grad():
+        return torch.cat([encode(**tokenizer([text], prompt=prompt)) for text in texts]).numpy()
+
+
+def test_the_runs_metrics_equal_its_rows_ranked_here_and_the_export_loads_in_sparse_encoder(sparse_run,
+                                                                                         monkeypatch):
+    metrics = json.loads((sparse_run / "metrics.json").read_text())
+    model, tokenizer, test, corpus, relevant = held_out(sparse_run)
+    queries = alone(tokenizer, test.queries, "query: ", model.encode_query)
+    passages = alone(tokenizer, corpus, "passage: ", model.encode_passage)
     want = brute_force(queries, passages, relevant)
     assert {key: metrics[key] for key in want} == pytest.approx(want, rel=1e-6)
     assert 0 < want["nonzeros_per_query"] < queries.shape[1]
@@ -98,10 +113,66 @@ def test_the_runs_metrics_equal_its_rows_ranked_here_and_the_export_loads_in_spa
     from sentence_transformers import SparseEncoder
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    exported = SparseEncoder(str(folder / "model"), device="cpu", local_files_only=True)
+    exported = SparseEncoder(str(sparse_run / "model"), device="cpu", local_files_only=True)
     assert exported.similarity_fn_name == "dot" and exported.max_seq_length == 24
-    texts = [*splits.test.queries[:3], "a text much longer than the run's twenty-four tokens " * 4]
+    texts = [*test.queries[:3], "a text much longer than the run's twenty-four tokens " * 4]
     theirs = exported.encode_query(texts, convert_to_sparse_tensor=False).numpy()
-    np.testing.assert_allclose(theirs, rows(texts, "query: ", model.encode_query), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(theirs, alone(tokenizer, texts, "query: ", model.encode_query), rtol=1e-5, atol=1e-6)
     theirs = exported.encode_document(corpus[:3], convert_to_sparse_tensor=False).numpy()
     np.testing.assert_allclose(theirs, passages[:3], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("source", ["run", "model"])
+@pytest.mark.parametrize("tower", ["query", "passage"])
+def test_encode_writes_the_rows_sparse_encoder_gives(sparse_run, tmp_path, source, tower):
+    from sentence_transformers import SparseEncoder
+
+    texts = ["who bakes bread?", "the red mill stands by the river " * 6, "ada"]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    model = sparse_run if source == "run" else sparse_run / "model"
+    argv = ["encode", str(model), "--data", str(tmp_path / "texts.txt"), "--tower", tower]
+    assert main([*argv, "--output", str(tmp_path / "rows.npz")]) == 0
+    rows = CsrRows.load(tmp_path / "rows.npz")
+    exported = SparseEncoder(str(sparse_run / "model"), device="cpu", local_files_only=True)
+    encode = exported.encode_query if tower == "query" else exported.encode_document
+    want = encode(texts, convert_to_sparse_tensor=False).numpy()
+    assert rows.shape == want.shape and rows.nonzeros_per_row().tolist() == (want != 0).sum(1).tolist()
+    np.testing.assert_allclose(rows.to_dense(), want, rtol=1e-5, atol=1e-6)
+    assert main([*argv, "--output", str(tmp_path / "rows.npy")]) == 2  # dense formats hold no sparse rows
+    assert not (tmp_path / "rows.npy").exists()
+
+
+def test_a_dense_model_refuses_npz(tiny_bert, tmp_path, capsys):
+    (tmp_path / "texts.txt").write_text("a\nb\n", encoding="utf-8")
+    assert main(["encode", str(tiny_bert), "--data", str(tmp_path / "texts.txt"), "--output",
+                 str(tmp_path / "rows.npz")]) == 2
+    assert "SPLADE" in capsys.readouterr().err and not (tmp_path / "rows.npz").exists()
+
+
+def test_eval_scores_the_run_and_its_export_by_sparse_retrieval(sparse_run, tmp_path, capsys):
+    metrics = json.loads((sparse_run / "metrics.json").read_text())
+    capsys.readouterr()
+    assert main(["eval", str(sparse_run)]) == 0  # its own held-out split, as the run scored it
+    again = json.loads(capsys.readouterr().out)
+    assert {key: again[key] for key in brute_force.KEYS} == pytest.approx(
+        {key: metrics[key] for key in brute_force.KEYS}, rel=1e-9)
+
+    model, tokenizer, test, corpus, relevant = held_out(sparse_run)
+    rows = [{"query": q, "positive": p, "negative": n[0]} for q, p, n in zip(test.queries, test.positives,
+                                                                              test.negatives)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    want = brute_force(alone(tokenizer, test.queries, "query: ", model.encode_query),
+                       alone(tokenizer, corpus, "passage: ", model.encode_passage), relevant)
+    for source in (sparse_run, sparse_run / "model"):  # the run, and the folder (its saved prompts)
+        assert main(["eval", str(source), "--data", str(tmp_path / "pairs.jsonl"), "--negative-keys",
+                     "negative"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert {key: got[key] for key in want} == pytest.approx(want, rel=1e-6)
+        assert got["queries"] == len(test) and got["corpus_size"] == len(corpus)
+
+
+def test_mine_refuses_a_sparse_model(sparse_run, tmp_path, capsys):
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"query": "a", "positive": "b"}) + "\n", encoding="utf-8")
+    assert main(["mine", str(sparse_run / "model"), "--data", str(tmp_path / "pairs.jsonl"), "--output",
+                 str(tmp_path / "mined.jsonl"), "--negatives", "1"]) == 2
+    assert "sparse text model" in capsys.readouterr().err

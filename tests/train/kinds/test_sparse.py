@@ -117,6 +117,18 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, killed_af
     assert final[0]["mrr@10"] == final[1]["mrr@10"] and final[0]["mrr@10_initial"] == final[1]["mrr@10_initial"]
 
 
+@pytest.mark.parametrize("options", [
+    ["--precision", "bf16", "--grad-checkpointing", "--memory-budget", "1M"],
+    ["--strategy", "naive", "--negatives-per-query", "1"],
+    pytest.param(["--fsdp"], marks=pytest.mark.slow),
+], ids=["bf16-checkpointing-budget", "naive", "fsdp"])
+def test_precision_checkpointing_strategies_and_sharding(tmp_path, tiny_splade, options):
+    assert main(sparse_args(tiny_splade, tmp_path, *options)) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and 0 <= metrics["mrr@10"] <= 100 and metrics["nonzeros_per_query"] > 0
+    assert (tmp_path / ("last.dcp" if "--fsdp" in options else "last.pt")).exists()
+
+
 @pytest.mark.parametrize("options, named", [
     (["--guide", "all-MiniLM-L6-v2"], "--guide all-MiniLM-L6-v2"),
     (["--matryoshka-dims", "64,32"], "--matryoshka-dims"),

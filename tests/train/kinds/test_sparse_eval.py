@@ -103,6 +103,8 @@ def alone(tokenizer, texts, prompt, encode):
 def test_the_runs_metrics_equal_its_rows_ranked_here_and_the_export_loads_in_sparse_encoder(sparse_run,
                                                                                          monkeypatch):
     metrics = json.loads((sparse_run / "metrics.json").read_text())
+    card = (sparse_run / "model" / "README.md").read_text()
+    assert "| `--kind` | `sparse` |" in card and "| `--query-regularizer-weight` | 5e-05 |" in card
     model, tokenizer, test, corpus, relevant = held_out(sparse_run)
     queries = alone(tokenizer, test.queries, "query: ", model.encode_query)
     passages = alone(tokenizer, corpus, "passage: ", model.encode_passage)
@@ -120,6 +122,19 @@ def test_the_runs_metrics_equal_its_rows_ranked_here_and_the_export_loads_in_spa
     np.testing.assert_allclose(theirs, alone(tokenizer, texts, "query: ", model.encode_query), rtol=1e-5, atol=1e-6)
     theirs = exported.encode_document(corpus[:3], convert_to_sparse_tensor=False).numpy()
     np.testing.assert_allclose(theirs, passages[:3], rtol=1e-5, atol=1e-6)
+
+
+def test_its_export_is_a_model_to_train_from(sparse_run):
+    """`--kind sparse --model RUN/model`: the SparseEncoder folder passes the checks and builds the trained model."""
+    config = RunConfig(mode="text", kind="sparse", model=str(sparse_run / "model"), max_length=24)
+    mode = mode_of(config)
+    mode.check_model(config)
+    assert mode.embedding_width(config) == 141
+    built = mode.build_model(config).eval()
+    trained, tokenizer, test, _, _ = held_out(sparse_run)
+    texts = test.queries[:4]
+    np.testing.assert_allclose(alone(tokenizer, texts, None, built.encode_query),
+                               alone(tokenizer, texts, None, trained.encode_query), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("source", ["run", "model"])

@@ -50,10 +50,11 @@ class CsrRows:
 
     def taken(self, order: Sequence[int]) -> CsrRows:
         """Rows `order[0]`, `order[1]` ... of these rows."""
-        starts, stops = self.indptr[:-1][order], self.indptr[1:][order]
-        pieces = [np.arange(start, stop) for start, stop in zip(starts, stops)]
-        where = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-        indptr = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.int64)
+        order = np.asarray(order, dtype=np.int64)
+        starts, lengths = self.indptr[:-1][order], np.diff(self.indptr)[order]
+        indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        # entry k of the new row r sits at starts[r] + k: position in the output minus the row's output start
+        where = np.arange(indptr[-1]) + np.repeat(starts - indptr[:-1], lengths)
         return CsrRows(indptr, self.indices[where], self.data[where], (len(order), self.shape[1]))
 
     def nonzeros_per_row(self) -> np.ndarray:

@@ -117,10 +117,11 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, killed_af
     assert final[0]["mrr@10"] == final[1]["mrr@10"] and final[0]["mrr@10_initial"] == final[1]["mrr@10_initial"]
 
 
+@pytest.mark.slow  # smoke runs of options the library's own tests check; a few seconds each
 @pytest.mark.parametrize("options", [
     ["--precision", "bf16", "--grad-checkpointing", "--memory-budget", "1M"],
     ["--strategy", "naive", "--negatives-per-query", "1"],
-    pytest.param(["--fsdp"], marks=pytest.mark.slow),
+    ["--fsdp"],
 ], ids=["bf16-checkpointing-budget", "naive", "fsdp"])
 def test_precision_checkpointing_strategies_and_sharding(tmp_path, tiny_splade, options):
     assert main(sparse_args(tiny_splade, tmp_path, *options)) == 0

@@ -83,11 +83,18 @@ def _losses(folder):
         return [(int(row["step"]), row["loss"]) for row in csv.DictReader(handle)]
 
 
-def test_gradcache_and_one_full_batch_train_the_same_model(tmp_path, tiny_splade):
+def test_gradcache_and_one_full_batch_train_the_same_model(tmp_path, tiny_splade, monkeypatch):
+    import gradcache.train.run
+
+    built = []
+    original = gradcache.train.run.build_strategy
+    monkeypatch.setattr(gradcache.train.run, "build_strategy",
+                        lambda *args, **kwargs: built.append(original(*args, **kwargs)) or built[-1])
     for strategy in ("gradcache", "full"):
         argv = sparse_args(tiny_splade, tmp_path / strategy, "--strategy", strategy, "--negatives-per-query", "1",
                            "--document-regularizer-weight", "0.01", "--query-regularizer-weight", "0.02")
         assert main(argv) == 0
+    assert isinstance(built[0], GradCache) and built[0].options["sparse_cache"]  # the run caches the non-zeros
     cached, full = (load_checkpoint(tmp_path / s)["model"] for s in ("gradcache", "full"))
     for name in cached:
         torch.testing.assert_close(cached[name], full[name], rtol=1e-4, atol=1e-5)

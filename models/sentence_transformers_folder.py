@@ -34,7 +34,8 @@ class SentenceTransformerLayout:
     Args:
         model_path: the folder of the Hugging Face model (the ``Transformer`` module's path).
         pooling: the ``Pooling`` module's mode (``"mean"``, ``"cls"``, ``"max"`` ..., ``"last"`` for
-            ``lasttoken``; several joined by ``"+"`` when it concatenates them); None when the folder has none.
+            ``lasttoken``; several joined by ``"+"`` when it concatenates them); ``"splade"`` for a
+            ``SpladePooling`` module (a SparseEncoder folder); None when the folder has none.
         normalize: True when a ``Normalize`` module follows the pooling.
         max_seq_length: from ``sentence_bert_config.json``; None when absent.
         include_prompt: the Pooling config's ``include_prompt`` (True when absent).
@@ -52,6 +53,7 @@ class SentenceTransformerLayout:
 
 
 QUERY_PROMPT_NAME = "query"
+SPLADE_POOLING = "splade"  # `pooling` of a SparseEncoder folder: max over tokens of log(1 + relu(MLM logits))
 PASSAGE_PROMPT_NAMES = ("document", "passage", "corpus")  # sentence-transformers' encode_document's order
 
 
@@ -107,8 +109,10 @@ def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransfo
     for entry in sorted(entries, key=lambda item: item.get("idx", 0)):
         kind = _module_kind(entry)
         module_path = _inside(root, entry.get("path", ""))
-        if kind == "Transformer":
+        if kind in ("Transformer", "MLMTransformer"):  # the latter: older SparseEncoder folders' fill-mask module
             model_path = module_path
+        elif kind == "SpladePooling":  # a SparseEncoder (SPLADE) folder: gradcache.models.splade encodes it
+            pooling = SPLADE_POOLING
         elif kind == "Pooling":
             settings = _read_json(module_path / "config.json")
             pooling, include_prompt = _pooling_mode(settings), bool(settings.get("include_prompt", True))

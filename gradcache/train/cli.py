@@ -55,8 +55,10 @@ def _register_eval(commands: argparse._SubParsersAction) -> None:
 def _register_encode(commands: argparse._SubParsersAction) -> None:
     from gradcache.train.commands.command_options import add_encode_options
 
-    parser = commands.add_parser("encode", help="embed texts or images to a .npy array or a .faiss index",
-                                 description="Embed every row of --data with MODEL, in input order, L2-normalised.")
+    parser = commands.add_parser("encode", help="embed texts or images to a .npy array or a .faiss index (a SPLADE "
+                                 "model: its sparse rows to a .npz)", description="Embed every row of --data with "
+                                 "MODEL, in input order, L2-normalised (a SPLADE model: its sparse rows as it gives "
+                                 "them).")
     add_encode_options(parser)
     parser.set_defaults(command=_run_encode)
 

@@ -102,6 +102,9 @@ class RunConfig:
     # the kind of model text trains (modes/__init__.py's TEXT_KINDS): dense vectors, token vectors (late
     # interaction), sparse vocabulary rows (SPLADE), or a cross-encoder scoring each (query, passage) pair
     kind: str = option("dense", modes=TEXT, model=True, added=14)
+    # --kind sparse: SPLADE's FLOPS weights lambda_d, lambda_q (sentence-transformers' SpladeLoss examples' values)
+    document_regularizer_weight: float = option(3e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
+    query_regularizer_weight: float = option(5e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
     # decoder embedders and prompts: texts prepended to queries and to passages (sentence-transformers' prompts)
     query_prompt: str | None = option(None, modes=TEXT, added=12)
     passage_prompt: str | None = option(None, modes=TEXT, added=12)

@@ -88,7 +88,7 @@ class Run:
         encoders = placement.with_optimizer(encoders, self.optimizer, self.trained)  # DeepSpeed: the engine
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding,
-                                       self.mode.chunk_sizes(config))
+                                       self.mode.chunk_sizes(config), self.mode.sparse_cache)
         self.checkpoint = placement.checkpoint(config.output_dir)
         self._parameters = [p for p in self.trained.parameters() if p.requires_grad]  # after placing: the shards
         # LoRA: the checkpoint leaves the frozen base out (checkpoints/model_state.py); its size is said once

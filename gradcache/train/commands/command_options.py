@@ -55,7 +55,8 @@ def add_encode_options(parser: argparse.ArgumentParser) -> None:
                         "glob or brace pattern: rows in shard order then member order; a member that does not "
                         "decode is skipped and counted on stderr)")
     parser.add_argument("--output", required=True, help="FILE.npy (an (N, D) float32 array, row i = input row i) "
-                        "or FILE.faiss (an exact inner-product index whose ids are the row numbers)")
+                        "or FILE.faiss (an exact inner-product index whose ids are the row numbers); a SPLADE model "
+                        "(--kind sparse): FILE.npz, its sparse rows in CSR form (indptr, indices, data, shape)")
     parser.add_argument("--key", default=None, help="the table column (JSONL field) of the texts")
     parser.add_argument("--image-key", default=None, help="the table column of image paths (relative to the "
                         "table's folder)")

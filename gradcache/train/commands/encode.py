@@ -8,6 +8,9 @@ similarity, and all-MiniLM-L6-v2 normalises itself (for a folder without a `Norm
 its pooled output, which is all that cosine ranking reads). `.npy`: an (N, D) array (`numpy.load`).
 `.faiss`: an exact inner-product index (`IndexIDMap2` over `IndexFlatIP`) whose ids are the row numbers
 (`faiss.read_index`; `index.search(queries, k)` returns rows of the input).
+A SPLADE model (a `--kind sparse` run or a SparseEncoder folder) gives sparse rows instead, unnormalised, as
+`SparseEncoder.encode` does: `.npz` only, in CSR form (`indptr`, `indices`, `data`, `shape`;
+gradcache/train/eval/sparse_rows.py, docs/outputs.md).
 """
 from __future__ import annotations
 
@@ -30,8 +33,10 @@ from gradcache.train.commands.command_inputs import (
 from gradcache.train.commands.model import LoadedModel
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.embed import embed_images, embed_texts
+from gradcache.train.eval.sparse_rows import CsrRows, embed_sparse_texts
 
-OUTPUT_SUFFIXES = (".npy", ".faiss")
+OUTPUT_SUFFIXES = (".npy", ".faiss", ".npz")
+SPARSE_SUFFIX = ".npz"  # a SPLADE model's rows (CsrRows), and only theirs
 TOWERS = ("query", "passage")
 
 
@@ -54,6 +59,14 @@ def embed_text_rows(model: LoadedModel, texts: list[str], tower: str, batch_size
         return embed_texts(counted(encode, bar), model.side_tokenizer(tower), texts, model.device, batch_size)
 
 
+def sparse_text_rows(model: LoadedModel, texts: list[str], tower: str, batch_size: int, description: str) -> CsrRows:
+    """The (N, V) sparse rows of `texts` by a SPLADE model's `tower` side, in order, with a progress bar."""
+    encode = model.encode_query if tower == "query" else model.encode_passage
+    with tqdm(total=len(texts), desc=description, unit="text", file=sys.stderr, disable=None) as bar, \
+            torch.inference_mode():
+        return embed_sparse_texts(counted(encode, bar), model.side_tokenizer(tower), texts, model.device, batch_size)
+
+
 def embed_image_rows(model: LoadedModel, images: torch.Tensor, batch_size: int) -> np.ndarray:
     """(N, D) L2-normalised float32 embeddings of uint8 (N, 3, S, S) images, in order, with a progress bar."""
     with tqdm(total=len(images), desc="encode images", unit="image", file=sys.stderr, disable=None) as bar:
@@ -61,7 +74,7 @@ def embed_image_rows(model: LoadedModel, images: torch.Tensor, batch_size: int) 
 
 
 def encode(model: LoadedModel, data: str, output: str, key: str | None = None, image_key: str | None = None,
-           tower: str = "passage", batch_size: int = 256) -> np.ndarray:
+           tower: str = "passage", batch_size: int = 256) -> np.ndarray | CsrRows:
     """Embed every row of `data` with `model` and write them to `output` (module docstring); return them.
 
     Args:
@@ -89,6 +102,15 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
     if not images and not model.embeds_text:
         raise UsageError(f"--data {data}: MODEL ({model.source}) embeds images only; give a folder of images or a "
                          "table with --image-key")
+    sparse = model.text_kind == "sparse" and not images
+    if (path.suffix.lower() == SPARSE_SUFFIX) != sparse:
+        gives = "sparse rows: end --output in .npz" if sparse else "dense embeddings: end --output in .npy or .faiss"
+        raise UsageError(f"--output {output}: {SPARSE_SUFFIX} holds the sparse rows of a SPLADE model (--kind sparse) "
+                         f"and .npy or .faiss dense embeddings; MODEL ({model.source}) gives {gives}")
+    if sparse:
+        rows = sparse_text_rows(model, read_texts(data, key), tower, batch_size, f"encode {tower}s")
+        write_atomically(path, rows.save)
+        return rows
     with torch.inference_mode():
         if shards:
             embeddings = embed_image_rows(model, _shard_images(data, model.image_size), batch_size)

@@ -5,7 +5,9 @@
   (gradcache/train/eval/retrieval.py), the corpus being every distinct passage of the file (positives and hard
   negatives) or the `--corpus` id/text rows, the relevant passage being the row's positive (found in the corpus
   by its text, else by its id). Metrics:
-  `recall@1`, `recall@10`, `mrr@10`, `ndcg@10` in percent, with `queries` and `corpus_size`.
+  `recall@1`, `recall@10`, `mrr@10`, `ndcg@10` in percent, with `queries` and `corpus_size`. A SPLADE model ranks
+  by the dot product of its sparse rows and adds `nonzeros_per_query` and `nonzeros_per_document`
+  (gradcache/train/eval/sparse_retrieval.py).
 - A CLIP or SimCLR run on an image file or folder (read as `gradcache train --data` reads it, with the run's
   options): the run's own metrics on the held-out split of `--test-size` items of it (image-to-text and
   text-to-image recall@k, zero-shot top-1 where the data has classes; kNN top-1 of the held-out images against
@@ -23,7 +25,7 @@ import json
 import numpy as np
 import torch
 
-from gradcache.train.commands.encode import embed_text_rows
+from gradcache.train.commands.encode import embed_text_rows, sparse_text_rows
 from gradcache.train.commands.command_outputs import check_output, write_atomically
 from gradcache.train.commands.command_inputs import Corpus, read_corpus
 from gradcache.train.commands.model import LoadedModel
@@ -32,6 +34,7 @@ from gradcache.train.data.text.sources import read_text_pairs
 from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.retrieval import retrieval_corpus, retrieval_metrics
+from gradcache.train.eval.sparse_retrieval import sparse_metrics
 
 OUTPUT_SUFFIXES = (".json",)
 
@@ -61,6 +64,11 @@ def text_metrics(model: LoadedModel, pairs: TextPairs, corpus: str | None = None
                  batch_size: int = 256) -> dict[str, float]:
     """recall@1, recall@10, mrr@10, ndcg@10 (%) of `pairs`' queries over the corpus, with the counts."""
     ranked, relevant = pairs_corpus(pairs, corpus)
+    if model.text_kind == "sparse":  # SPLADE rows by dot product (gradcache/train/eval/sparse_retrieval.py)
+        queries = sparse_text_rows(model, pairs.queries, "query", batch_size, "encode queries")
+        passages = sparse_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
+        return {**sparse_metrics(queries, passages, relevant), "queries": len(pairs), "corpus_size": len(ranked),
+                "skipped_rows": len(pairs.skipped)}
     with torch.inference_mode():
         queries = embed_text_rows(model, pairs.queries, "query", batch_size, "encode queries")
         passages = embed_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")

@@ -124,6 +124,9 @@ def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Gua
     if model.kind != "text":
         raise UsageError(f"gradcache mine ranks passages for queries; MODEL ({model.source}) is a {model.kind} "
                          "model, give a text model")
+    if model.text_kind != "dense":
+        raise UsageError(f"gradcache mine ranks by dense embeddings; MODEL ({model.source}) is a {model.text_kind} "
+                         "text model: mine with a dense model (a --kind dense run, a sentence-transformers folder)")
     if isinstance(negatives, bool) or negatives < 1:
         raise UsageError(f"--negatives must be at least 1, got {negatives}")
     if batch_size < 1:

@@ -8,6 +8,8 @@ MODEL is, in the order it is recognised:
 - a sentence-transformers folder (`modules.json`: its pooling, `include_prompt`, `Normalize` and prompts read as
   sentence-transformers reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with
   its own tokenizer;
+- a sentence-transformers SparseEncoder folder (`modules.json` listing `SpladePooling`, as a `--kind sparse` run
+  exports): a SPLADE encoder (gradcache.models.splade) with its own tokenizer, `max_seq_length` and prompts;
 - a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
   query tower from the first, the passage tower from the second, the tokenizer of `query/`;
 - an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`);
@@ -67,6 +69,8 @@ class LoadedModel:
         config: the run's options, and meta its checkpoint's meta, for a run; None for a model folder.
         query_prompt, passage_prompt: text models: the texts prepended to queries and to passages (a run's
             `--query-prompt` / `--passage-prompt`, a folder's prompts "query" / "document"); None: none.
+        text_kind: text models: what a side's encoder returns, as `--kind` names it: "dense" (B, D) vectors,
+            "sparse" (B, V) SPLADE rows.
     """
 
     kind: str
@@ -82,6 +86,7 @@ class LoadedModel:
     meta: CheckpointMeta | None = None
     query_prompt: str | None = None
     passage_prompt: str | None = None
+    text_kind: str = "dense"
 
     def side_tokenizer(self, tower: str) -> Callable[[list[str]], dict[str, torch.Tensor]]:
         """texts -> tokens of the `tower` side ("query" or "passage"): after that side's prompt, if any."""
@@ -141,7 +146,7 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
         tokenizer = HuggingFaceTokenizer(_text_model_folder(config.model), max_length or config.max_length)
         return LoadedModel("text", tokenizer=tokenizer, encode_query=model.encode_query,
                            encode_passage=model.encode_passage, query_prompt=config.query_prompt,
-                           passage_prompt=config.passage_prompt, **common)
+                           passage_prompt=config.passage_prompt, text_kind=config.kind, **common)
     if max_length is not None:
         raise UsageError(f"--max-length applies to text models; the {config.mode} run {path} tokenises captions "
                          "as it was trained (drop --max-length)")
@@ -193,6 +198,34 @@ def _from_text_folder(name: str, folder: Path, device: torch.device, max_length:
                        query_prompt=query_prompt, passage_prompt=passage_prompt)
 
 
+def _from_sparse_folder(name: str, folder: Path, device: torch.device, max_length: int | None,
+                        pooling: str | None, prompts: tuple[str | None, str | None]) -> LoadedModel:
+    """A SparseEncoder folder's SPLADE encoder for both sides, with its tokenizer; `prompts` (query, passage) where
+    given, else the folder's own."""
+    from gradcache.models import BiEncoder, HuggingFaceTokenizer
+    from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
+    from gradcache.models.splade import SpladeEncoder
+
+    if pooling is not None:
+        raise UsageError(f"--pooling {pooling} applies to a dense model folder; MODEL {name} is a SparseEncoder "
+                         "folder, which pools as SPLADE (drop --pooling)")
+    try:
+        quiet_transformers()
+        layout = read_sentence_transformer_folder(folder)
+        encoder = SpladeEncoder(folder)
+        tokenizer = HuggingFaceTokenizer(folder, max_length or layout.max_seq_length or RunConfig.max_length)
+    except ImportError as error:
+        raise UsageError(str(error)) from error
+    except (ValueError, OSError) as error:
+        raise UsageError(f"MODEL {name}: {error}") from error
+    query_prompt = prompts[0] if prompts[0] is not None else layout.query_prompt
+    passage_prompt = prompts[1] if prompts[1] is not None else layout.passage_prompt
+    model = BiEncoder(encoder).to(device).eval()
+    return LoadedModel("text", source=f"SparseEncoder folder {folder}", module=model, device=device,
+                       tokenizer=tokenizer, encode_query=model.encode_query, encode_passage=model.encode_passage,
+                       query_prompt=query_prompt, passage_prompt=passage_prompt, text_kind="sparse")
+
+
 def load_model(name: str, device: str = "cpu", max_length: int | None = None,
                pooling: str | None = None, query_prompt: str | None = None,
                passage_prompt: str | None = None) -> LoadedModel:
@@ -230,6 +263,8 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
     if is_run_path(path):
         return _from_run(path, torch_device, max_length, pooling, prompts)
     kind = model_folder_kind(path)  # UsageError for a folder of no known kind
+    if kind == ModelFolderKind.SPARSE_ENCODER:
+        return _from_sparse_folder(name, path, torch_device, max_length, pooling, prompts)
     if kind in (ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.HUGGING_FACE):
         return _from_text_folder(name, path, torch_device, max_length, pooling, prompts)
     if kind == ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS:

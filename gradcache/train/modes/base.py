@@ -44,6 +44,7 @@ class Mode:
     defaults: dict[str, Any] = {}  # RunConfig fields whose default differs in this mode
     default_epochs: int = 1  # when neither --epochs nor --steps is given
     trim_padding: bool = False  # the strategies may trim padding columns (exact only for masked encoders)
+    sparse_cache: bool = False  # GradCache caches (B, V) rows by their non-zeros (gradcache/sparse_rows.py)
     items: str  # what the data is made of, for help and messages ("images", "rows")
     built_in_help: str  # the built-in data sets `--data` names, for its help
 

@@ -1,0 +1,175 @@
+"""`gradcache train text --kind sparse`: SPLADE. A masked-language model's logits, max-pooled over the tokens as
+log(1 + relu(.)), give each text a nonnegative vocabulary-sized row (gradcache.models.splade); queries rank
+passages by dot product; the loss is InfoNCE over those dot products at `--temperature` plus the FLOPS
+regularisers of the passages and of the queries (gradcache.losses.SpladeLoss), GradCache caching the rows by
+their non-zeros (`sparse_cache`, exact for these rows). Scored by sparse retrieval of the held-out queries'
+passages, exported as a sentence-transformers `SparseEncoder` folder. The same rows, data formats, strategies
+and resume as the dense kind (modes/text.py), whose options this kind cannot honour it refuses."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradcache import losses
+from gradcache.models import BiEncoder
+from gradcache.models.sentence_transformers_folder import SPLADE_POOLING, read_sentence_transformer_folder
+from gradcache.models.splade import SpladeEncoder
+from gradcache.train.config import RunConfig
+from gradcache.train.data.text.batches import split_groups
+from gradcache.train.data.text.text_pairs import TextSplits
+from gradcache.train.errors import UsageError
+from gradcache.train.eval.sparse_retrieval import evaluate_sparse_retrieval
+from gradcache.train.export.sparse_encoder import write_sparse_encoder_folder
+from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.text import Text, _check_folder, _model_folder, _quiet_transformers, _side_tokenizers
+
+LOSS_PARTS = ("base_loss", "document_regularizer_loss", "query_regularizer_loss")  # SpladeLoss.parts
+
+
+class GroupedSpladeLoss(nn.Module):
+    """SpladeLoss(query (n, V), passages (n (1 + h), V) grouped by query, positive first): InfoNCE of every query
+    against every positive and hard negative of the batch by dot product / temperature, plus
+    lambda_d FLOPS(passages) + lambda_q FLOPS(queries), over all ranks when the strategy gathers them. `parts`
+    holds the last call's three terms (weighted, detached)."""
+
+    def __init__(self, negatives_per_query: int, temperature: float, document_regularizer_weight: float,
+                 query_regularizer_weight: float) -> None:
+        super().__init__()
+        self.negatives_per_query = negatives_per_query
+        self.splade = losses.SpladeLoss(losses.InfoNCE(temperature=temperature, similarity="dot"),
+                                        document_regularizer_weight, query_regularizer_weight)
+
+    @property
+    def temperature(self) -> float:
+        return self.splade.loss.temperature
+
+    @property
+    def parts(self) -> dict[str, torch.Tensor]:
+        return self.splade.parts
+
+    def forward(self, query: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
+        if passages.shape[0] != query.shape[0] * (1 + self.negatives_per_query):
+            raise ValueError(f"passages must hold {1 + self.negatives_per_query} rows per query (positive and "
+                             f"{self.negatives_per_query} hard negatives), got {passages.shape[0]} for "
+                             f"{query.shape[0]} queries")
+        positive, negatives = split_groups(passages, self.negatives_per_query)  # (n, V), (n h, V) or None
+        return self.splade(query, positive, negatives)
+
+
+# the dense kind's options this kind refuses: (field, its value that means "not given", why, the fix)
+_REFUSED = (
+    ("guide", None, "GIST's guide filters InfoNCE over cosine similarities", "drop --guide"),
+    ("matryoshka_dims", None, "a SPLADE row's columns are vocabulary entries, not nested widths",
+     "drop --matryoshka-dims"),
+    ("queue_size", 0, "the FLOPS regularisers are over the batch's rows, not a queue's", "drop --queue-size"),
+    ("tile_size", None, "the rows are scored whole", "drop --tile-size"),
+    ("symmetric", False, "SPLADE's loss ranks passages for queries only", "drop --symmetric"),
+    ("pooling", None, "SPLADE max-pools log(1 + relu(logits)) over the tokens", "drop --pooling"),
+    ("exclude_prompt_from_pooling", False, "SPLADE pools every token, as sentence-transformers' SpladePooling",
+     "drop --exclude-prompt-from-pooling"),
+    ("separate_towers", False, "one SPLADE encoder embeds queries and passages (a SparseEncoder folder)",
+     "drop --separate-towers"),
+    ("chunk_tokens", None, "the sparse cache keeps the rows in chunk order", "use --chunk-size"),
+    ("lora_rank", None, "LoRA adapters are not placed on the masked-language-model head", "drop --lora-rank"),
+)
+
+
+class SparseText(Text):
+    """Text retrieval with a SPLADE model: the dense kind (`Text`) with its model, loss, evaluation and export
+    replaced (module docstring)."""
+
+    kind = "sparse"
+    kind_help = ("SPLADE: one sparse vocabulary-sized row per text from a masked-language model, dot product, "
+                 "FLOPS regularisers (a sentence-transformers SparseEncoder)")
+    sparse_cache = True  # max-pooled log(1 + relu(.)) rows: 0 only where relu clamps, so exact
+
+    def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
+        groups.run.add_argument("--document-regularizer-weight", type=float,
+                                default=default("document_regularizer_weight"),
+                                help="--kind sparse: lambda_d, the weight of the FLOPS regulariser of the passages "
+                                "(positives and hard negatives)")
+        groups.run.add_argument("--query-regularizer-weight", type=float, default=default("query_regularizer_weight"),
+                                help="--kind sparse: lambda_q, the weight of the FLOPS regulariser of the queries")
+
+    def check(self, config: RunConfig) -> None:
+        """The dense kind's options that a SPLADE run cannot honour are refused, naming each; the prompts are
+        checked as the dense kind checks them."""
+        for name, unset, why, fix in _REFUSED:
+            value = getattr(config, name)
+            if value != unset:
+                shown = "" if isinstance(value, bool) else f" {value}"
+                raise UsageError(f"--{name.replace('_', '-')}{shown} does not apply to --kind sparse: {why}; {fix}, "
+                                 "or train --kind dense")
+        super().check(config)
+
+    def check_model(self, config: RunConfig) -> None:
+        """The folder (a Hugging Face or a sentence-transformers folder, a SparseEncoder one included) and its
+        tokenizer load offline and belong together, and its configuration has a masked-language-model class."""
+        _check_folder("--model", config.model, SPLADE_POOLING, config.max_length)
+        import transformers
+
+        model_config = transformers.AutoConfig.from_pretrained(_transformer_folder(config), local_files_only=True)
+        if type(model_config) not in transformers.MODEL_FOR_MASKED_LM_MAPPING:
+            raise UsageError(f"--model {config.model} is a {model_config.model_type!r} model, which has no "
+                             "masked-language-model head (AutoModelForMaskedLM); --kind sparse needs an encoder "
+                             "with one (BERT, DistilBERT, RoBERTa, ModernBERT ...): give such a folder, or train "
+                             "--kind dense")
+
+    def embedding_width(self, config: RunConfig) -> int:
+        """The vocabulary size (config.json, read without loading the weights)."""
+        import transformers
+
+        return transformers.AutoConfig.from_pretrained(_transformer_folder(config), local_files_only=True).vocab_size
+
+    # --- model and loss ---------------------------------------------------------------------------------
+    def build_model(self, config: RunConfig) -> nn.Module:
+        """One SPLADE encoder for queries and passages; a folder without an MLM head gets one initialised."""
+        folder = _model_folder(config.model)
+        _quiet_transformers()
+        try:
+            return BiEncoder(SpladeEncoder(folder))
+        except ValueError as error:
+            raise UsageError(f"--model {config.model}: {error}") from error
+
+    def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
+        """Nothing to say: the MLM head a folder lacks is initialised in `build_model`, as transformers does."""
+
+    def build_loss(self, config: RunConfig) -> nn.Module:
+        return GroupedSpladeLoss(self.hard_negatives(config), config.temperature, config.document_regularizer_weight,
+                                 config.query_regularizer_weight)
+
+    def encoders(self, model: nn.Module, guide: nn.Module | None = None) -> nn.Module:
+        return model.query_tower
+
+    # --- evaluation -------------------------------------------------------------------------------------
+    def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
+                device: torch.device) -> dict[str, float]:
+        corpus = None if data.corpus is None else (data.corpus, data.test_positions)
+        query_tokenizer, passage_tokenizer = _side_tokenizers(config)
+        return evaluate_sparse_retrieval(model.encode_query, model.encode_passage, query_tokenizer, passage_tokenizer,
+                                         data.test, device, corpus=corpus)
+
+    # --- export -----------------------------------------------------------------------------------------
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
+        """A sentence-transformers SparseEncoder folder (gradcache/train/export/sparse_encoder.py)."""
+        write_sparse_encoder_folder(model.query_tower, _model_folder(config.model), config.max_length, folder,
+                                    query_prompt=config.query_prompt, passage_prompt=config.passage_prompt)
+
+    def summary(self, loss: nn.Module) -> dict[str, Any]:
+        """The loss's three parts at the last step (weighted; under --strategy naive, its last micro-batch's):
+        `final_base_loss`, `final_document_regularizer_loss`, `final_query_regularizer_loss`."""
+        return {f"final_{name}": float(value) for name, value in loss.parts.items()}
+
+
+def _transformer_folder(config: RunConfig) -> Path:
+    """Where `--model` keeps its config.json: the folder, or a sentence-transformers folder's Transformer path."""
+    folder = _model_folder(config.model)
+    try:
+        layout = read_sentence_transformer_folder(folder)
+    except ValueError as error:
+        raise UsageError(f"--model {config.model}: {error}") from error
+    return folder if layout is None else layout.model_path

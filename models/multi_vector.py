@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gradcache.models.huggingface import HuggingFaceEncoder
+from gradcache.models.huggingface import HuggingFaceEncoder, _load_local_model
+from gradcache.models.multi_vector_folder import MultiVectorLayout, is_multi_vector_folder, read_multi_vector_folder
 from gradcache.token_embeddings import TokenEmbeddings
 
 DEFAULT_TOKEN_DIM = 128  # sentence-transformers' MultiVectorEncoder projects a bare transformer to 128
@@ -31,12 +32,16 @@ class MultiVectorTextEncoder(nn.Module):
     never downloaded; its pooler, never read, removed so every parameter gets a gradient); the projection starts
     at random (``nn.Linear``'s initialisation), as a fresh ``MultiVectorEncoder``'s does.
 
+    A sentence-transformers ``MultiVectorEncoder`` folder of the plain layout (``models/multi_vector_folder.py``:
+    what ``--kind multi-vector`` exports) is loaded whole: its model and its trained projection.
+
     Args:
         path_or_model: a local model folder, or a built model whose output has ``last_hidden_state``.
-        token_dim: D, the width of each token vector (default 128).
+        token_dim: D, the width of each token vector; None: a MultiVectorEncoder folder's own, else 128.
 
     Raises:
-        ValueError: ``token_dim`` below 1; a folder that does not load (as ``HuggingFaceEncoder``).
+        ValueError: ``token_dim`` below 1, or not the MultiVectorEncoder folder's; a folder that does not load
+            (as ``HuggingFaceEncoder``, or a MultiVectorEncoder folder of another layout).
         TypeError: ``token_dim`` not an int.
 
     Example:
@@ -44,17 +49,28 @@ class MultiVectorTextEncoder(nn.Module):
         >>> tokens = encoder(**tokenizer(["who bakes bread?"]))  # TokenEmbeddings (1, L, 128), (1, L)
     """
 
-    def __init__(self, path_or_model: str | os.PathLike | nn.Module, token_dim: int = DEFAULT_TOKEN_DIM) -> None:
+    def __init__(self, path_or_model: str | os.PathLike | nn.Module, token_dim: int | None = None) -> None:
         super().__init__()
-        if isinstance(token_dim, bool) or not isinstance(token_dim, int):
+        if token_dim is not None and (isinstance(token_dim, bool) or not isinstance(token_dim, int)):
             raise TypeError(f"token_dim must be an int (the width of each token vector), got {token_dim!r}")
-        if token_dim < 1:
+        if token_dim is not None and token_dim < 1:
             raise ValueError(f"token_dim={token_dim} must be at least 1; ColBERT projects to 128")
+        layout = None
+        if isinstance(path_or_model, (str, os.PathLike)) and is_multi_vector_folder(path_or_model):
+            layout = read_multi_vector_folder(path_or_model)
+            if token_dim is not None and token_dim != layout.token_dim:
+                raise ValueError(f"token_dim={token_dim}, but {path_or_model} projects to {layout.token_dim}; "
+                                 "pass token_dim=None (or the folder's)")
+            # the model alone: the folder's own modules.json describes the whole MultiVectorEncoder
+            token_dim, path_or_model = layout.token_dim, _load_local_model(layout.model_path)
+        token_dim = DEFAULT_TOKEN_DIM if token_dim is None else token_dim
         loaded = HuggingFaceEncoder(path_or_model)  # the folder's checks, its pooler dropped
         self.model = loaded.model
-        self.max_seq_length = loaded.max_seq_length
+        self.max_seq_length = loaded.max_seq_length if layout is None else layout.max_seq_length
         self.hidden_size = loaded.out_dim
         self.projection = nn.Linear(loaded.out_dim, token_dim, bias=False)
+        if layout is not None:
+            self.projection.load_state_dict({"weight": _projection_weight(layout, (token_dim, loaded.out_dim))})
         self.out_dim = token_dim
         self.train()
 
@@ -76,3 +92,18 @@ class MultiVectorTextEncoder(nn.Module):
         if query_expansion_positions is not None:
             mask = mask | query_expansion_positions.ne(0)
         return TokenEmbeddings(values, mask)
+
+
+def _projection_weight(layout: MultiVectorLayout, shape: tuple[int, int]) -> torch.Tensor:
+    """The folder's trained projection, `linear.weight` of its Dense module, of `shape` (D, hidden) (ValueError)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        weight = load_file(str(layout.dense_weights)).get("linear.weight")
+    except (OSError, SafetensorError) as error:
+        raise ValueError(f"{layout.dense_weights} does not load: {error}") from error
+    if weight is None or tuple(weight.shape) != shape:
+        found = "no linear.weight" if weight is None else f"linear.weight of shape {tuple(weight.shape)}"
+        raise ValueError(f"{layout.dense_weights} holds {found}; the projection is {shape} (token_dim, hidden)")
+    return weight

@@ -8,6 +8,8 @@ MODEL is, in the order it is recognised:
 - a sentence-transformers folder (`modules.json`: its pooling, `include_prompt`, `Normalize` and prompts read as
   sentence-transformers reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with
   its own tokenizer;
+- a sentence-transformers MultiVectorEncoder folder (a `--kind multi-vector` export): its model, projection,
+  tokenizer, max_seq_length and prompts (gradcache.models.multi_vector_folder), embedding token vectors;
 - a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
   query tower from the first, the passage tower from the second, the tokenizer of `query/`;
 - an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`);
@@ -60,7 +62,9 @@ class LoadedModel:
     """A model ready to embed, whatever MODEL named.
 
     Args:
-        kind: "text" (queries and passages), "clip" (images and captions) or "simclr" (images).
+        kind: "text" (queries and passages), "clip" (images and captions) or "simclr" (images); a text model of
+            another `--kind` than dense: its kind ("multi-vector": `encode_query` and `encode_passage` return
+            `TokenEmbeddings`).
         source: what was loaded, for messages ("run runs/x (last.pt, step 24)").
         module: the whole model, in eval mode on its device.
         device: where it runs.
@@ -144,7 +148,7 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
         from gradcache.models import HuggingFaceTokenizer
 
         tokenizer = HuggingFaceTokenizer(_text_model_folder(config.model), max_length or config.max_length)
-        return LoadedModel("text", tokenizer=tokenizer, encode_query=model.encode_query,
+        return LoadedModel("text" if config.kind == "dense" else config.kind, tokenizer=tokenizer, encode_query=model.encode_query,
                            encode_passage=model.encode_passage, query_prompt=config.query_prompt,
                            passage_prompt=config.passage_prompt, **common)
     if max_length is not None:
@@ -198,6 +202,35 @@ def _from_text_folder(name: str, folder: Path, device: torch.device, max_length:
                        query_prompt=query_prompt, passage_prompt=passage_prompt)
 
 
+def _from_multi_vector_folder(name: str, folder: Path, device: torch.device, max_length: int | None,
+                              pooling: str | None, prompts: tuple[str | None, str | None]) -> LoadedModel:
+    """A sentence-transformers MultiVectorEncoder folder (a `--kind multi-vector` export): token embeddings,
+    with the folder's tokenizer, max_seq_length and prompts unless given."""
+    from gradcache.models import BiEncoder, HuggingFaceTokenizer
+    from gradcache.models.multi_vector import MultiVectorTextEncoder
+    from gradcache.models.multi_vector_folder import read_multi_vector_folder
+
+    if pooling is not None:
+        raise UsageError(f"--pooling {pooling}: MODEL {name} is a multi-vector model, which pools nothing (drop "
+                         "--pooling)")
+    try:
+        quiet_transformers()
+        layout = read_multi_vector_folder(folder)
+        encoder = MultiVectorTextEncoder(folder)
+        tokenizer = HuggingFaceTokenizer(layout.model_path, max_length or layout.max_seq_length
+                                         or RunConfig.max_length)
+    except ImportError as error:
+        raise UsageError(str(error)) from error
+    except (ValueError, OSError) as error:
+        raise UsageError(f"MODEL {name}: {error}") from error
+    query_prompt, passage_prompt = prompts
+    model = BiEncoder(encoder).to(device).eval()
+    return LoadedModel("multi-vector", source=f"multi-vector model folder {folder}", module=model, device=device,
+                       tokenizer=tokenizer, encode_query=model.encode_query, encode_passage=model.encode_passage,
+                       query_prompt=layout.query_prompt if query_prompt is None else query_prompt,
+                       passage_prompt=layout.passage_prompt if passage_prompt is None else passage_prompt)
+
+
 def load_model(name: str, device: str = "cpu", max_length: int | None = None,
                pooling: str | None = None, query_prompt: str | None = None,
                passage_prompt: str | None = None) -> LoadedModel:
@@ -237,6 +270,8 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
     kind = model_folder_kind(path)  # UsageError for a folder of no known kind
     if kind in (ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.HUGGING_FACE):
         return _from_text_folder(name, path, torch_device, max_length, pooling, prompts)
+    if kind == ModelFolderKind.MULTI_VECTOR:
+        return _from_multi_vector_folder(name, path, torch_device, max_length, pooling, prompts)
     if kind == ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS:
         return _from_text_folder(name, path / QUERY_FOLDER, torch_device, max_length, pooling, prompts,
                                  path / PASSAGE_FOLDER)

@@ -4,13 +4,14 @@
 | kind | recognised by | load it with |
 |---|---|---|
 | `RUN` | `last.pt`, `previous.pt`, `last.dcp` or `previous.dcp` | `gradcache export RUN`, `gradcache eval RUN` |
+| `MULTI_VECTOR` | `modules.json` + `model_type` "MultiVectorEncoder" in `config_sentence_transformers.json` | `MultiVectorEncoder(folder)` |
 | `SENTENCE_TRANSFORMERS` | `modules.json` | `SentenceTransformer(folder)` |
 | `SENTENCE_TRANSFORMERS_TOWERS` | `query/` and `passage/`, each a sentence-transformers folder | one `SentenceTransformer` per side |
 | `OPEN_CLIP` | `open_clip_model.safetensors` + `open_clip_config.json` | `open_clip.create_model("local-dir:" + folder)` |
 | `BUILT_IN` | `config.json` with `gradcache_architecture` + `model.safetensors` | `gradcache.models.from_pretrained(folder)` |
 | `HUGGING_FACE` | any other `config.json` (written by `save_pretrained`) | `transformers.AutoModel.from_pretrained(folder)` |
 
-A run's `model/` folder is one of the middle four (gradcache/train/export/).
+A run's `model/` folder is one of the middle five (gradcache/train/export/).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+from gradcache.models.multi_vector_folder import is_multi_vector_folder
 from gradcache.models.pretrained import ARCHITECTURE_KEY, CONFIG_FILE
 from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, ShardedCheckpoint
 from gradcache.train.errors import UsageError
@@ -32,6 +34,7 @@ RUN_CHECKPOINTS = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedChe
 
 class ModelFolderKind(str, enum.Enum):
     RUN = "run"
+    MULTI_VECTOR = "multi-vector"
     SENTENCE_TRANSFORMERS = "sentence-transformers"
     SENTENCE_TRANSFORMERS_TOWERS = "sentence-transformers-towers"
     OPEN_CLIP = "open_clip"
@@ -56,6 +59,8 @@ def model_folder_kind(folder: str | os.PathLike) -> ModelFolderKind:
                          "sentence-transformers or Hugging Face model folder")
     if any((path / name).exists() for name in RUN_CHECKPOINTS):
         return ModelFolderKind.RUN
+    if is_multi_vector_folder(path):
+        return ModelFolderKind.MULTI_VECTOR
     if (path / "modules.json").is_file():
         return ModelFolderKind.SENTENCE_TRANSFORMERS
     if all((path / side / "modules.json").is_file() for side in (QUERY_FOLDER, PASSAGE_FOLDER)):

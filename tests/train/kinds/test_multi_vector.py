@@ -120,3 +120,9 @@ def test_options_the_kind_cannot_honour_exit_2_and_write_nothing(tmp_path, tiny_
     assert main(text_args(tiny_bert, tmp_path / "run", *KIND, *option)) == 2
     assert f"{option[0]} does not apply to --kind multi-vector" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_token_dim_of_another_kind_exits_2(tmp_path, tiny_bert, capsys):
+    assert main(text_args(tiny_bert, tmp_path / "run", "--token-dim", "8")) == 2
+    assert "--token-dim 8 applies to --kind multi-vector" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -49,11 +49,13 @@ def padded(vectors: Sequence[torch.Tensor]) -> TokenEmbeddings:
     return TokenEmbeddings(values, mask)
 
 
-def maxsim_scores(queries: Sequence[torch.Tensor], passages: Sequence[torch.Tensor]) -> torch.Tensor:
-    """(Q, C) MaxSim scores s(q, d) (module docstring) of (n_i, D) query and passage token vectors, computed in
-    blocks of queries so that at most `SCORE_BLOCK` token similarities exist at once."""
-    corpus = padded(passages)  # (C, Ld, D)
-    query_tokens = padded(queries)  # (Q, Lq, D)
+def maxsim_scores(queries: Sequence[torch.Tensor], passages: Sequence[torch.Tensor],
+                  device: torch.device | None = None) -> torch.Tensor:
+    """(Q, C) MaxSim scores s(q, d) (module docstring) of (n_i, D) query and passage token vectors, computed on
+    `device` (default: the CPU) in blocks of queries so that at most `SCORE_BLOCK` token similarities exist at
+    once; returned on the CPU."""
+    corpus = TokenEmbeddings(*(t.to(device) for t in padded(passages)))  # (C, Ld, D)
+    query_tokens = TokenEmbeddings(*(t.to(device) for t in padded(queries)))  # (Q, Lq, D)
     per_query = corpus.values.shape[0] * corpus.values.shape[1] * query_tokens.values.shape[1]
     block = max(1, SCORE_BLOCK // max(per_query, 1))
     scores = []
@@ -62,7 +64,7 @@ def maxsim_scores(queries: Sequence[torch.Tensor], passages: Sequence[torch.Tens
         similarities = torch.einsum("aid,bjd->abij", values, corpus.values)  # (b, C, Lq, Ld)
         best = similarities.masked_fill(~corpus.mask[None, :, None, :], float("-inf")).amax(dim=3)  # (b, C, Lq)
         weights = query_tokens.mask[start:start + block, None, :]  # (b, 1, Lq)
-        scores.append(best.masked_fill(~weights, 0.0).sum(dim=2))  # (b, C)
+        scores.append(best.masked_fill(~weights, 0.0).sum(dim=2).cpu())  # (b, C)
     return torch.cat(scores)
 
 
@@ -96,4 +98,4 @@ def evaluate_maxsim_retrieval(encode_query: Callable[..., TokenEmbeddings],
     queries = embed_token_texts(encode_query, tokenizer, pairs.queries, device, batch_size)
     passages = embed_token_texts(encode_passage, tokenizer if passage_tokenizer is None else passage_tokenizer,
                                  corpus, device, batch_size)
-    return ranked_metrics(maxsim_scores(queries, passages), relevant)
+    return ranked_metrics(maxsim_scores(queries, passages, device), relevant)

@@ -11,7 +11,7 @@ from gradcache.train.config import RunConfig
 from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 
 PLACEHOLDER = "RUN/model"  # what the format writers put where the folder's path goes
-SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr",
+SETTINGS = ("model", "kind", "token_dim", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr",
             "warmup", "weight_decay", "temperature", "precision", "image_size", "max_length", "matryoshka_dims",
             "queue_size", "seed", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 
@@ -27,7 +27,9 @@ def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, confi
     text += _use_for_images(model_folder_kind(folder), where, config)
     given = {name: getattr(config, name) for name in SETTINGS if getattr(config, name) is not None
              and not (name == "image_size" and config.mode == "text")
-             and not (name == "max_length" and config.mode != "text")}
+             and not (name == "max_length" and config.mode != "text")
+             and not (name in ("kind", "token_dim") and config.mode != "text")
+             and not (name == "token_dim" and config.kind != "multi-vector")}
     text += f"\n## Training\n\nTrained with `gradcache train {config.mode}`:\n\n"
     text += "| setting | value |\n|---|---|\n" + "".join(
         f"| `--{name.replace('_', '-')}` | {_cell(value)} |\n" for name, value in given.items())

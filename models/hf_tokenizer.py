@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from gradcache.models.multi_vector_folder import is_multi_vector_folder, read_multi_vector_folder
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
 # A generous bound on the characters one token covers (English text averages about 4). The tokenizer reads a text
@@ -107,8 +108,11 @@ class HuggingFaceTokenizer:
         folder = Path(path)
         if not folder.is_dir():
             raise FileNotFoundError(f"path={str(folder)!r} is not a directory; give a local model folder")
-        layout = read_sentence_transformer_folder(folder)
-        folder = folder if layout is None else layout.model_path
+        if is_multi_vector_folder(folder):  # a MultiVectorEncoder's tokenizer lies in its Transformer's folder
+            folder = read_multi_vector_folder(folder).model_path
+        else:
+            layout = read_sentence_transformer_folder(folder)
+            folder = folder if layout is None else layout.model_path
         if not any((folder / name).is_file() for name in TOKENIZER_FILES):
             raise ValueError(f"{folder} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the "
                              "model's tokenizer there with tokenizer.save_pretrained(folder)")

@@ -154,6 +154,11 @@ def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
     embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size)
+    if isinstance(embeddings, dict):  # a multi-vector model's token vectors (commands/encode_tokens.py)
+        values = embeddings["values"]
+        print(f"wrote {args.output}: {len(embeddings['offsets']) - 1} texts, {values.shape[0]} token vectors of "
+              f"{values.shape[1]} dimensions ({model.source})", file=sys.stderr)
+        return 0
     print(f"wrote {args.output}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions "
           f"({model.source})", file=sys.stderr)
     return 0

@@ -105,6 +105,7 @@ class RunConfig:
     # --kind sparse: SPLADE's FLOPS weights lambda_d, lambda_q (sentence-transformers' SpladeLoss examples' values)
     document_regularizer_weight: float = option(3e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
     query_regularizer_weight: float = option(5e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
+    token_dim: int = option(128, modes=TEXT, model=True, at_least=1, added=14)  # --kind multi-vector: D per token
     # decoder embedders and prompts: texts prepended to queries and to passages (sentence-transformers' prompts)
     query_prompt: str | None = option(None, modes=TEXT, added=12)
     passage_prompt: str | None = option(None, modes=TEXT, added=12)

@@ -87,7 +87,7 @@ ADDED_IN = {
     11: dict(lora_rank=None, lora_alpha=None, lora_dropout=None, lora_targets=None),
     12: dict(query_prompt=None, passage_prompt=None, exclude_prompt_from_pooling=False),
     13: dict(deepspeed=None),
-    14: dict(kind="dense", document_regularizer_weight=3e-5, query_regularizer_weight=5e-5),
+    14: dict(kind="dense", document_regularizer_weight=3e-5, query_regularizer_weight=5e-5, token_dim=128),
 }
 
 
@@ -109,7 +109,7 @@ def test_the_fields_that_fix_the_parameters_shapes():
 
     assert set(MODEL_FIELDS) == {"mode", "model", "width", "norm", "image_size", "hidden_dim", "projection_dim",
                                  "context_length", "text_width", "text_layers", "text_heads", "separate_towers",
-                                 "lora_rank", "lora_targets", "kind"}
+                                 "lora_rank", "lora_targets", "kind", "token_dim"}
 
 
 def test_the_fields_a_resume_may_give_anew():

@@ -6,6 +6,8 @@ training skips it, and stderr says how many and which (its row is absent, the ot
 The embeddings are L2-normalised float32, as the program scores them: every mode trains and ranks by cosine
 similarity, and all-MiniLM-L6-v2 normalises itself (for a folder without a `Normalize` module, the direction of
 its pooled output, which is all that cosine ranking reads). `.npy`: an (N, D) array (`numpy.load`).
+A multi-vector model (`--kind multi-vector`) writes each text's token vectors to a `.npz` instead
+(gradcache/train/commands/encode_tokens.py).
 `.faiss`: an exact inner-product index (`IndexIDMap2` over `IndexFlatIP`) whose ids are the row numbers
 (`faiss.read_index`; `index.search(queries, k)` returns rows of the input).
 A SPLADE model (a `--kind sparse` run or a SparseEncoder folder) gives sparse rows instead, unnormalised, as
@@ -31,6 +33,7 @@ from gradcache.train.commands.command_inputs import (
     read_texts,
 )
 from gradcache.train.commands.model import LoadedModel
+from gradcache.train.commands.encode_tokens import TOKEN_KINDS, encode_tokens
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.embed import embed_images, embed_texts
 from gradcache.train.eval.sparse_rows import CsrRows, embed_sparse_texts
@@ -74,7 +77,7 @@ def embed_image_rows(model: LoadedModel, images: torch.Tensor, batch_size: int) 
 
 
 def encode(model: LoadedModel, data: str, output: str, key: str | None = None, image_key: str | None = None,
-           tower: str = "passage", batch_size: int = 256) -> np.ndarray | CsrRows:
+           tower: str = "passage", batch_size: int = 256) -> np.ndarray | CsrRows | dict[str, np.ndarray]:
     """Embed every row of `data` with `model` and write them to `output` (module docstring); return them.
 
     Args:
@@ -87,11 +90,13 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
         UsageError: a bad option, texts for a model without a text side or images for one without an image side.
         DataError: unusable data (gradcache/train/commands/command_inputs.py).
     """
-    path = check_output(output, OUTPUT_SUFFIXES)
     if tower not in TOWERS:
         raise UsageError(f"--tower {tower!r}: choose one of {', '.join(TOWERS)}")
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    if model.text_kind in TOKEN_KINDS:  # token vectors: a .npz of values and offsets (commands/encode_tokens.py)
+        return encode_tokens(model, data, output, key, image_key, tower, batch_size)
+    path = check_output(output, OUTPUT_SUFFIXES)
     if key is not None and image_key is not None:
         raise UsageError("--key (texts) and --image-key (images) name what to embed: give one of them")
     shards = image_key is None and holds_shards(data)
@@ -106,7 +111,7 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
     if (path.suffix.lower() == SPARSE_SUFFIX) != sparse:
         gives = "sparse rows: end --output in .npz" if sparse else "dense embeddings: end --output in .npy or .faiss"
         raise UsageError(f"--output {output}: {SPARSE_SUFFIX} holds the sparse rows of a SPLADE model (--kind sparse) "
-                         f"and .npy or .faiss dense embeddings; MODEL ({model.source}) gives {gives}")
+                         f"or the token vectors of a multi-vector model, .npy or .faiss dense embeddings; MODEL ({model.source}) gives {gives}")
     if sparse:
         rows = sparse_text_rows(model, read_texts(data, key), tower, batch_size, f"encode {tower}s")
         write_atomically(path, rows.save)

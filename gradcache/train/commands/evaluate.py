@@ -5,8 +5,9 @@
   (gradcache/train/eval/retrieval.py), the corpus being every distinct passage of the file (positives and hard
   negatives) or the `--corpus` id/text rows, the relevant passage being the row's positive (found in the corpus
   by its text, else by its id). Metrics:
-  `recall@1`, `recall@10`, `mrr@10`, `ndcg@10` in percent, with `queries` and `corpus_size`. A SPLADE model ranks
-  by the dot product of its sparse rows and adds `nonzeros_per_query` and `nonzeros_per_document`
+  `recall@1`, `recall@10`, `mrr@10`, `ndcg@10` in percent, with `queries` and `corpus_size`. A multi-vector
+  model (`--kind multi-vector`, a run or its export) ranks by MaxSim instead (gradcache/train/eval/maxsim.py); a
+  SPLADE model by the dot product of its sparse rows, adding `nonzeros_per_query` and `nonzeros_per_document`
   (gradcache/train/eval/sparse_retrieval.py).
 - A CLIP or SimCLR run on an image file or folder (read as `gradcache train --data` reads it, with the run's
   options): the run's own metrics on the held-out split of `--test-size` items of it (image-to-text and
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from gradcache.train.commands.encode import embed_text_rows, sparse_text_rows
+from gradcache.train.commands.encode_tokens import TOKEN_KINDS, embed_token_rows
 from gradcache.train.commands.command_outputs import check_output, write_atomically
 from gradcache.train.commands.command_inputs import Corpus, read_corpus
 from gradcache.train.commands.model import LoadedModel
@@ -33,6 +35,7 @@ from gradcache.train.data.resources import reading_data
 from gradcache.train.data.text.sources import read_text_pairs
 from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.errors import DataError, UsageError
+from gradcache.train.eval.maxsim import maxsim_scores, ranked_metrics
 from gradcache.train.eval.retrieval import retrieval_corpus, retrieval_metrics
 from gradcache.train.eval.sparse_retrieval import sparse_metrics
 
@@ -69,6 +72,12 @@ def text_metrics(model: LoadedModel, pairs: TextPairs, corpus: str | None = None
         passages = sparse_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
         return {**sparse_metrics(queries, passages, relevant), "queries": len(pairs), "corpus_size": len(ranked),
                 "skipped_rows": len(pairs.skipped)}
+    if model.text_kind in TOKEN_KINDS:  # token vectors, ranked by MaxSim (gradcache/train/eval/maxsim.py)
+        with torch.inference_mode():
+            query_tokens = embed_token_rows(model, pairs.queries, "query", batch_size, "encode queries")
+            passage_tokens = embed_token_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
+        metrics = ranked_metrics(maxsim_scores(query_tokens, passage_tokens), relevant)
+        return {**metrics, "queries": len(pairs), "corpus_size": len(ranked), "skipped_rows": len(pairs.skipped)}
     with torch.inference_mode():
         queries = embed_text_rows(model, pairs.queries, "query", batch_size, "encode queries")
         passages = embed_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
@@ -111,15 +120,16 @@ def evaluate(model: LoadedModel, data: str | None, output: str | None = None, co
         if path is not None:
             _write_metrics(path, metrics)
         return metrics
-    if model.kind != "text" and corpus is not None:
+    ranks_texts = model.kind == "text"
+    if not ranks_texts and corpus is not None:
         raise UsageError(f"--corpus ranks passages for a text model; MODEL ({model.source}) is a {model.kind} model")
     if data is None and model.config is None:
         raise UsageError(f"MODEL ({model.source}) is a model folder, not a run: give --data, a file of (query, "
                          "positive) rows to score it on")
-    if model.kind != "text" and model.config is None:
+    if not ranks_texts and model.config is None:
         raise UsageError(f"MODEL ({model.source}) is an exported {model.kind} model: its metrics read the run's "
                          "options (data keys, kNN, prompts); give the run folder it was exported from")
-    if model.kind == "text" and data is not None:
+    if ranks_texts and data is not None:
         metrics = text_metrics(model, read_pairs(data, query_key, positive_key, negative_keys or ()), corpus,
                                batch_size)
     else:

@@ -10,6 +10,8 @@ MODEL is, in the order it is recognised:
   its own tokenizer;
 - a sentence-transformers SparseEncoder folder (`modules.json` listing `SpladePooling`, as a `--kind sparse` run
   exports): a SPLADE encoder (gradcache.models.splade) with its own tokenizer, `max_seq_length` and prompts;
+- a sentence-transformers MultiVectorEncoder folder (a `--kind multi-vector` export): its model, projection,
+  tokenizer, max_seq_length and prompts (gradcache.models.multi_vector_folder), embedding token vectors;
 - a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
   query tower from the first, the passage tower from the second, the tokenizer of `query/`;
 - an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`);
@@ -70,7 +72,7 @@ class LoadedModel:
         query_prompt, passage_prompt: text models: the texts prepended to queries and to passages (a run's
             `--query-prompt` / `--passage-prompt`, a folder's prompts "query" / "document"); None: none.
         text_kind: text models: what a side's encoder returns, as `--kind` names it: "dense" (B, D) vectors,
-            "sparse" (B, V) SPLADE rows.
+            "multi-vector" `TokenEmbeddings`, "sparse" (B, V) SPLADE rows.
     """
 
     kind: str
@@ -226,6 +228,36 @@ def _from_sparse_folder(name: str, folder: Path, device: torch.device, max_lengt
                        query_prompt=query_prompt, passage_prompt=passage_prompt, text_kind="sparse")
 
 
+def _from_multi_vector_folder(name: str, folder: Path, device: torch.device, max_length: int | None,
+                              pooling: str | None, prompts: tuple[str | None, str | None]) -> LoadedModel:
+    """A sentence-transformers MultiVectorEncoder folder (a `--kind multi-vector` export): token embeddings,
+    with the folder's tokenizer, max_seq_length and prompts unless given."""
+    from gradcache.models import BiEncoder, HuggingFaceTokenizer
+    from gradcache.models.multi_vector import MultiVectorTextEncoder
+    from gradcache.models.multi_vector_folder import read_multi_vector_folder
+
+    if pooling is not None:
+        raise UsageError(f"--pooling {pooling}: MODEL {name} is a multi-vector model, which pools nothing (drop "
+                         "--pooling)")
+    try:
+        quiet_transformers()
+        layout = read_multi_vector_folder(folder)
+        encoder = MultiVectorTextEncoder(folder)
+        tokenizer = HuggingFaceTokenizer(layout.model_path, max_length or layout.max_seq_length
+                                         or RunConfig.max_length)
+    except ImportError as error:
+        raise UsageError(str(error)) from error
+    except (ValueError, OSError) as error:
+        raise UsageError(f"MODEL {name}: {error}") from error
+    query_prompt, passage_prompt = prompts
+    model = BiEncoder(encoder).to(device).eval()
+    return LoadedModel("text", source=f"multi-vector model folder {folder}", module=model, device=device,
+                       text_kind="multi-vector",
+                       tokenizer=tokenizer, encode_query=model.encode_query, encode_passage=model.encode_passage,
+                       query_prompt=layout.query_prompt if query_prompt is None else query_prompt,
+                       passage_prompt=layout.passage_prompt if passage_prompt is None else passage_prompt)
+
+
 def load_model(name: str, device: str = "cpu", max_length: int | None = None,
                pooling: str | None = None, query_prompt: str | None = None,
                passage_prompt: str | None = None) -> LoadedModel:
@@ -267,6 +299,8 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
         return _from_sparse_folder(name, path, torch_device, max_length, pooling, prompts)
     if kind in (ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.HUGGING_FACE):
         return _from_text_folder(name, path, torch_device, max_length, pooling, prompts)
+    if kind == ModelFolderKind.MULTI_VECTOR:
+        return _from_multi_vector_folder(name, path, torch_device, max_length, pooling, prompts)
     if kind == ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS:
         return _from_text_folder(name, path / QUERY_FOLDER, torch_device, max_length, pooling, prompts,
                                  path / PASSAGE_FOLDER)

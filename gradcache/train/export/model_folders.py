@@ -4,6 +4,7 @@
 | kind | recognised by | load it with |
 |---|---|---|
 | `RUN` | `last.pt`, `previous.pt`, `last.dcp` or `previous.dcp` | `gradcache export RUN`, `gradcache eval RUN` |
+| `MULTI_VECTOR` | `modules.json` + `model_type` "MultiVectorEncoder" in `config_sentence_transformers.json` | `MultiVectorEncoder(folder)` |
 | `SPARSE_ENCODER` | `modules.json` listing a `SpladePooling` module | `SparseEncoder(folder)` |
 | `SENTENCE_TRANSFORMERS` | any other `modules.json` | `SentenceTransformer(folder)` |
 | `SENTENCE_TRANSFORMERS_TOWERS` | `query/` and `passage/`, each a sentence-transformers folder | one `SentenceTransformer` per side |
@@ -11,7 +12,7 @@
 | `BUILT_IN` | `config.json` with `gradcache_architecture` + `model.safetensors` | `gradcache.models.from_pretrained(folder)` |
 | `HUGGING_FACE` | any other `config.json` (written by `save_pretrained`) | `transformers.AutoModel.from_pretrained(folder)` |
 
-A run's `model/` folder is one of the middle five (gradcache/train/export/).
+A run's `model/` folder is one of the middle seven (gradcache/train/export/).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import json
 import os
 from pathlib import Path
 
+from gradcache.models.multi_vector_folder import is_multi_vector_folder
 from gradcache.models.pretrained import ARCHITECTURE_KEY, CONFIG_FILE
 from gradcache.models.sentence_transformers_folder import SPLADE_POOLING, read_sentence_transformer_folder
 from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, ShardedCheckpoint
@@ -34,6 +36,7 @@ RUN_CHECKPOINTS = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedChe
 
 class ModelFolderKind(str, enum.Enum):
     RUN = "run"
+    MULTI_VECTOR = "multi-vector"
     SENTENCE_TRANSFORMERS = "sentence-transformers"
     SPARSE_ENCODER = "sparse-encoder"
     SENTENCE_TRANSFORMERS_TOWERS = "sentence-transformers-towers"
@@ -59,6 +62,8 @@ def model_folder_kind(folder: str | os.PathLike) -> ModelFolderKind:
                          "sentence-transformers or Hugging Face model folder")
     if any((path / name).exists() for name in RUN_CHECKPOINTS):
         return ModelFolderKind.RUN
+    if is_multi_vector_folder(path):
+        return ModelFolderKind.MULTI_VECTOR
     if (path / "modules.json").is_file():
         return ModelFolderKind.SPARSE_ENCODER if _lists_splade_pooling(path) else ModelFolderKind.SENTENCE_TRANSFORMERS
     if all((path / side / "modules.json").is_file() for side in (QUERY_FOLDER, PASSAGE_FOLDER)):

@@ -167,6 +167,9 @@ class Text(Mode):
         """--guide with the loss it guides: the dense loss without a queue; the LoRA options (modes/lora.py); prompts
         that are text, and excluded from pooling only where there is one and mean pooling."""
         check_lora_options(config)
+        if config.token_dim != RunConfig.token_dim and self.kind != "multi-vector":  # that kind's option alone
+            raise UsageError(f"--token-dim {config.token_dim} applies to --kind multi-vector; this run's kind is "
+                             f"{config.kind}: drop --token-dim, or add --kind multi-vector")
         for option, prompt in (("--query-prompt", config.query_prompt), ("--passage-prompt", config.passage_prompt)):
             if prompt is not None and not prompt.strip():
                 raise UsageError(f"{option} {prompt!r} is empty; give the text to prepend, or omit {option}")

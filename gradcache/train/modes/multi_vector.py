@@ -1,0 +1,127 @@
+"""`gradcache train text --kind multi-vector`: late interaction (ColBERT). The `--model` encoder's token states
+projected to `--token-dim` and L2-normalised per token (gradcache.models.multi_vector), trained by
+`LateInteraction` (InfoNCE over MaxSim scores, in-batch and hard negatives, tiled by `--tile-size`), scored by
+MaxSim retrieval of the held-out queries (gradcache/train/eval/maxsim.py), exported as a sentence-transformers
+`MultiVectorEncoder` folder (gradcache/train/export/multi_vector.py).
+
+Queries and passages are tokenised as the exported `MultiVectorEncoder` tokenises them by default: the
+`--model` folder's tokenizer, at most `--max-length` tokens, `--query-prompt` / `--passage-prompt` prepended
+(its prompts "query" and "document"), no query expansion and no skiplist (a fresh `MultiVectorEncoder`'s
+defaults), so every real token is scored.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradcache import losses
+from gradcache.models.multi_vector import MultiVectorTextEncoder
+from gradcache.token_embeddings import TokenEmbeddings
+from gradcache.train.config import RunConfig
+from gradcache.train.data.text.text_pairs import TextSplits
+from gradcache.train.errors import UsageError
+from gradcache.train.eval.maxsim import evaluate_maxsim_retrieval
+from gradcache.train.export.multi_vector import write_multi_vector_folder
+from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.text import Text, _model_folder, _quiet_transformers, _side_tokenizers
+
+KIND = "multi-vector"
+
+
+class MultiVector(Text):
+    kind = KIND
+    kind_help = ("one vector per token, scored by MaxSim (ColBERT's late interaction; a sentence-transformers "
+                 "MultiVectorEncoder)")
+    trim_padding = True  # the attention ignores trimmed padding and the scoring mask drops it
+
+    def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
+        groups.model.add_argument("--token-dim", type=int, default=default("token_dim"),
+                                  help="--kind multi-vector: the width of each token vector, the projection of the "
+                                  "model's hidden states (default: %(default)s, ColBERT's)")
+
+    def check(self, config: RunConfig) -> None:
+        """The dense kind's options that late interaction cannot honour are refused, naming the fix; then the
+        prompts' checks of the dense kind."""
+        refused = [
+            ("--pooling", config.pooling is not None, "every token is kept, none pooled"),
+            ("--exclude-prompt-from-pooling", config.exclude_prompt_from_pooling, "nothing is pooled"),
+            ("--separate-towers", config.separate_towers, "it trains one shared tower"),
+            ("--symmetric", config.symmetric, "MaxSim is not symmetric: queries retrieve passages"),
+            ("--guide", config.guide is not None, "the guide's filter is written for dense vectors"),
+            ("--queue-size", config.queue_size != 0, "LateInteraction keeps no queue"),
+            ("--matryoshka-dims", config.matryoshka_dims is not None, "token vectors are not truncated in training"),
+            ("--lora-rank", config.lora_rank is not None, "the export writes whole weights"),
+        ]
+        for option, given, why in refused:
+            if given:
+                raise UsageError(f"{option} does not apply to --kind {KIND} ({why}); drop {option}, or train "
+                                 "--kind dense")
+        super().check(config)
+
+    def embedding_width(self, config: RunConfig) -> int:
+        return config.token_dim
+
+    # --- model and loss ---------------------------------------------------------------------------------
+    def build_model(self, config: RunConfig) -> nn.Module:
+        from gradcache.models import BiEncoder
+
+        folder = _model_folder(config.model)
+        _quiet_transformers()
+        try:
+            tower = MultiVectorTextEncoder(folder, token_dim=config.token_dim)
+        except ValueError as error:
+            raise UsageError(f"--model {config.model}: {error}") from error
+        return BiEncoder(tower)
+
+    def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
+        """Nothing to say: no adapter."""
+
+    def build_loss(self, config: RunConfig) -> nn.Module:
+        return GroupedLateInteraction(self.hard_negatives(config), config.temperature, tile_size=config.tile_size)
+
+    # --- evaluation -------------------------------------------------------------------------------------
+    def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
+                device: torch.device) -> dict[str, float]:
+        corpus = None if data.corpus is None else (data.corpus, data.test_positions)
+        query_tokenizer, passage_tokenizer = _side_tokenizers(config)
+        return evaluate_maxsim_retrieval(model.encode_query, model.encode_passage, query_tokenizer, data.test,
+                                         device, corpus=corpus, passage_tokenizer=passage_tokenizer)
+
+    # --- export -----------------------------------------------------------------------------------------
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
+        """A sentence-transformers MultiVectorEncoder folder (gradcache/train/export/multi_vector.py)."""
+        write_multi_vector_folder(model.query_tower, _model_folder(config.model), config.max_length, folder,
+                                  query_prompt=config.query_prompt, passage_prompt=config.passage_prompt)
+
+
+class GroupedLateInteraction(nn.Module):
+    """LateInteraction(query, passages grouped by query, positive first): query tokens (n, Lq, D) against every
+    positive and hard negative of the batch, passages (n (1 + h), Lp, D) in the order
+    [p_1, n_1_1 .. n_1_h, p_2, ..] (gradcache/train/data/text/batches.py), over all ranks when gathered."""
+
+    def __init__(self, negatives_per_query: int, temperature: float, *, tile_size: int | None = None) -> None:
+        super().__init__()
+        self.negatives_per_query = negatives_per_query
+        self.late_interaction = losses.LateInteraction(temperature, tile_size=tile_size)
+
+    @property
+    def temperature(self) -> float:
+        return self.late_interaction.temperature
+
+    def forward(self, query: TokenEmbeddings, passages: TokenEmbeddings) -> torch.Tensor:
+        h = self.negatives_per_query
+        n = query.values.shape[0]
+        if passages.values.shape[0] != n * (1 + h):
+            raise ValueError(f"passages must hold {1 + h} rows per query (positive and {h} hard negatives), got "
+                             f"{passages.values.shape[0]} for {n} queries")
+        values = passages.values.view(n, 1 + h, *passages.values.shape[1:])  # (n, 1 + h, Lp, D)
+        mask = passages.mask.view(n, 1 + h, -1)  # (n, 1 + h, Lp)
+        positive = TokenEmbeddings(values[:, 0], mask[:, 0])
+        if h == 0:
+            return self.late_interaction(query, positive)
+        negatives = TokenEmbeddings(values[:, 1:].reshape(n * h, *values.shape[2:]), mask[:, 1:].reshape(n * h, -1))
+        return self.late_interaction(query, positive, negatives)

@@ -84,8 +84,9 @@ class Run:
         lr = scaled_learning_rate(config.lr, config.batch_size, config.base_batch_size, config.lr_scaling)
         self.optimizer = build_optimizer(config.optimizer, [self.model, self.loss], lr, config.weight_decay,
                                          config.momentum)
-        self.scheduler = warmup_cosine(self.optimizer, self._warmup_steps(fresh=saved is None), self.steps)
         encoders = placement.with_optimizer(encoders, self.optimizer, self.trained)  # DeepSpeed: the engine
+        # after the engine: DeepSpeed drops the optimizer's empty parameter groups (LoRA's: no biases, no norms)
+        self.scheduler = warmup_cosine(self.optimizer, self._warmup_steps(fresh=saved is None), self.steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding,
                                        self.mode.chunk_sizes(config))

@@ -7,9 +7,12 @@ the checkpoints. `--precision bf16` under ZeRO-2 against one process in bf16. Tw
 LoRA dropout is off: the ranks would draw other masks than one process does."""
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -73,15 +76,17 @@ def ranks_worker(rank: int, world_size: int, root: str) -> dict:
 
     for name, options in runs.items():
         argv = text_args(root / "llama", root / name, *LORA, *options, "--threads", "1")
-        if name not in CUT:
-            status[name] = main(argv)
-            continue
-        RunLog.log_step = killed_after_step_3
-        try:
-            status[f"{name}_cut"] = main(argv)
-        finally:
-            RunLog.log_step = original
-        status[name] = main(["train", "text", "--resume", str(root / name), "--quiet", "--threads", "1"])
+        with contextlib.redirect_stderr(io.StringIO()) as stderr:
+            if name not in CUT:
+                status[name] = main(argv)
+            else:
+                RunLog.log_step = killed_after_step_3
+                try:
+                    status[f"{name}_cut"] = main(argv)
+                finally:
+                    RunLog.log_step = original
+                status[name] = main(["train", "text", "--resume", str(root / name), "--quiet", "--threads", "1"])
+        status[f"{name}_stderr"] = stderr.getvalue()
     return status
 
 
@@ -99,7 +104,9 @@ def runs(tmp_path_factory):
     for stage in STAGES:
         (root / f"zero{stage}.json").write_text(json.dumps({"zero_optimization": {"stage": stage}}))
     status = run_on_ranks(ranks_worker, 2, str(root))
-    assert main(text_args(root / "llama", root / "one", *LORA)) == 0
+    with contextlib.redirect_stderr(io.StringIO()) as stderr:
+        assert main(text_args(root / "llama", root / "one", *LORA)) == 0
+    status[0]["one_stderr"] = stderr.getvalue()
     assert main(text_args(root / "llama", root / "one_bf16", *LORA, *BF16)) == 0
     return root, status
 
@@ -113,6 +120,10 @@ def test_two_ranks_train_the_adapter_of_one_process(runs, name):
     if name in CUT:  # resumed from the checkpoint of step 2, which the final save kept as the previous one
         assert _checkpoint(root / name, "previous").meta()["step"] == 2
     assert _losses(root / name) == pytest.approx(_losses(root / "one"), rel=1e-5)
+    # the first save says what it holds as one process does (ZeRO-3: counted before its parameters are partitioned)
+    said = re.compile(r"holds the model's ([\d,]+) trained parameters .* its ([\d,]+) frozen parameters")
+    (counts,) = said.findall(status[0]["one_stderr"])
+    assert said.findall(status[0][f"{name}_stderr"])[:1] == [counts]
     ours, reference = _adapter(root / name / "model"), _adapter(root / "one" / "model")
     assert ours.keys() == reference.keys()
     for key, value in reference.items():

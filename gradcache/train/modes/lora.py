@@ -21,7 +21,8 @@ Every placement trains the adapter alone:
 - `--deepspeed`: the engine is given the optimizer over the adapter, so ZeRO partitions (and ZeRO-3 gathers per
   chunk) the frozen weights but keeps float32 master weights and optimizer state for the adapter alone; `last.ds`
   saves the module without its frozen weights (checkpoints/deepspeed_checkpoint.py).
-Under all three `RUN/model` is written from the gathered adapter on rank 0 (`write_lora_tower`).
+Under all three rank 0 writes `RUN/model` (`write_lora_tower`) from its whole adapter: its own under DDP and
+ZeRO-1/2, gathered under `--fsdp` and ZeRO-3.
 
 `RUN/model` holds the merged model as a sentence-transformers folder and the adapter as a PEFT folder in
 `adapter/` (`PeftModel.from_pretrained(AutoModel.from_pretrained(MODEL), "RUN/model/adapter")`).

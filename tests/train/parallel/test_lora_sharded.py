@@ -131,12 +131,13 @@ def test_two_ranks_train_the_adapter_of_one_process(runs, name):
 
 
 @pytest.mark.slow
-def test_the_merged_model_is_the_one_process_merged_model(runs):
-    """RUN/model (the base merged with the gathered adapter) of ZeRO-3, whose parameters are partitioned."""
+@pytest.mark.parametrize("name", ["fsdp", *(f"zero{s}" for s in STAGES)])
+def test_the_merged_model_is_the_one_process_merged_model(runs, name):
+    """RUN/model: the base merged with the adapter (gathered from the shards under --fsdp and ZeRO-3)."""
     from safetensors.torch import load_file
 
     root, _ = runs
-    ours, reference = (load_file(root / d / "model" / "model.safetensors") for d in ("zero3", "one"))
+    ours, reference = (load_file(root / d / "model" / "model.safetensors") for d in (name, "one"))
     assert ours.keys() == reference.keys()
     for key, value in reference.items():
         torch.testing.assert_close(ours[key], value, rtol=1e-5, atol=1e-7, msg=key)

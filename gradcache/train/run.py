@@ -77,6 +77,10 @@ class Run:
         self.trained = nn.ModuleDict({"model": self.model, "loss": self.loss})
         if saved is None:
             self.mode.initialise(config, self.model, self.loss)
+        # LoRA: the checkpoint leaves the frozen base out (checkpoints/model_state.py); its size is said once.
+        # Counted before placing: a ZeRO-3 parameter holds no elements of its own once partitioned
+        self._trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self._frozen = sum(p.numel() for p in self.model.parameters()) - self._trained
         # step 0 is evaluated before placing: one plain model on rank 0, whatever the placement
         self.progress = Progress() if saved is not None else self._step_zero()
         encoders = placement.place(self.mode.encoders(self.model, self.guide), self.device)
@@ -84,15 +88,14 @@ class Run:
         lr = scaled_learning_rate(config.lr, config.batch_size, config.base_batch_size, config.lr_scaling)
         self.optimizer = build_optimizer(config.optimizer, [self.model, self.loss], lr, config.weight_decay,
                                          config.momentum)
-        self.scheduler = warmup_cosine(self.optimizer, self._warmup_steps(fresh=saved is None), self.steps)
         encoders = placement.with_optimizer(encoders, self.optimizer, self.trained)  # DeepSpeed: the engine
+        # after the engine: DeepSpeed drops the optimizer's empty parameter groups (LoRA's: no biases, no norms)
+        self.scheduler = warmup_cosine(self.optimizer, self._warmup_steps(fresh=saved is None), self.steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding,
                                        self.mode.chunk_sizes(config), self.mode.sparse_cache)
         self.checkpoint = placement.checkpoint(config.output_dir)
         self._parameters = [p for p in self.trained.parameters() if p.requires_grad]  # after placing: the shards
-        # LoRA: the checkpoint leaves the frozen base out (checkpoints/model_state.py); its size is said once
-        self._frozen = sum(p.numel() for p in self.model.parameters() if not p.requires_grad)
         self.last_saved: RunCheckpoint | None = None
         if saved is not None:
             self.progress = self._resume(saved)  # a checkpoint of another model fails here, before any write
@@ -194,13 +197,12 @@ class Run:
                               initial=self.progress.initial)
         self.checkpoint.save(self.trained, self.optimizer, meta.to_dict())
         if self._frozen and self.last_saved is not self.checkpoint and distributed.rank() == 0:
-            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             path = self.checkpoint.path
             size = path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*")
                                                                   if f.is_file())
-            print(f"gradcache train: {self.checkpoint.path.name} holds the model's {trained:,} trained parameters "
-                  f"and their optimizer state, {size / 2**20:.2f} MiB; its {self._frozen:,} frozen parameters are "
-                  "not saved: they are built again from the run's options (--model)", file=sys.stderr)
+            print(f"gradcache train: {self.checkpoint.path.name} holds the model's {self._trained:,} trained "
+                  f"parameters and their optimizer state, {size / 2**20:.2f} MiB; its {self._frozen:,} frozen "
+                  "parameters are not saved: they are built again from the run's options (--model)", file=sys.stderr)
         self.last_saved = self.checkpoint
 
 

@@ -186,7 +186,6 @@ def test_bad_lora_options_exit_2_and_write_nothing(tmp_path, tiny_bert, capsys):
            "--lora-targets LayerNorm: peft refuses them", "is not supported")
     _fails(text_args(tiny_bert, out, "--lora-alpha", "8", "--lora-targets", "query"), capsys,
            "--lora-alpha, --lora-targets set LoRA adapters, which need --lora-rank R")
-    _fails(text_args(tiny_bert, out, "--lora-rank", "4", "--fsdp"), capsys, "--lora-rank with --fsdp")
     _fails(text_args(tiny_bert, out, "--lora-targets", "query,"), capsys, "--lora-targets",
            "not a comma-separated list")
     assert not out.exists()

@@ -3,7 +3,9 @@ weights and every rank's optimizer partition) under one tag, with the run's `met
 of every file in `extra.pt` beside them. Every rank writes its files to `last.ds.partial`, which rank 0 renames into
 place (the replaced `last.ds` becoming `previous.ds`), as a sharded `last.dcp` is written. Resuming loads it into an
 engine of the same ZeRO stage (`engine.load_checkpoint`); `gradcache eval` reads the full float32 weights back from
-the partitions without an engine (DeepSpeed's zero_to_fp32)."""
+the partitions without an engine (DeepSpeed's zero_to_fp32). As a `last.pt`, it leaves the frozen parameters out
+(LoRA's base weights: checkpoints/model_state.py): the engine is given the trained parameters alone, so its
+optimizer partitions hold their state alone, and the module's weights are saved without the frozen ones."""
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +22,7 @@ from torch import nn
 from gradcache import distributed
 from gradcache.train.checkpoints.atomic import EXTRA_FILE, read_checked, rotate_into_place, save_checkpoint
 from gradcache.train.checkpoints.checksum import files_sha256
+from gradcache.train.checkpoints.model_state import load_saved_state
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.errors import CheckpointError
 
@@ -57,10 +60,11 @@ class DeepSpeedCheckpoint(RunCheckpoint):
         with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout is `gradcache eval`'s JSON
             state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=TAG)
         module = trained.get_submodule(extra[MODULE_KEY])
-        unexpected = module.load_state_dict(state, strict=False).unexpected_keys
-        if unexpected:
-            raise CheckpointError(f"{self.path} holds parameters {unexpected[:5]} that the run's model lacks: it was "
-                                  "saved from another model")
+        try:
+            load_saved_state(module, state)
+        except RuntimeError as error:
+            raise CheckpointError(f"{self.path} does not hold the parameters of the run's model ({error}): it was "
+                                  "saved from another model") from error
         trained["loss"].load_state_dict(extra[LOSS_KEY])
 
     def load_into(self, engine: nn.Module, trained: nn.ModuleDict) -> None:
@@ -74,7 +78,7 @@ class DeepSpeedCheckpoint(RunCheckpoint):
                                   f"{saved_on}, or export its weights (gradcache export) and start a new run")
         try:
             loaded, _ = engine.load_checkpoint(str(self.path), tag=TAG, load_optimizer_states=True,
-                                               load_lr_scheduler_states=False, load_module_strict=True)
+                                               load_lr_scheduler_states=False, custom_load_fn=_load_module)
         except (RuntimeError, KeyError, AssertionError, ValueError) as error:
             reason = str(error).splitlines()[0][:300] if str(error) else ""
             raise CheckpointError(f"{self.path} does not load into this run's DeepSpeed engine "
@@ -92,7 +96,7 @@ class DeepSpeedCheckpoint(RunCheckpoint):
             shutil.rmtree(partial, ignore_errors=True)  # what a crashed save left
         dist.barrier()
         try:
-            self.engine.save_checkpoint(str(partial), tag=TAG, save_latest=False)
+            self.engine.save_checkpoint(str(partial), tag=TAG, save_latest=False, exclude_frozen_parameters=True)
             dist.barrier()  # every rank's files are written
             if leader:
                 module = next(name for name, m in trained.named_modules() if m is self.engine.module)
@@ -117,3 +121,9 @@ class DeepSpeedCheckpoint(RunCheckpoint):
                                       f"{EXTRA_FILE}")
             self._extra_cache = read_checked(self.path / EXTRA_FILE)
         return self._extra_cache
+
+
+def _load_module(src: dict[str, torch.Tensor], dst: nn.Module) -> None:
+    """The engine's module state, without the frozen parameters it was saved without, strictly otherwise (a
+    RuntimeError for another model, which `load_into` turns into a CheckpointError)."""
+    load_saved_state(dst, src)

@@ -1,5 +1,7 @@
 """Sharded checkpoints (`last.dcp`) of `--fsdp` runs: torch.distributed.checkpoint folders that resume on any
-number of ranks, with a sha256 of every shard file and the same atomic replace as single-file checkpoints."""
+number of ranks, with a sha256 of every shard file and the same atomic replace as single-file checkpoints. As a
+`last.pt`, they leave the frozen parameters out (LoRA's base weights: checkpoints/model_state.py): the model's
+trained parameters, its buffers, and the optimizer state of the trained parameters, which is all it has."""
 from __future__ import annotations
 
 import os
@@ -12,6 +14,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -27,9 +30,14 @@ from gradcache.train.checkpoints.atomic import (
     save_checkpoint,
 )
 from gradcache.train.checkpoints.checksum import files_sha256
+from gradcache.train.checkpoints.model_state import frozen_names
 from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
 
 FILES_KEY = "files"  # in extra.pt: sha256 of every other file of the folder, checked by check_sharded_files
+# the frozen parameters are neither written nor read: the model was built with them (checkpoints/model_state.py);
+# loading is not strict about them alone (_check_loaded)
+SAVED = StateDictOptions(ignore_frozen_params=True)
+LOADED = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -56,7 +64,7 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
         shutil.rmtree(partial, ignore_errors=True)  # what a crashed save left
     if grouped:
         dist.barrier()
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=SAVED)
     try:
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), no_dist=not grouped)
         if leader:
@@ -121,9 +129,10 @@ def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
         CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
     """
     folder = _resolve_sharded(Path(folder))
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=SAVED)
     state = _read(folder, {"model": model_state, "optimizer": optimizer_state})
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    _check_loaded(model, set_state_dict(model, optimizer, model_state_dict=state["model"],
+                                        optim_state_dict=state["optimizer"], options=LOADED))
     return _extra(folder)
 
 
@@ -135,9 +144,18 @@ def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str,
         CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
     """
     folder = _resolve_sharded(Path(folder))
-    state = _read(folder, {"model": get_model_state_dict(model)})
-    set_model_state_dict(model, state["model"])
+    state = _read(folder, {"model": get_model_state_dict(model, options=SAVED)})
+    _check_loaded(model, set_model_state_dict(model, state["model"], options=LOADED))
     return _extra(folder)
+
+
+def _check_loaded(model: nn.Module, result: Any) -> None:
+    """What a load left out, but the frozen parameters, is a bug here (`_read` checked the folder's keys)."""
+    frozen = frozen_names(model)
+    left = [key for key in result.missing_keys if key not in frozen]
+    if left or result.unexpected_keys:
+        raise RuntimeError(f"the sharded model state does not fit: lacks {left[:5]}, has unknown "
+                           f"{result.unexpected_keys[:5]}")
 
 
 def _check_holds(folder: Path, model_state: dict[str, Any]) -> None:

@@ -13,6 +13,17 @@ Defaults, said in `--help` and docs/training.md:
   v_proj), else every Linear layer of the model (peft's "all-linear").
 With `--separate-towers` each tower gets its own adapter on its own copy of `--model`.
 
+Every placement trains the adapter alone:
+- DDP reduces the adapter's gradients (the frozen base has none).
+- `--fsdp`: FSDP2 shards each decoder layer with its frozen and trainable parameters in one unit (it keeps a
+  DTensor per parameter, so `requires_grad` stays each parameter's own); the optimizer is built over the adapter's
+  shards; `last.dcp` holds the adapter and its optimizer state (checkpoints/sharded.py).
+- `--deepspeed`: the engine is given the optimizer over the adapter, so ZeRO partitions (and ZeRO-3 gathers per
+  chunk) the frozen weights but keeps float32 master weights and optimizer state for the adapter alone; `last.ds`
+  saves the module without its frozen weights (checkpoints/deepspeed_checkpoint.py).
+Under all three rank 0 writes `RUN/model` (`write_lora_tower`) from its whole adapter: its own under DDP and
+ZeRO-1/2, gathered under `--fsdp` and ZeRO-3.
+
 `RUN/model` holds the merged model as a sentence-transformers folder and the adapter as a PEFT folder in
 `adapter/` (`PeftModel.from_pretrained(AutoModel.from_pretrained(MODEL), "RUN/model/adapter")`).
 """
@@ -128,16 +139,13 @@ def describe(tower: HuggingFaceEncoder, settings: LoraSettings) -> str:
 
 
 def check_lora_options(config: RunConfig) -> None:
-    """The LoRA options come with `--lora-rank`, peft is installed, and `--fsdp` is not asked for."""
+    """The LoRA options come with `--lora-rank`, and peft is installed."""
     if config.lora_rank is None:
         given = [f"--{name.replace('_', '-')}" for name in LORA_OPTIONS if getattr(config, name) is not None]
         if given:
             raise UsageError(f"{', '.join(given)} set LoRA adapters, which need --lora-rank R (e.g. --lora-rank 16); "
                              "add it, or drop them to train every weight")
         return
-    if config.fsdp:
-        raise UsageError("--lora-rank with --fsdp: FSDP2 sharding of a model whose base weights are frozen is not "
-                         "supported by this program yet; drop --fsdp (torchrun with DDP trains LoRA), or --lora-rank")
     import_peft()
 
 

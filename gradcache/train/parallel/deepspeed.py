@@ -200,16 +200,21 @@ class DeepSpeedPlacement(Placement):
         return GatheredParameters(list(model.parameters()))
 
     def whole(self, trained: nn.ModuleDict, build: Callable[[], nn.ModuleDict]) -> nn.ModuleDict | None:
-        """ZeRO-1/2: rank 0's parameters, which are whole. ZeRO-3: gathered on every rank, copied on rank 0."""
+        """ZeRO-1/2: rank 0's parameters, which are whole. ZeRO-3: the trained ones gathered on every rank, copied
+        on rank 0 into a fresh copy, which is built with the frozen ones (LoRA's base) as the run was."""
         if not self.zero3():
             return trained if distributed.rank() == 0 else None
-        with self.gathered(trained):
-            state = {k: v.detach().cpu().clone() for k, v in trained.state_dict().items()} \
+        from deepspeed.runtime.zero import GatheredParameters
+
+        from gradcache.train.checkpoints.model_state import load_saved_state, saved_state
+
+        with GatheredParameters([p for p in trained.parameters() if p.requires_grad]):
+            state = {k: v.detach().cpu().clone() for k, v in saved_state(trained).items()} \
                 if distributed.rank() == 0 else None
         if state is None:
             return None
         copy = build()
-        copy.load_state_dict(state)
+        load_saved_state(copy, state)
         return copy
 
     def load(self, saved: RunCheckpoint, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer) -> None:

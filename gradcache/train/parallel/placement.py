@@ -220,14 +220,18 @@ class Sharded(Placement):
         return True
 
     def whole(self, trained: nn.ModuleDict, build: Callable[[], nn.ModuleDict]) -> nn.ModuleDict | None:
-        """The full weights gathered to rank 0's CPU (a collective) and loaded into a fresh copy there."""
+        """The full trained weights gathered to rank 0's CPU (a collective) and loaded into a fresh copy there; the
+        frozen ones (LoRA's base) are not gathered: the copy is built with them, as the run was."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        from gradcache.train.checkpoints.model_state import load_saved_state
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        state = get_model_state_dict(trained, options=options)
         if distributed.rank() != 0:
             return None
         copy = build()
-        copy.load_state_dict(state)
+        load_saved_state(copy, state)
         return copy
 
     @contextlib.contextmanager

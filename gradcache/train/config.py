@@ -102,6 +102,7 @@ class RunConfig:
     # the kind of model text trains (modes/__init__.py's TEXT_KINDS): dense vectors, token vectors (late
     # interaction), sparse vocabulary rows (SPLADE), or a cross-encoder scoring each (query, passage) pair
     kind: str = option("dense", modes=TEXT, model=True, added=14)
+    in_batch_negatives: int = option(4, modes=TEXT, at_least=0, added=14)  # --kind cross-encoder: per query, per step
     # decoder embedders and prompts: texts prepended to queries and to passages (sentence-transformers' prompts)
     query_prompt: str | None = option(None, modes=TEXT, added=12)
     passage_prompt: str | None = option(None, modes=TEXT, added=12)

@@ -54,6 +54,8 @@ def draw_in_batch(candidates: list[list[str]], count: int, generator: torch.Gene
     Returns: n lists of k (or (n - 1) C) texts, row i's in the order drawn.
     """
     rows, columns = len(candidates[0]), len(candidates)
+    if count == 0:
+        return [[] for _ in range(rows)]
     flattened = [text for column in candidates for text in column]  # (n C,), column after column
     mask = ~torch.eye(rows, dtype=torch.bool).repeat(1, columns)  # (n, n C): False at a row's own candidates
     if count < len(flattened) - columns:
@@ -75,7 +77,7 @@ class GroupPairs:
         generator = torch.Generator().manual_seed((epoch_seed(self.seed, epoch) * 1_000_003 + first) % 2**63)
         queries = [query for _, query, _ in items]
         columns = [list(column) for column in zip(*(group for _, _, group in items))]  # C columns of n texts
-        drawn = draw_in_batch(columns, self.in_batch_negatives, generator) if len(items) > 1 else [[]]
+        drawn = draw_in_batch(columns, self.in_batch_negatives, generator)
         pairs = [(query, candidate) for query, group, others in zip(queries, (g for _, _, g in items), drawn)
                  for candidate in (group[0], *others, *group[1:])]
         return [pairs]

@@ -151,9 +151,11 @@ def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
 
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
-    embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size)
-    print(f"wrote {args.output}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions "
-          f"({model.source})", file=sys.stderr)
+    embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size,
+                        args.pair_keys)
+    what = (f"{embeddings.shape[0]} scores of (query, passage) rows" if embeddings.ndim == 1
+            else f"{embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions")
+    print(f"wrote {args.output}: {what} ({model.source})", file=sys.stderr)
     return 0
 
 

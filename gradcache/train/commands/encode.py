@@ -8,6 +8,8 @@ similarity, and all-MiniLM-L6-v2 normalises itself (for a folder without a `Norm
 its pooled output, which is all that cosine ranking reads). `.npy`: an (N, D) array (`numpy.load`).
 `.faiss`: an exact inner-product index (`IndexIDMap2` over `IndexFlatIP`) whose ids are the row numbers
 (`faiss.read_index`; `index.search(queries, k)` returns rows of the input).
+A cross-encoder has no embeddings: it writes one score per (query, passage) row (gradcache/train/commands/
+pair_scores.py).
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def embed_image_rows(model: LoadedModel, images: torch.Tensor, batch_size: int) 
 
 
 def encode(model: LoadedModel, data: str, output: str, key: str | None = None, image_key: str | None = None,
-           tower: str = "passage", batch_size: int = 256) -> np.ndarray:
+           tower: str = "passage", batch_size: int = 256, pair_keys: list[str] | None = None) -> np.ndarray:
     """Embed every row of `data` with `model` and write them to `output` (module docstring); return them.
 
     Args:
@@ -74,6 +76,16 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
         UsageError: a bad option, texts for a model without a text side or images for one without an image side.
         DataError: unusable data (gradcache/train/commands/command_inputs.py).
     """
+    if model.kind == "cross-encoder":  # no embeddings: one score per (query, passage) row (pair_scores.py)
+        from gradcache.train.commands.pair_scores import encode_pairs
+
+        if key is not None or image_key is not None:
+            raise UsageError(f"MODEL ({model.source}) is a cross-encoder: it scores (query, passage) rows named by "
+                             "--pair-keys, not the texts of --key or the images of --image-key")
+        return encode_pairs(model, data, output, pair_keys, batch_size)
+    if pair_keys is not None:
+        raise UsageError(f"--pair-keys names a cross-encoder's (query, passage) columns; MODEL ({model.source}) is a "
+                         f"{model.kind} model that embeds texts (--key) or images (drop --pair-keys)")
     path = check_output(output, OUTPUT_SUFFIXES)
     if tower not in TOWERS:
         raise UsageError(f"--tower {tower!r}: choose one of {', '.join(TOWERS)}")

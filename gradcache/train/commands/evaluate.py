@@ -12,6 +12,8 @@
   the rest).
 - A CLIP model (a run, its `model/` export, built-in or open_clip) with `--classes FILE` on an ImageFolder
   `--data`: zero-shot top-1 of every image against FILE's classes (gradcache/train/commands/zero_shot.py).
+- A cross-encoder (a `--kind cross-encoder` run or its export) on a pairs file: every usable row reranks its
+  positive, hard negatives and other passages of the file (gradcache/train/eval/reranking.py), same metrics.
 - A run without `--data`: its own held-out split, as `gradcache eval RUN` always scored it, with its baselines
   and `steps`.
 """
@@ -100,6 +102,17 @@ def evaluate(model: LoadedModel, data: str | None, output: str | None = None, co
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     if classes is not None:
         metrics = _zero_shot(model, data, classes, corpus, test_size, batch_size)
+        if path is not None:
+            _write_metrics(path, metrics)
+        return metrics
+    if model.kind == "cross-encoder" and data is not None:  # it scores pairs: each row reranks its candidates
+        from gradcache.train.commands.pair_scores import rerank_metrics_of
+
+        if corpus is not None:
+            raise UsageError(f"--corpus is ranked by embeddings; MODEL ({model.source}) is a cross-encoder, which "
+                             "reranks each row's candidates (drop --corpus)")
+        metrics = rerank_metrics_of(model, read_pairs(data, query_key, positive_key, negative_keys or ()),
+                                    batch_size)
         if path is not None:
             _write_metrics(path, metrics)
         return metrics

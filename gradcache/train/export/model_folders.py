@@ -4,13 +4,14 @@
 | kind | recognised by | load it with |
 |---|---|---|
 | `RUN` | `last.pt`, `previous.pt`, `last.dcp` or `previous.dcp` | `gradcache export RUN`, `gradcache eval RUN` |
-| `SENTENCE_TRANSFORMERS` | `modules.json` | `SentenceTransformer(folder)` |
+| `CROSS_ENCODER` | `modules.json` + `config_sentence_transformers.json` of `model_type` CrossEncoder | `CrossEncoder(folder)` |
+| `SENTENCE_TRANSFORMERS` | any other `modules.json` | `SentenceTransformer(folder)` |
 | `SENTENCE_TRANSFORMERS_TOWERS` | `query/` and `passage/`, each a sentence-transformers folder | one `SentenceTransformer` per side |
 | `OPEN_CLIP` | `open_clip_model.safetensors` + `open_clip_config.json` | `open_clip.create_model("local-dir:" + folder)` |
 | `BUILT_IN` | `config.json` with `gradcache_architecture` + `model.safetensors` | `gradcache.models.from_pretrained(folder)` |
 | `HUGGING_FACE` | any other `config.json` (written by `save_pretrained`) | `transformers.AutoModel.from_pretrained(folder)` |
 
-A run's `model/` folder is one of the middle four (gradcache/train/export/).
+A run's `model/` folder is one of the middle five (gradcache/train/export/).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ RUN_CHECKPOINTS = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedChe
 class ModelFolderKind(str, enum.Enum):
     RUN = "run"
     SENTENCE_TRANSFORMERS = "sentence-transformers"
+    CROSS_ENCODER = "cross-encoder"
     SENTENCE_TRANSFORMERS_TOWERS = "sentence-transformers-towers"
     OPEN_CLIP = "open_clip"
     BUILT_IN = "built-in"
@@ -57,7 +59,7 @@ def model_folder_kind(folder: str | os.PathLike) -> ModelFolderKind:
     if any((path / name).exists() for name in RUN_CHECKPOINTS):
         return ModelFolderKind.RUN
     if (path / "modules.json").is_file():
-        return ModelFolderKind.SENTENCE_TRANSFORMERS
+        return ModelFolderKind.CROSS_ENCODER if _is_cross_encoder(path) else ModelFolderKind.SENTENCE_TRANSFORMERS
     if all((path / side / "modules.json").is_file() for side in (QUERY_FOLDER, PASSAGE_FOLDER)):
         return ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS
     if (path / OPEN_CLIP_WEIGHTS).is_file() and (path / OPEN_CLIP_CONFIG).is_file():
@@ -75,3 +77,12 @@ def model_folder_kind(folder: str | os.PathLike) -> ModelFolderKind:
                      f"(a run folder), modules.json (sentence-transformers), {QUERY_FOLDER}/ and {PASSAGE_FOLDER}/ "
                      f"(separate towers), {OPEN_CLIP_WEIGHTS} (open_clip) or {CONFIG_FILE} (gradcache or Hugging "
                      "Face); give a run folder or the model/ folder gradcache export wrote")
+
+
+def _is_cross_encoder(path: Path) -> bool:
+    """A sentence-transformers folder that `CrossEncoder.save` wrote (its `model_type`)."""
+    try:
+        settings = json.loads((path / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(settings, dict) and settings.get("model_type") == "CrossEncoder"

@@ -25,6 +25,7 @@ from gradcache.train.strategy_choice import build_strategy  # noqa: E402
 from tests.tiny_text_model import write_tiny_bert  # noqa: E402
 from tests.train.conftest import TINY  # noqa: E402
 
+METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")
 KIND = ["--kind", "cross-encoder", "--threads", "1"]  # one thread: tiny models gain nothing from more
 
 
@@ -188,24 +189,76 @@ def test_metrics_equal_a_brute_force_ranking(tiny_bert):
         assert got[key] == pytest.approx(100 * want[key], abs=1e-9), key
 
 
-def test_the_export_predicts_the_runs_scores(tmp_path, tiny_bert):
-    """sentence-transformers' CrossEncoder loads RUN/model offline; its predict is Sigmoid of the run's scores."""
+PAIRS = [("who bakes bread in the village of ashford?", "the baker of ashford bakes bread every morning"),
+         ("x", "a very long passage " * 10), ("what?", "")]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_bert):
+    """A finished run (RUN/model exported), trained once for the export, encode and eval tests."""
+    folder = tmp_path_factory.mktemp("cross-encoder-run")
+    argv = ["train", "text", *KIND, *TINY["text"], "--model", str(tiny_bert), "--negatives-per-query", "1",
+            "--max-length", "12", "--test-size", "8", "--output-dir", str(folder)]
+    assert main(argv) == 0
+    return folder
+
+
+def _predicted(folder):
     pytest.importorskip("sentence_transformers")
     from sentence_transformers import CrossEncoder
 
+    loaded = CrossEncoder(str(folder), local_files_only=True)
+    assert loaded.max_seq_length == 12
+    return loaded.predict(PAIRS, batch_size=2)
+
+
+def test_the_export_predicts_the_runs_scores(trained):
+    """sentence-transformers' CrossEncoder loads RUN/model offline; its predict is Sigmoid of the run's scores."""
     from gradcache.train.commands.model import load_run
 
-    argv = ["train", "text", *KIND, *TINY["text"], "--model", str(tiny_bert), "--negatives-per-query", "1",
-            "--max-length", "12", "--test-size", "8", "--output-dir", str(tmp_path)]
-    assert main(argv) == 0
-    _, model, _ = load_run(tmp_path)
-    pairs = [("who bakes bread in the village of ashford?", "the baker of ashford bakes bread every morning"),
-             ("x", "a very long passage " * 10), ("what?", "")]
+    _, model, _ = load_run(trained)
     with torch.no_grad():
-        want = torch.sigmoid(model(pairs)).numpy()
-    loaded = CrossEncoder(str(tmp_path / "model"), local_files_only=True)
-    assert loaded.max_length == 12 if not hasattr(loaded, "max_seq_length") else loaded.max_seq_length == 12
-    np.testing.assert_allclose(loaded.predict(pairs, batch_size=2), want, rtol=1e-5, atol=1e-6)
+        want = torch.sigmoid(model(PAIRS)).numpy()
+    np.testing.assert_allclose(_predicted(trained / "model"), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("source", ["run", "export"])
+def test_encode_writes_one_predict_score_per_row(tmp_path, trained, source):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"q": q, "p": p}) + "\n" for q, p in PAIRS), encoding="utf-8")
+    model = trained if source == "run" else trained / "model"
+    out = tmp_path / "scores.npy"
+    assert main(["encode", str(model), "--data", str(data), "--output", str(out), "--pair-keys", "q", "p",
+                 "--batch-size", "2"]) == 0
+    np.testing.assert_allclose(np.load(out), _predicted(trained / "model"), rtol=1e-5, atol=1e-6)
+
+
+def test_encode_refuses_what_a_cross_encoder_cannot_write(tmp_path, trained, capsys):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"query": "q", "passage": "p"}) + "\n", encoding="utf-8")
+    assert main(["encode", str(trained), "--data", str(data), "--output", str(tmp_path / "x.faiss")]) == 2
+    assert main(["encode", str(trained), "--data", str(data), "--output", str(tmp_path / "x.npy"), "--key",
+                 "query"]) == 2
+    assert "--pair-keys" in capsys.readouterr().err and not list(tmp_path.glob("x.*"))
+
+
+def test_eval_of_the_run_and_of_its_export(tmp_path, trained, capsys):
+    """`gradcache eval RUN` repeats the run's final metrics; RUN and RUN/model score a rows file alike."""
+    assert main(["eval", str(trained)]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    final = json.loads((trained / "metrics.json").read_text())
+    assert {key: metrics[key] for key in METRICS} == {key: final[key] for key in METRICS}
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"query": f"who is resident {i}?", "positive": f"resident {i} bakes bread",
+                                        "negative": f"resident {i + 1} sails"}) + "\n" for i in range(12)),
+                    encoding="utf-8")
+    scored = []
+    for model in (trained, trained / "model"):
+        assert main(["eval", str(model), "--data", str(data), "--negative-keys", "negative"]) == 0
+        scored.append(json.loads(capsys.readouterr().out))
+    assert scored[0]["queries"] == 12 and set(METRICS) <= scored[0].keys()
+    for key in METRICS:
+        assert scored[0][key] == pytest.approx(scored[1][key]), key
 
 
 @pytest.mark.parametrize("options,named", [

@@ -170,7 +170,8 @@ def test_candidates_follow_the_seeded_rule(tiny_bert):
 
 
 def test_metrics_equal_a_brute_force_ranking(tiny_bert):
-    """Each pair scored alone, candidates sorted by score (ties against the positive), metrics from the ranks."""
+    """Each query's candidates scored together, ranked by counting (ties against the positive), metrics from the
+    ranks by their formulas."""
     config, data, _ = _first_batch(_config(tiny_bert, test_size=24))
     torch.manual_seed(1)
     model = mode_of(config).build_model(config).eval()
@@ -178,7 +179,7 @@ def test_metrics_equal_a_brute_force_ranking(tiny_bert):
     ranks = []
     with torch.no_grad():
         for query, texts in zip(data.test.queries, rerank_candidates(data.test, config.data_seed)):
-            scores = [model([(query, text)]).item() for text in texts]
+            scores = model([(query, text) for text in texts]).tolist()  # one query's candidates at once
             ranks.append(1 + sum(score >= scores[0] for score in scores[1:]))
     ranks = np.array(ranks)
     want = {"recall@1": (ranks == 1).mean(), "recall@10": (ranks <= 10).mean(),
@@ -219,6 +220,8 @@ def test_the_export_predicts_the_runs_scores(trained):
     _, model, _ = load_run(trained)
     with torch.no_grad():
         want = torch.sigmoid(model(PAIRS)).numpy()
+    np.testing.assert_allclose(_predicted(trained / "model"), want, rtol=1e-5, atol=1e-6)
+    assert main(["export", str(trained), "--output", str(trained / "model")]) == 0  # replaces its own export
     np.testing.assert_allclose(_predicted(trained / "model"), want, rtol=1e-5, atol=1e-6)
 
 

@@ -8,6 +8,8 @@ MODEL is, in the order it is recognised:
 - a sentence-transformers folder (`modules.json`: its pooling, `include_prompt`, `Normalize` and prompts read as
   sentence-transformers reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with
   its own tokenizer;
+- a sentence-transformers `CrossEncoder` folder (a `--kind cross-encoder` export): a reranker that scores
+  (query, passage) pairs, read as `CrossEncoder` reads it (commands/pair_scores.py);
 - a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
   query tower from the first, the passage tower from the second, the tokenizer of `query/`;
 - an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`);
@@ -20,7 +22,8 @@ kinds `gradcache export` writes.
 Anything else is refused (UsageError, exit status 2) before anything is written.
 
 Every model comes back in eval mode on the device asked for, as a `LoadedModel`: what it embeds (`kind`: "text",
-"clip" or "simclr") and one callable per side, so the commands never ask which kind of folder it came from.
+"clip" or "simclr"; a "cross-encoder" scores pairs instead) and one callable per side, so the commands never ask
+which kind of folder it came from.
 """
 from __future__ import annotations
 
@@ -268,14 +271,14 @@ def _from_cross_encoder(name: str, folder: Path, device: torch.device, max_lengt
     import json
 
     from gradcache.models.cross_encoder import HuggingFaceCrossEncoder
+    from gradcache.train.export.cross_encoder import SIGMOID
 
     if pooling is not None or prompts != (None, None):
         raise UsageError(f"MODEL {name} is a cross-encoder folder: it reads each (query, passage) pair whole, without "
                          "pooling or prompts (drop --pooling, --query-prompt and --passage-prompt)")
     settings = json.loads((folder / "config_sentence_transformers.json").read_text(encoding="utf-8"))
-    activations = {"torch.nn.modules.activation.Sigmoid": torch.sigmoid,
-                   "torch.nn.modules.linear.Identity": lambda scores: scores}
-    activation = settings.get("activation_fn", "torch.nn.modules.activation.Sigmoid")
+    activations = {SIGMOID: torch.sigmoid, "torch.nn.modules.linear.Identity": lambda scores: scores}
+    activation = settings.get("activation_fn", SIGMOID)
     if activation not in activations:
         raise UsageError(f"MODEL {name}: its activation_fn {activation!r} is neither Sigmoid nor Identity, the two "
                          "these commands apply; score it with sentence_transformers.CrossEncoder")

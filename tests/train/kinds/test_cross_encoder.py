@@ -267,7 +267,8 @@ def test_eval_of_the_run_and_of_its_export(tmp_path, trained, capsys):
 @pytest.mark.parametrize("options,named", [
     (["--separate-towers"], "--separate-towers"), (["--pooling", "cls"], "--pooling"),
     (["--matryoshka-dims", "8"], "--matryoshka-dims"), (["--queue-size", "8"], "--queue-size"),
-    (["--in-batch-negatives", "0", "--negatives-per-query", "0"], "--in-batch-negatives"), (["--in-batch-negatives", "-1"], "--in-batch-negatives"),
+    (["--in-batch-negatives", "0", "--negatives-per-query", "0"], "--in-batch-negatives"),
+    (["--in-batch-negatives", "-1"], "--in-batch-negatives"), (["--data", "world", "--lora-rank", "2"], "--lora-rank"),
 ])
 def test_options_it_cannot_honour_exit_2_and_write_nothing(tmp_path, tiny_bert, capsys, options, named):
     out = tmp_path / "out"
@@ -282,3 +283,15 @@ def test_a_grouped_run_reads_its_config(tiny_bert):
     config = _config(tiny_bert, in_batch_negatives=7)
     assert RunConfig.from_dict(config.to_dict()).in_batch_negatives == 7
     assert dataclasses.replace(config, kind="dense").in_batch_negatives == 7
+
+
+def test_streamed_data_exits_2_and_writes_nothing(tmp_path, tiny_bert, capsys):
+    """A .jsonl.gz is streamed, its rows without the places the in-batch draw is seeded by: refused, named."""
+    import gzip
+
+    rows = "".join(json.dumps({"query": f"q {i}", "positive": f"p {i}"}) + "\n" for i in range(40))
+    (tmp_path / "rows.jsonl.gz").write_bytes(gzip.compress(rows.encode()))
+    out = tmp_path / "out"
+    assert main(["train", "text", *KIND, *TINY["text"], "--model", str(tiny_bert), "--test-size", "8",
+                 "--data", str(tmp_path / "rows.jsonl.gz"), "--output-dir", str(out)]) == 2
+    assert "rows.jsonl.gz" in capsys.readouterr().err and not out.exists()

@@ -295,3 +295,24 @@ def test_streamed_data_exits_2_and_writes_nothing(tmp_path, tiny_bert, capsys):
     assert main(["train", "text", *KIND, *TINY["text"], "--model", str(tiny_bert), "--test-size", "8",
                  "--data", str(tmp_path / "rows.jsonl.gz"), "--output-dir", str(out)]) == 2
     assert "rows.jsonl.gz" in capsys.readouterr().err and not out.exists()
+
+
+def _train_on_rank(rank, world_size, argv):
+    return main(argv), torch.distributed.get_world_size()
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tmp_path, tiny_bert):
+    """Two gloo ranks, each scoring its half of the groups, train the model one process trains on the whole batch
+    (no in-batch draw: each rank would draw among its own rows; the groups are the rows' own)."""
+    from tests.multiprocess import run_on_ranks
+
+    argv = ["train", "text", *KIND, *TINY["text"], "--model", str(tiny_bert), "--negatives-per-query", "1",
+            "--in-batch-negatives", "0", "--test-size", "8", "--workers", "0"]
+    assert run_on_ranks(_train_on_rank, 2, [*argv, "--output-dir", str(tmp_path / "two")]) == [(0, 2)] * 2
+    assert main([*argv, "--output-dir", str(tmp_path / "one")]) == 0
+    two, one = (load_checkpoint(tmp_path / d) for d in ("two", "one"))
+    for name in one["model"]:
+        torch.testing.assert_close(two["model"][name], one["model"][name], rtol=1e-4, atol=1e-5, msg=name)
+    losses = [[float(loss) for _, loss in _losses(tmp_path / d)] for d in ("two", "one")]
+    assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-5)

@@ -13,7 +13,7 @@ from gradcache.train.export.model_folders import ModelFolderKind, model_folder_k
 PLACEHOLDER = "RUN/model"  # what the format writers put where the folder's path goes
 SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr",
             "warmup", "weight_decay", "temperature", "precision", "image_size", "max_length", "matryoshka_dims",
-            "queue_size", "seed", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+            "queue_size", "seed", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "in_batch_negatives")
 
 
 def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, config: RunConfig,
@@ -27,8 +27,10 @@ def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, confi
     text += _use_for_images(model_folder_kind(folder), where, config)
     given = {name: getattr(config, name) for name in SETTINGS if getattr(config, name) is not None
              and not (name == "image_size" and config.mode == "text")
-             and not (name == "max_length" and config.mode != "text")}
-    text += f"\n## Training\n\nTrained with `gradcache train {config.mode}`:\n\n"
+             and not (name == "max_length" and config.mode != "text")
+             and not (name == "in_batch_negatives" and config.kind != "cross-encoder")}
+    kind = f" --kind {config.kind}" if config.mode == "text" and config.kind != "dense" else ""
+    text += f"\n## Training\n\nTrained with `gradcache train {config.mode}{kind}`:\n\n"
     text += "| setting | value |\n|---|---|\n" + "".join(
         f"| `--{name.replace('_', '-')}` | {_cell(value)} |\n" for name, value in given.items())
     if metrics:

@@ -221,6 +221,8 @@ def test_the_export_predicts_the_runs_scores(trained):
     with torch.no_grad():
         want = torch.sigmoid(model(PAIRS)).numpy()
     np.testing.assert_allclose(_predicted(trained / "model"), want, rtol=1e-5, atol=1e-6)
+    card = (trained / "model" / "README.md").read_text()
+    assert "gradcache train text --kind cross-encoder" in card and "`--in-batch-negatives` | 4" in card
     assert main(["export", str(trained), "--output", str(trained / "model")]) == 0  # replaces its own export
     np.testing.assert_allclose(_predicted(trained / "model"), want, rtol=1e-5, atol=1e-6)
 

@@ -318,3 +318,13 @@ def test_two_processes_match_one_process(tmp_path, tiny_bert):
         torch.testing.assert_close(two["model"][name], one["model"][name], rtol=1e-4, atol=1e-5, msg=name)
     losses = [[float(loss) for _, loss in _losses(tmp_path / d)] for d in ("two", "one")]
     assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_bf16_checkpointing_workers_and_naive_run(tmp_path, tiny_bert):
+    """The run's other options reach the cross-encoder: autocast, activation checkpointing, a loader worker
+    (which pickles the collate), naive accumulation over whole groups."""
+    argv = ["train", "text", *KIND, *TINY["text"], "--model", str(tiny_bert), "--test-size", "8", "--max-length",
+            "16", "--precision", "bf16", "--grad-checkpointing", "--workers", "1", "--strategy", "naive",
+            "--output-dir", str(tmp_path)]
+    assert main(argv) == 0
+    assert len(_losses(tmp_path)) == 2 and (tmp_path / "model" / "model.safetensors").is_file()

@@ -167,6 +167,9 @@ class Text(Mode):
         """--guide with the loss it guides: the dense loss without a queue; the LoRA options (modes/lora.py); prompts
         that are text, and excluded from pooling only where there is one and mean pooling."""
         check_lora_options(config)
+        if config.in_batch_negatives != RunConfig.in_batch_negatives:  # read by --kind cross-encoder alone
+            raise UsageError(f"--in-batch-negatives {config.in_batch_negatives} is read by --kind cross-encoder; "
+                             f"--kind {config.kind} contrasts every passage of the batch: drop it")
         for option, prompt in (("--query-prompt", config.query_prompt), ("--passage-prompt", config.passage_prompt)):
             if prompt is not None and not prompt.strip():
                 raise UsageError(f"{option} {prompt!r} is empty; give the text to prepend, or omit {option}")

@@ -328,3 +328,10 @@ def test_bf16_checkpointing_workers_and_naive_run(tmp_path, tiny_bert):
             "--output-dir", str(tmp_path)]
     assert main(argv) == 0
     assert len(_losses(tmp_path)) == 2 and (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def test_the_dense_kind_refuses_the_cross_encoders_option(tmp_path, tiny_bert, capsys):
+    out = tmp_path / "out"
+    assert main(["train", "text", *TINY["text"], "--model", str(tiny_bert), "--in-batch-negatives", "2",
+                 "--output-dir", str(out)]) == 2
+    assert "--in-batch-negatives" in capsys.readouterr().err and not out.exists()

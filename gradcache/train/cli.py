@@ -150,17 +150,22 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
 def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
     from gradcache.train.commands.encode import encode
     from gradcache.train.commands.model import load_model
+    from gradcache.train.eval.sparse_rows import CsrRows
 
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
-    embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size)
+    embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size,
+                        args.pair_keys)
     if isinstance(embeddings, dict):  # a multi-vector model's token vectors (commands/encode_tokens.py)
         values = embeddings["values"]
-        print(f"wrote {args.output}: {len(embeddings['offsets']) - 1} texts, {values.shape[0]} token vectors of "
-              f"{values.shape[1]} dimensions ({model.source})", file=sys.stderr)
-        return 0
-    print(f"wrote {args.output}: {embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions "
-          f"({model.source})", file=sys.stderr)
+        what = f"{len(embeddings['offsets']) - 1} texts, {values.shape[0]} token vectors of {values.shape[1]} dimensions"
+    elif isinstance(embeddings, CsrRows):  # a SPLADE model's sparse rows (eval/sparse_rows.py)
+        what = f"{embeddings.shape[0]} sparse rows of {embeddings.shape[1]} columns, {len(embeddings.data)} non-zeros"
+    elif embeddings.ndim == 1:  # a cross-encoder's scores (commands/pair_scores.py)
+        what = f"{embeddings.shape[0]} scores of (query, passage) rows"
+    else:
+        what = f"{embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions"
+    print(f"wrote {args.output}: {what} ({model.source})", file=sys.stderr)
     return 0
 
 

@@ -106,6 +106,7 @@ class RunConfig:
     document_regularizer_weight: float = option(3e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
     query_regularizer_weight: float = option(5e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
     token_dim: int = option(128, modes=TEXT, model=True, at_least=1, added=14)  # --kind multi-vector: D per token
+    in_batch_negatives: int = option(4, modes=TEXT, at_least=0, added=14)  # --kind cross-encoder: per query, per step
     # decoder embedders and prompts: texts prepended to queries and to passages (sentence-transformers' prompts)
     query_prompt: str | None = option(None, modes=TEXT, added=12)
     passage_prompt: str | None = option(None, modes=TEXT, added=12)

@@ -90,6 +90,10 @@ def _output_folder(given: RunConfig, explicit: set[str]) -> Path:
 def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckpoint | None, Splits]:
     found = choose_checkpoint(given.resume, given.output_dir) if given.resume is not None else None
     saved = found.chosen if found is not None else None
+    mode = mode_of(given)
+    if saved is None:  # a new run: the defaults of its kind where the options were not given
+        given = dataclasses.replace(given, **{name: value for name, value in mode.kind_defaults.items()
+                                              if name not in explicit})
     config = merge_resume(given, explicit, saved) if saved is not None else dataclasses.replace(given, resume=None)
     mode = mode_of(config)
     if config.steps is None and config.epochs is None:

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.utils import get_total_norm
 
 from gradcache import distributed
+from gradcache.inputs import is_texts
 from gradcache.non_finite import NonFiniteError, NonFiniteLossError
 from gradcache.train.checkpoints.atomic import (
     capture_random_state,
@@ -236,4 +237,6 @@ def _any_rank(flags: list[bool]) -> list[bool]:
 def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, dict):
         return {k: v.to(device) for k, v in value.items()}
+    if is_texts(value):  # raw text pairs (--kind cross-encoder): its encoder tokenises them onto its device
+        return value
     return value.to(device)

@@ -87,7 +87,8 @@ ADDED_IN = {
     11: dict(lora_rank=None, lora_alpha=None, lora_dropout=None, lora_targets=None),
     12: dict(query_prompt=None, passage_prompt=None, exclude_prompt_from_pooling=False),
     13: dict(deepspeed=None),
-    14: dict(kind="dense", document_regularizer_weight=3e-5, query_regularizer_weight=5e-5, token_dim=128),
+    14: dict(kind="dense", document_regularizer_weight=3e-5, query_regularizer_weight=5e-5, token_dim=128,
+            in_batch_negatives=4),
 }
 
 

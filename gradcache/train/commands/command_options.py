@@ -60,6 +60,10 @@ def add_encode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", default=None, help="the table column (JSONL field) of the texts")
     parser.add_argument("--image-key", default=None, help="the table column of image paths (relative to the "
                         "table's folder)")
+    parser.add_argument("--pair-keys", nargs=2, default=None, metavar=("QUERY", "PASSAGE"),
+                        help="a cross-encoder MODEL (--kind cross-encoder): the two table columns of each (query, "
+                        "passage) row to score; --output FILE.npy then holds one score per row, CrossEncoder.predict's "
+                        "(default: query passage)")
     parser.add_argument("--tower", choices=TOWERS, default="passage", help="the side that embeds the texts, for a "
                         "model with a query and a passage tower, and whose prompt they take (default: passage; one "
                         "shared tower without prompts: the same)")

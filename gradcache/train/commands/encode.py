@@ -13,6 +13,8 @@ A multi-vector model (`--kind multi-vector`) writes each text's token vectors to
 A SPLADE model (a `--kind sparse` run or a SparseEncoder folder) gives sparse rows instead, unnormalised, as
 `SparseEncoder.encode` does: `.npz` only, in CSR form (`indptr`, `indices`, `data`, `shape`;
 gradcache/train/eval/sparse_rows.py, docs/outputs.md).
+A cross-encoder has no embeddings: it writes one score per (query, passage) row (gradcache/train/commands/
+pair_scores.py).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from gradcache.train.eval.embed import embed_images, embed_texts
 from gradcache.train.eval.sparse_rows import CsrRows, embed_sparse_texts
 
 OUTPUT_SUFFIXES = (".npy", ".faiss", ".npz")
-SPARSE_SUFFIX = ".npz"  # a SPLADE model's rows (CsrRows), and only theirs
+SPARSE_SUFFIX = ".npz"  # a SPLADE model's rows (CsrRows), or a multi-vector model's tokens (encode_tokens.py)
 TOWERS = ("query", "passage")
 
 
@@ -77,7 +79,8 @@ def embed_image_rows(model: LoadedModel, images: torch.Tensor, batch_size: int) 
 
 
 def encode(model: LoadedModel, data: str, output: str, key: str | None = None, image_key: str | None = None,
-           tower: str = "passage", batch_size: int = 256) -> np.ndarray | CsrRows | dict[str, np.ndarray]:
+           tower: str = "passage", batch_size: int = 256,
+           pair_keys: list[str] | None = None) -> np.ndarray | CsrRows | dict[str, np.ndarray]:
     """Embed every row of `data` with `model` and write them to `output` (module docstring); return them.
 
     Args:
@@ -90,6 +93,16 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
         UsageError: a bad option, texts for a model without a text side or images for one without an image side.
         DataError: unusable data (gradcache/train/commands/command_inputs.py).
     """
+    if model.kind == "cross-encoder":  # no embeddings: one score per (query, passage) row (pair_scores.py)
+        from gradcache.train.commands.pair_scores import encode_pairs
+
+        if key is not None or image_key is not None:
+            raise UsageError(f"MODEL ({model.source}) is a cross-encoder: it scores (query, passage) rows named by "
+                             "--pair-keys, not the texts of --key or the images of --image-key")
+        return encode_pairs(model, data, output, pair_keys, batch_size)
+    if pair_keys is not None:
+        raise UsageError(f"--pair-keys names a cross-encoder's (query, passage) columns; MODEL ({model.source}) is a "
+                         f"{model.kind} model that embeds texts (--key) or images (drop --pair-keys)")
     if tower not in TOWERS:
         raise UsageError(f"--tower {tower!r}: choose one of {', '.join(TOWERS)}")
     if batch_size < 1:
@@ -111,7 +124,8 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
     if (path.suffix.lower() == SPARSE_SUFFIX) != sparse:
         gives = "sparse rows: end --output in .npz" if sparse else "dense embeddings: end --output in .npy or .faiss"
         raise UsageError(f"--output {output}: {SPARSE_SUFFIX} holds the sparse rows of a SPLADE model (--kind sparse) "
-                         f"or the token vectors of a multi-vector model, .npy or .faiss dense embeddings; MODEL ({model.source}) gives {gives}")
+                         f"or the token vectors of a multi-vector model, .npy or .faiss dense embeddings; MODEL "
+                         f"({model.source}) gives {gives}")
     if sparse:
         rows = sparse_text_rows(model, read_texts(data, key), tower, batch_size, f"encode {tower}s")
         write_atomically(path, rows.save)

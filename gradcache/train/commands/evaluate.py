@@ -15,6 +15,8 @@
   the rest).
 - A CLIP model (a run, its `model/` export, built-in or open_clip) with `--classes FILE` on an ImageFolder
   `--data`: zero-shot top-1 of every image against FILE's classes (gradcache/train/commands/zero_shot.py).
+- A cross-encoder (a `--kind cross-encoder` run or its export) on a pairs file: every usable row reranks its
+  positive, hard negatives and other passages of the file (gradcache/train/eval/reranking.py), same metrics.
 - A run without `--data`: its own held-out split, as `gradcache eval RUN` always scored it, with its baselines
   and `steps`.
 """
@@ -120,16 +122,26 @@ def evaluate(model: LoadedModel, data: str | None, output: str | None = None, co
         if path is not None:
             _write_metrics(path, metrics)
         return metrics
-    ranks_texts = model.kind == "text"
-    if not ranks_texts and corpus is not None:
+    if model.kind == "cross-encoder" and data is not None:  # it scores pairs: each row reranks its candidates
+        from gradcache.train.commands.pair_scores import rerank_metrics_of
+
+        if corpus is not None:
+            raise UsageError(f"--corpus is ranked by embeddings; MODEL ({model.source}) is a cross-encoder, which "
+                             "reranks each row's candidates (drop --corpus)")
+        metrics = rerank_metrics_of(model, read_pairs(data, query_key, positive_key, negative_keys or ()),
+                                    batch_size)
+        if path is not None:
+            _write_metrics(path, metrics)
+        return metrics
+    if model.kind != "text" and corpus is not None:
         raise UsageError(f"--corpus ranks passages for a text model; MODEL ({model.source}) is a {model.kind} model")
     if data is None and model.config is None:
         raise UsageError(f"MODEL ({model.source}) is a model folder, not a run: give --data, a file of (query, "
                          "positive) rows to score it on")
-    if not ranks_texts and model.config is None:
+    if model.kind != "text" and model.config is None:
         raise UsageError(f"MODEL ({model.source}) is an exported {model.kind} model: its metrics read the run's "
                          "options (data keys, kNN, prompts); give the run folder it was exported from")
-    if ranks_texts and data is not None:
+    if model.kind == "text" and data is not None:
         metrics = text_metrics(model, read_pairs(data, query_key, positive_key, negative_keys or ()), corpus,
                                batch_size)
     else:

@@ -12,6 +12,8 @@ MODEL is, in the order it is recognised:
   exports): a SPLADE encoder (gradcache.models.splade) with its own tokenizer, `max_seq_length` and prompts;
 - a sentence-transformers MultiVectorEncoder folder (a `--kind multi-vector` export): its model, projection,
   tokenizer, max_seq_length and prompts (gradcache.models.multi_vector_folder), embedding token vectors;
+- a sentence-transformers `CrossEncoder` folder (a `--kind cross-encoder` export): a reranker that scores
+  (query, passage) pairs, read as `CrossEncoder` reads it (commands/pair_scores.py);
 - a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
   query tower from the first, the passage tower from the second, the tokenizer of `query/`;
 - an exported built-in SimCLR or CLIP encoder (`RUN/model` of such a run: `gradcache.models.from_pretrained`);
@@ -24,7 +26,8 @@ kinds `gradcache export` writes.
 Anything else is refused (UsageError, exit status 2) before anything is written.
 
 Every model comes back in eval mode on the device asked for, as a `LoadedModel`: what it embeds (`kind`: "text",
-"clip" or "simclr") and one callable per side, so the commands never ask which kind of folder it came from.
+"clip" or "simclr"; a "cross-encoder" scores pairs instead) and one callable per side, so the commands never ask
+which kind of folder it came from.
 """
 from __future__ import annotations
 
@@ -59,7 +62,8 @@ class LoadedModel:
     """A model ready to embed, whatever MODEL named.
 
     Args:
-        kind: "text" (queries and passages), "clip" (images and captions) or "simclr" (images).
+        kind: "text" (queries and passages), "clip" (images and captions), "simclr" (images) or "cross-encoder"
+            ((query, passage) pairs to scores: `score_pairs`, `activation`).
         source: what was loaded, for messages ("run runs/x (last.pt, step 24)").
         module: the whole model, in eval mode on its device.
         device: where it runs.
@@ -89,6 +93,9 @@ class LoadedModel:
     query_prompt: str | None = None
     passage_prompt: str | None = None
     text_kind: str = "dense"
+    # a cross-encoder (kind "cross-encoder"): (query, passage) pairs -> (B,) logits, and what predict applies to them
+    score_pairs: Callable[[list[tuple[str, str]]], torch.Tensor] | None = None
+    activation: Callable[[torch.Tensor], torch.Tensor] = torch.sigmoid
 
     def side_tokenizer(self, tower: str) -> Callable[[list[str]], dict[str, torch.Tensor]]:
         """texts -> tokens of the `tower` side ("query" or "passage"): after that side's prompt, if any."""
@@ -142,6 +149,9 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
     config, model, meta = load_run(path, str(device))
     common = {"source": f"run {path} (step {meta.step})", "module": model, "device": device, "config": config,
               "meta": meta}
+    if config.kind == "cross-encoder":  # a PairScorer: pairs, tokenised by it, to logits
+        model.max_length = max_length or model.max_length
+        return LoadedModel("cross-encoder", score_pairs=model, **common)
     if config.mode == "text":
         from gradcache.models import HuggingFaceTokenizer
 
@@ -297,6 +307,8 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
     kind = model_folder_kind(path)  # UsageError for a folder of no known kind
     if kind == ModelFolderKind.SPARSE_ENCODER:
         return _from_sparse_folder(name, path, torch_device, max_length, pooling, prompts)
+    if kind == ModelFolderKind.CROSS_ENCODER:
+        return _from_cross_encoder(name, path, torch_device, max_length, pooling, prompts)
     if kind in (ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.HUGGING_FACE):
         return _from_text_folder(name, path, torch_device, max_length, pooling, prompts)
     if kind == ModelFolderKind.MULTI_VECTOR:
@@ -313,6 +325,38 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
         return _from_open_clip(name, path, torch_device, max_length, pooling)
     raise UsageError(f"MODEL {name!r} is a {kind.value} folder, which these commands cannot load; give a run "
                      "folder or its model/ export")
+
+
+def _from_cross_encoder(name: str, folder: Path, device: torch.device, max_length: int | None,
+                        pooling: str | None, prompts: tuple[str | None, str | None]) -> LoadedModel:
+    """A sentence-transformers CrossEncoder folder (a `--kind cross-encoder` export): its logits, truncated as
+    `CrossEncoder` truncates (the tokenizer's model_max_length, at most the model's positions), and its activation
+    (Sigmoid or Identity, from config_sentence_transformers.json)."""
+    import json
+
+    from gradcache.models.cross_encoder import HuggingFaceCrossEncoder
+    from gradcache.train.export.cross_encoder import SIGMOID
+
+    if pooling is not None or prompts != (None, None):
+        raise UsageError(f"MODEL {name} is a cross-encoder folder: it reads each (query, passage) pair whole, without "
+                         "pooling or prompts (drop --pooling, --query-prompt and --passage-prompt)")
+    settings = json.loads((folder / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    activations = {SIGMOID: torch.sigmoid, "torch.nn.modules.linear.Identity": lambda scores: scores}
+    activation = settings.get("activation_fn", SIGMOID)
+    if activation not in activations:
+        raise UsageError(f"MODEL {name}: its activation_fn {activation!r} is neither Sigmoid nor Identity, the two "
+                         "these commands apply; score it with sentence_transformers.CrossEncoder")
+    try:
+        quiet_transformers()
+        scorer = HuggingFaceCrossEncoder(folder, max_length or 2)
+    except (ImportError, ValueError, OSError) as error:
+        raise UsageError(f"MODEL {name}: {error}") from error
+    positions = getattr(scorer.model.config, "max_position_embeddings", None)
+    length = scorer.tokenizer.model_max_length
+    scorer.max_length = max_length or (min(length, positions) if positions not in (None, -1) else length)
+    scorer = scorer.to(device).eval()
+    return LoadedModel("cross-encoder", source=f"cross-encoder folder {folder}", module=scorer, device=device,
+                       score_pairs=scorer, activation=activations[activation])
 
 
 def _from_built_in(name: str, folder: Path, device: torch.device, max_length: int | None,

@@ -11,9 +11,9 @@ from gradcache.train.config import RunConfig
 from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 
 PLACEHOLDER = "RUN/model"  # what the format writers put where the folder's path goes
-SETTINGS = ("model", "kind", "document_regularizer_weight", "query_regularizer_weight", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr",
-            "warmup", "weight_decay", "temperature", "precision", "image_size", "max_length", "matryoshka_dims",
-            "queue_size", "seed", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr", "warmup",
+            "weight_decay", "temperature", "precision", "image_size", "max_length", "matryoshka_dims", "queue_size",
+            "seed", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")  # and the run's kind's own fields
 
 
 def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, config: RunConfig,
@@ -25,12 +25,14 @@ def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, confi
     where = str(Path(output).resolve())
     text = readme.read_text(encoding="utf-8").replace(PLACEHOLDER, where)
     text += _use_for_images(model_folder_kind(folder), where, config)
-    given = {name: getattr(config, name) for name in SETTINGS if getattr(config, name) is not None
+    from gradcache.train.modes import mode_of  # the modes import the exports
+
+    given = {name: getattr(config, name) for name in (*SETTINGS, *mode_of(config).kind_fields)
+             if getattr(config, name) is not None
              and not (name == "image_size" and config.mode == "text")
-             and not (name == "max_length" and config.mode != "text")
-             and not (name == "kind" and config.kind == "dense")
-             and not (name.endswith("regularizer_weight") and config.kind != "sparse")}
-    text += f"\n## Training\n\nTrained with `gradcache train {config.mode}`:\n\n"
+             and not (name == "max_length" and config.mode != "text")}
+    kind = f" --kind {config.kind}" if config.mode == "text" and config.kind != "dense" else ""
+    text += f"\n## Training\n\nTrained with `gradcache train {config.mode}{kind}`:\n\n"
     text += "| setting | value |\n|---|---|\n" + "".join(
         f"| `--{name.replace('_', '-')}` | {_cell(value)} |\n" for name, value in given.items())
     if metrics:

@@ -6,13 +6,14 @@
 | `RUN` | `last.pt`, `previous.pt`, `last.dcp` or `previous.dcp` | `gradcache export RUN`, `gradcache eval RUN` |
 | `MULTI_VECTOR` | `modules.json` + `model_type` "MultiVectorEncoder" in `config_sentence_transformers.json` | `MultiVectorEncoder(folder)` |
 | `SPARSE_ENCODER` | `modules.json` listing a `SpladePooling` module | `SparseEncoder(folder)` |
+| `CROSS_ENCODER` | `modules.json` + `config_sentence_transformers.json` of `model_type` CrossEncoder | `CrossEncoder(folder)` |
 | `SENTENCE_TRANSFORMERS` | any other `modules.json` | `SentenceTransformer(folder)` |
 | `SENTENCE_TRANSFORMERS_TOWERS` | `query/` and `passage/`, each a sentence-transformers folder | one `SentenceTransformer` per side |
 | `OPEN_CLIP` | `open_clip_model.safetensors` + `open_clip_config.json` | `open_clip.create_model("local-dir:" + folder)` |
 | `BUILT_IN` | `config.json` with `gradcache_architecture` + `model.safetensors` | `gradcache.models.from_pretrained(folder)` |
 | `HUGGING_FACE` | any other `config.json` (written by `save_pretrained`) | `transformers.AutoModel.from_pretrained(folder)` |
 
-A run's `model/` folder is one of the middle seven (gradcache/train/export/).
+A run's `model/` folder is one of the middle eight (gradcache/train/export/).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class ModelFolderKind(str, enum.Enum):
     MULTI_VECTOR = "multi-vector"
     SENTENCE_TRANSFORMERS = "sentence-transformers"
     SPARSE_ENCODER = "sparse-encoder"
+    CROSS_ENCODER = "cross-encoder"
     SENTENCE_TRANSFORMERS_TOWERS = "sentence-transformers-towers"
     OPEN_CLIP = "open_clip"
     BUILT_IN = "built-in"
@@ -65,6 +67,8 @@ def model_folder_kind(folder: str | os.PathLike) -> ModelFolderKind:
     if is_multi_vector_folder(path):
         return ModelFolderKind.MULTI_VECTOR
     if (path / "modules.json").is_file():
+        if _is_cross_encoder(path):
+            return ModelFolderKind.CROSS_ENCODER
         return ModelFolderKind.SPARSE_ENCODER if _lists_splade_pooling(path) else ModelFolderKind.SENTENCE_TRANSFORMERS
     if all((path / side / "modules.json").is_file() for side in (QUERY_FOLDER, PASSAGE_FOLDER)):
         return ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS
@@ -93,3 +97,12 @@ def _lists_splade_pooling(folder: Path) -> bool:
     except ValueError:
         return False
     return layout is not None and layout.pooling == SPLADE_POOLING
+
+
+def _is_cross_encoder(path: Path) -> bool:
+    """A sentence-transformers folder that `CrossEncoder.save` wrote (its `model_type`)."""
+    try:
+        settings = json.loads((path / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(settings, dict) and settings.get("model_type") == "CrossEncoder"

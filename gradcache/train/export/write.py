@@ -29,7 +29,8 @@ from gradcache.train.run_folder.permissions import as_if_created
 MODEL_FOLDER = "model"  # RUN/model/
 CHECKPOINT_CHOICES = ("last", "previous")  # --checkpoint, or a checkpoint file
 _REPLACEABLE = {ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS,
-                ModelFolderKind.OPEN_CLIP, ModelFolderKind.BUILT_IN, ModelFolderKind.MULTI_VECTOR}
+                ModelFolderKind.OPEN_CLIP, ModelFolderKind.BUILT_IN, ModelFolderKind.MULTI_VECTOR,
+                ModelFolderKind.SPARSE_ENCODER, ModelFolderKind.CROSS_ENCODER}
 
 
 def check_output(output: str | os.PathLike) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from gradcache.train.modes.base import Mode
 from gradcache.train.modes.clip import CLIP
+from gradcache.train.modes.cross_encoder import CrossEncoderText
 from gradcache.train.modes.multi_vector import MultiVector
 from gradcache.train.modes.simclr import SimCLR
 from gradcache.train.modes.sparse import SparseText
@@ -15,7 +16,7 @@ from gradcache.train.modes.text import Text
 if TYPE_CHECKING:
     from gradcache.train.config import RunConfig
 
-TEXT_KINDS: dict[str, Text] = {kind.kind: kind for kind in (Text(), MultiVector(), SparseText())}
+TEXT_KINDS: dict[str, Text] = {kind.kind: kind for kind in (Text(), MultiVector(), SparseText(), CrossEncoderText())}
 MODES: dict[str, Mode] = {mode.name: mode for mode in (SimCLR(), CLIP(), TEXT_KINDS["dense"])}
 
 

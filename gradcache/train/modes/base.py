@@ -47,6 +47,8 @@ class Mode:
     sparse_cache: bool = False  # GradCache caches (B, V) rows by their non-zeros (gradcache/sparse_rows.py)
     items: str  # what the data is made of, for help and messages ("images", "rows")
     built_in_help: str  # the built-in data sets `--data` names, for its help
+    kind_fields: tuple[str, ...] = ()  # text's `--kind`s: the RunConfig fields only that kind reads
+    kind_defaults: dict[str, Any] = {}  # text's `--kind`s: defaults of a new run's options not given (the peer's)
 
     # --- options ----------------------------------------------------------------------------------------
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:

@@ -37,30 +37,23 @@ class MultiVector(Text):
     kind_help = ("one vector per token, scored by MaxSim (ColBERT's late interaction; a sentence-transformers "
                  "MultiVectorEncoder)")
     trim_padding = True  # the attention ignores trimmed padding and the scoring mask drops it
+    kind_fields = ("token_dim",)
+    kind_defaults = {"temperature": 1.0}  # MultiVectorMultipleNegativesRankingLoss's scale 1
+    refused = {  # the dense kind's options late interaction cannot honour (Text.check)
+        "pooling": "every token is kept, none pooled",
+        "exclude_prompt_from_pooling": "nothing is pooled",
+        "separate_towers": "it trains one shared tower",
+        "symmetric": "MaxSim is not symmetric: queries retrieve passages",
+        "guide": "the guide's filter is written for dense vectors",
+        "queue_size": "LateInteraction keeps no queue",
+        "matryoshka_dims": "token vectors are not truncated in training",
+        "lora_rank": "the export writes whole weights",
+    }
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.model.add_argument("--token-dim", type=int, default=default("token_dim"),
                                   help="--kind multi-vector: the width of each token vector, the projection of the "
                                   "model's hidden states (default: %(default)s, ColBERT's)")
-
-    def check(self, config: RunConfig) -> None:
-        """The dense kind's options that late interaction cannot honour are refused, naming the fix; then the
-        prompts' checks of the dense kind."""
-        refused = [
-            ("--pooling", config.pooling is not None, "every token is kept, none pooled"),
-            ("--exclude-prompt-from-pooling", config.exclude_prompt_from_pooling, "nothing is pooled"),
-            ("--separate-towers", config.separate_towers, "it trains one shared tower"),
-            ("--symmetric", config.symmetric, "MaxSim is not symmetric: queries retrieve passages"),
-            ("--guide", config.guide is not None, "the guide's filter is written for dense vectors"),
-            ("--queue-size", config.queue_size != 0, "LateInteraction keeps no queue"),
-            ("--matryoshka-dims", config.matryoshka_dims is not None, "token vectors are not truncated in training"),
-            ("--lora-rank", config.lora_rank is not None, "the export writes whole weights"),
-        ]
-        for option, given, why in refused:
-            if given:
-                raise UsageError(f"{option} does not apply to --kind {KIND} ({why}); drop {option}, or train "
-                                 "--kind dense")
-        super().check(config)
 
     def embedding_width(self, config: RunConfig) -> int:
         return config.token_dim

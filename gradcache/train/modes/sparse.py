@@ -60,22 +60,6 @@ class GroupedSpladeLoss(nn.Module):
         return self.splade(query, positive, negatives)
 
 
-# the dense kind's options this kind refuses: (field, its value that means "not given", why, the fix)
-_REFUSED = (
-    ("guide", None, "GIST's guide filters InfoNCE over cosine similarities", "drop --guide"),
-    ("matryoshka_dims", None, "a SPLADE row's columns are vocabulary entries, not nested widths",
-     "drop --matryoshka-dims"),
-    ("queue_size", 0, "the FLOPS regularisers are over the batch's rows, not a queue's", "drop --queue-size"),
-    ("tile_size", None, "the rows are scored whole", "drop --tile-size"),
-    ("symmetric", False, "SPLADE's loss ranks passages for queries only", "drop --symmetric"),
-    ("pooling", None, "SPLADE max-pools log(1 + relu(logits)) over the tokens", "drop --pooling"),
-    ("exclude_prompt_from_pooling", False, "SPLADE pools every token, as sentence-transformers' SpladePooling",
-     "drop --exclude-prompt-from-pooling"),
-    ("separate_towers", False, "one SPLADE encoder embeds queries and passages (a SparseEncoder folder)",
-     "drop --separate-towers"),
-    ("chunk_tokens", None, "the sparse cache keeps the rows in chunk order", "use --chunk-size"),
-    ("lora_rank", None, "LoRA adapters are not placed on the masked-language-model head", "drop --lora-rank"),
-)
 
 
 class SparseText(Text):
@@ -85,7 +69,21 @@ class SparseText(Text):
     kind = "sparse"
     kind_help = ("SPLADE: one sparse vocabulary-sized row per text from a masked-language model, dot product, "
                  "FLOPS regularisers (a sentence-transformers SparseEncoder)")
+    kind_fields = ("document_regularizer_weight", "query_regularizer_weight")
     sparse_cache = True  # max-pooled log(1 + relu(.)) rows: 0 only where relu clamps, so exact
+    kind_defaults = {"temperature": 1.0}  # SparseMultipleNegativesRankingLoss's scale 1
+    refused = {  # the dense kind's options a SPLADE run cannot honour (Text.check)
+        "guide": "GIST's guide filters InfoNCE over cosine similarities",
+        "matryoshka_dims": "a SPLADE row's columns are vocabulary entries, not nested widths",
+        "queue_size": "the FLOPS regularisers are over the batch's rows, not a queue's",
+        "tile_size": "the rows are scored whole",
+        "symmetric": "SPLADE's loss ranks passages for queries only",
+        "pooling": "SPLADE max-pools log(1 + relu(logits)) over the tokens",
+        "exclude_prompt_from_pooling": "SPLADE pools every token, as sentence-transformers' SpladePooling",
+        "separate_towers": "one SPLADE encoder embeds queries and passages (a SparseEncoder folder)",
+        "chunk_tokens": "the sparse cache keeps the rows in chunk order: use --chunk-size",
+        "lora_rank": "LoRA adapters are not placed on the masked-language-model head",
+    }
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.run.add_argument("--document-regularizer-weight", type=float,
@@ -94,17 +92,6 @@ class SparseText(Text):
                                 "(positives and hard negatives)")
         groups.run.add_argument("--query-regularizer-weight", type=float, default=default("query_regularizer_weight"),
                                 help="--kind sparse: lambda_q, the weight of the FLOPS regulariser of the queries")
-
-    def check(self, config: RunConfig) -> None:
-        """The dense kind's options that a SPLADE run cannot honour are refused, naming each; the prompts are
-        checked as the dense kind checks them."""
-        for name, unset, why, fix in _REFUSED:
-            value = getattr(config, name)
-            if value != unset:
-                shown = "" if isinstance(value, bool) else f" {value}"
-                raise UsageError(f"--{name.replace('_', '-')}{shown} does not apply to --kind sparse: {why}; {fix}, "
-                                 "or train --kind dense")
-        super().check(config)
 
     def check_model(self, config: RunConfig) -> None:
         """The folder (a Hugging Face or a sentence-transformers folder, a SparseEncoder one included) and its

@@ -75,6 +75,8 @@ class Text(Mode):
     help = "text retrieval: fine-tune a Hugging Face encoder on (query, passage, hard negatives) rows, InfoNCE"
     kind = "dense"  # `--kind`: this class trains dense embedders; each other kind is a subclass (TEXT_KINDS)
     kind_help = "one pooled vector per text, cosine similarity (a sentence-transformers model)"
+    kind_fields: tuple[str, ...] = ()  # the RunConfig fields only this kind reads (`add_kind_options`' options)
+    refused: dict[str, str] = {}  # the dense kind's options this kind cannot honour: field -> why (`check`)
     loss_kind = "infonce"
     path_data = ("a .tsv, .csv, .jsonl, .jsonl.gz or .parquet file, a folder or pattern of them "
                  "('part-{000..099}.jsonl'), or a datasets save_to_disk folder, of (query, positive, hard negatives) "
@@ -143,7 +145,8 @@ class Text(Mode):
             kind.add_kind_options(groups, default)
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
-        """The options only this `--kind` reads, each into its group (the dense kind's are `add_options`')."""
+        """The options only this `--kind` reads (its `kind_fields`), each into its group (the dense kind's are
+        `add_options`')."""
 
     @staticmethod
     def _add_embedder_options(model: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
@@ -164,12 +167,16 @@ class Text(Mode):
                            "include_prompt=False) (default: included, sentence-transformers' default)")
 
     def check(self, config: RunConfig) -> None:
-        """--guide with the loss it guides: the dense loss without a queue; the LoRA options (modes/lora.py); prompts
-        that are text, and excluded from pooling only where there is one and mean pooling."""
+        """Options of another `--kind`, and those this kind cannot honour (`refused`); --guide with the loss it
+        guides: the dense loss without a queue; the LoRA options (modes/lora.py); prompts that are text, and excluded
+        from pooling only where there is one and mean pooling."""
         check_lora_options(config)
-        if config.token_dim != RunConfig.token_dim and self.kind != "multi-vector":  # that kind's option alone
-            raise UsageError(f"--token-dim {config.token_dim} applies to --kind multi-vector; this run's kind is "
-                             f"{config.kind}: drop --token-dim, or add --kind multi-vector")
+        check_kind_fields(config)
+        for name, why in self.refused.items():
+            if getattr(config, name) != RunConfig.__dataclass_fields__[name].default:
+                option = "--" + name.replace("_", "-")
+                raise UsageError(f"{option} does not apply to --kind {self.kind} ({why}); drop {option}, or train "
+                                 "--kind dense")
         for option, prompt in (("--query-prompt", config.query_prompt), ("--passage-prompt", config.passage_prompt)):
             if prompt is not None and not prompt.strip():
                 raise UsageError(f"{option} {prompt!r} is empty; give the text to prepend, or omit {option}")
@@ -356,6 +363,20 @@ def _folder_pooling(folder: Path) -> str:
     """The pooling a folder's encoder takes without --pooling: its sentence-transformers pooling, else mean."""
     layout = read_sentence_transformer_folder(folder)
     return "mean" if layout is None or layout.pooling is None else layout.pooling
+
+
+def check_kind_fields(config: RunConfig) -> None:
+    """An option that only another `--kind` reads, given a value, is refused (UsageError) naming its kind: a run
+    never silently ignores what it was asked."""
+    from gradcache.train.modes import TEXT_KINDS  # the registry of kinds imports this module
+
+    for kind in TEXT_KINDS.values():
+        for name in kind.kind_fields if kind.kind != config.kind else ():
+            value, default = getattr(config, name), RunConfig.__dataclass_fields__[name].default
+            if value != default:
+                option = "--" + name.replace("_", "-")
+                raise UsageError(f"{option} {value} is read by --kind {kind.kind} alone; this run trains --kind "
+                                 f"{config.kind}: drop {option}, or add --kind {kind.kind}")
 
 
 def _check_folder(option: str, name: str, pooling: str | None, max_length: int) -> None:

@@ -1,0 +1,140 @@
+"""`gradcache train text --kind cross-encoder`: a reranker, one score per (query, passage) pair read together.
+
+The model is `--model` as `AutoModelForSequenceClassification` with one label (a base model folder gets a new
+head, initialised as transformers initialises it), its pairs tokenised per chunk inside the encoder
+(`gradcache.PairScorer`). Each query's group is its positive, `--in-batch-negatives` candidates of the other rows
+of the batch and its h hard negatives, and the loss is the listwise cross-entropy over the group's Sigmoid scores
+divided by `--temperature`: sentence-transformers' cross-encoder `CachedMultipleNegativesRankingLoss` (whose
+`num_negatives` is 4 and whose `scale` is 1 / temperature), the peer's training by default
+(gradcache/train/data/text/rerank_groups.py). Scored by reranking each held-out query's candidates
+(gradcache/train/eval/reranking.py); exported as a sentence-transformers `CrossEncoder` folder
+(gradcache/train/export/cross_encoder.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from gradcache import distributed
+from gradcache.losses import ListwiseRerank
+from gradcache.models.cross_encoder import HuggingFaceCrossEncoder
+from gradcache.train.config import RunConfig
+from gradcache.train.data.order import StepSampler
+from gradcache.train.data.text.rerank_groups import GroupedRerank, group_size, rerank_batches
+from gradcache.train.data.text.streamed_rows import StreamedRows
+from gradcache.train.data.text.text_pairs import TextSplits
+from gradcache.train.errors import UsageError
+from gradcache.train.eval.reranking import evaluate_reranking
+from gradcache.train.export.cross_encoder import write_cross_encoder_folder
+from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.text import Text, _check_folder, _model_folder, _quiet_transformers
+
+
+
+class CrossEncoderText(Text):
+    kind = "cross-encoder"
+    kind_help = ("a reranker: one score per (query, passage) pair read together (a sentence-transformers "
+                 "CrossEncoder), listwise loss over each query's positive, in-batch and hard negatives")
+    loss_kind = ListwiseRerank()  # counts G - 1 negatives: hard_negatives() says G - 1
+    kind_fields = ("in_batch_negatives",)
+    kind_defaults = {"temperature": 0.1}  # CachedMultipleNegativesRankingLoss's scale 10
+    refused = {  # the dense kind's options a cross-encoder cannot honour (Text.check)
+        "separate_towers": "one model reads the query and the passage together",
+        "symmetric": "a pair has one score, not a direction",
+        "guide": "the guide filters a dense InfoNCE's candidates",
+        "pooling": "the classification head reads the model's own pooled output",
+        "query_prompt": "the pairs are tokenised without prompts",
+        "passage_prompt": "the pairs are tokenised without prompts",
+        "exclude_prompt_from_pooling": "there is no pooling or prompt",
+        "lora_rank": "LoRA adapts the dense towers only",
+        "lora_alpha": "LoRA adapts the dense towers only",
+        "lora_dropout": "LoRA adapts the dense towers only",
+        "lora_targets": "LoRA adapts the dense towers only",
+        "matryoshka_dims": "a score has one dimension",
+        "queue_size": "a queued score belongs to another query's pair",
+        "tile_size": "the listwise loss holds one score per pair, nothing to tile",
+        "chunk_tokens": "the pairs are tokenised inside the encoder, chunk by chunk",
+        "fsdp": "the sharded placements wrap the dense encoders only",
+        "deepspeed": "the sharded placements wrap the dense encoders only",
+    }
+
+    def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
+        groups.run.add_argument(
+            "--in-batch-negatives", type=int, default=default("in_batch_negatives"),
+            help="--kind cross-encoder: candidates of the batch's other rows added to each query's group, drawn "
+                 "without replacement per step (sentence-transformers' num_negatives); all of them when there are "
+                 "fewer; 0: each query's positive and hard negatives alone")
+
+    def check_model(self, config: RunConfig) -> None:
+        """The model folder and its tokenizer load offline and belong together (weights not loaded)."""
+        _check_folder("--model", config.model, None, config.max_length)
+
+    def embedding_width(self, config: RunConfig) -> int:
+        return 1  # one score per pair
+
+    # --- data -------------------------------------------------------------------------------------------
+    def resolve(self, config: RunConfig, data: TextSplits) -> RunConfig:
+        """h from the data; streamed rows and groups of one pair refused (UsageError)."""
+        if isinstance(data.train, StreamedRows):
+            raise UsageError(f"--kind cross-encoder draws each step's in-batch negatives by the rows' places, which "
+                             f"a streamed --data {config.data} (.jsonl.gz) does not have; decompress it to .jsonl "
+                             "(indexed, not streamed), or train --kind dense")
+        config = super().resolve(config, data)
+        if group_size(config.in_batch_negatives, config.negatives_per_query, self._rows(config)) < 2:
+            raise UsageError(f"--in-batch-negatives {config.in_batch_negatives} with {config.negatives_per_query} "
+                             "hard negatives per query leaves each query its positive alone, nothing to rank it "
+                             "against; give --in-batch-negatives of at least 1, or rows with hard negatives")
+        return config
+
+    def batches(self, config: RunConfig, data: TextSplits, sampler: StepSampler) -> DataLoader:
+        return rerank_batches(data.train, sampler, config.in_batch_negatives, config.workers)
+
+    @staticmethod
+    def _rows(config: RunConfig) -> int:
+        """Rows of one rank's batch: the in-batch negatives are drawn among them."""
+        return config.batch_size // distributed.world_size()
+
+    def group_size(self, config: RunConfig) -> int:
+        """G = 1 + k + h pairs per query (rerank_groups.py)."""
+        return group_size(config.in_batch_negatives, config.negatives_per_query or 0, self._rows(config))
+
+    def hard_negatives(self, config: RunConfig) -> int:
+        return self.group_size(config) - 1
+
+    def chunk_sizes(self, config: RunConfig) -> int:
+        """--chunk-size queries' groups per chunk: c G pairs (whole groups, so `naive` micro-batches hold them)."""
+        return config.chunk_size * self.group_size(config)
+
+    # --- model and loss ---------------------------------------------------------------------------------
+    def build_model(self, config: RunConfig) -> nn.Module:
+        folder = _model_folder(config.model)
+        _quiet_transformers()
+        try:
+            return HuggingFaceCrossEncoder(folder, config.max_length)
+        except ValueError as error:
+            raise UsageError(f"--model {config.model}: {error}") from error
+
+    def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
+        """Nothing to say: no adapter."""
+
+    def build_loss(self, config: RunConfig) -> nn.Module:
+        return GroupedRerank(self.group_size(config), config.temperature)
+
+    def encoders(self, model: nn.Module, guide: nn.Module | None = None) -> nn.Module:
+        return model
+
+    # --- evaluation -------------------------------------------------------------------------------------
+    def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
+                device: torch.device) -> dict[str, float]:
+        return evaluate_reranking(model, data.test, seed=config.data_seed)
+
+    # --- export -----------------------------------------------------------------------------------------
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
+        """A sentence-transformers CrossEncoder folder: `CrossEncoder(folder).predict` gives the run's scores."""
+        write_cross_encoder_folder(model, _model_folder(config.model), config.max_length, folder)

@@ -173,10 +173,11 @@ class Text(Mode):
         check_lora_options(config)
         check_kind_fields(config)
         for name, why in self.refused.items():
-            if getattr(config, name) != RunConfig.__dataclass_fields__[name].default:
-                option = "--" + name.replace("_", "-")
-                raise UsageError(f"{option} does not apply to --kind {self.kind} ({why}); drop {option}, or train "
-                                 "--kind dense")
+            value = getattr(config, name)
+            if value != RunConfig.__dataclass_fields__[name].default:
+                option, shown = "--" + name.replace("_", "-"), "" if isinstance(value, bool) else f" {value}"
+                raise UsageError(f"{option}{shown} does not apply to --kind {self.kind} ({why}); drop {option}, or "
+                                 "train --kind dense")
         for option, prompt in (("--query-prompt", config.query_prompt), ("--passage-prompt", config.passage_prompt)):
             if prompt is not None and not prompt.strip():
                 raise UsageError(f"{option} {prompt!r} is empty; give the text to prepend, or omit {option}")

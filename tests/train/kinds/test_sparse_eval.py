@@ -104,7 +104,7 @@ def test_the_runs_metrics_equal_its_rows_ranked_here_and_the_export_loads_in_spa
                                                                                          monkeypatch):
     metrics = json.loads((sparse_run / "metrics.json").read_text())
     card = (sparse_run / "model" / "README.md").read_text()
-    assert "| `--kind` | `sparse` |" in card and "| `--query-regularizer-weight` | 5e-05 |" in card
+    assert "gradcache train text --kind sparse" in card and "| `--query-regularizer-weight` | 5e-05 |" in card
     model, tokenizer, test, corpus, relevant = held_out(sparse_run)
     queries = alone(tokenizer, test.queries, "query: ", model.encode_query)
     passages = alone(tokenizer, corpus, "passage: ", model.encode_passage)

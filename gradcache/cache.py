@@ -36,7 +36,7 @@ from torch import nn
 from gradcache.batchnorm import running_stats_frozen, warn_if_batchnorm_in_chunks
 from gradcache.distributed import (
     accumulate_without_hooks, agreed_under_fsdp, check_same_chunk_counts, gradient_sync, graph_leaves,
-    holds_its_own_sync, step_reduction,
+    holds_its_own_sync, is_distributed, step_reduction, world_size,
 )
 from gradcache.graph_memory import GraphBudget, saved_bytes
 from gradcache.inputs import check_embedding_count, encode, tensors_of, trim_padding
@@ -45,7 +45,7 @@ from gradcache.random_state import RandomState
 from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
 from gradcache.strategy import LossFn, Strategy, check_output_learns
 from gradcache.token_chunks import cut, split_to_count, token_plan
-from gradcache.sparse_rows import SparseRows, compress, densify
+from gradcache.sparse_rows import SparseRows, compress, densify, takes_sparse_rows
 from gradcache.token_embeddings import Embedding, join, length_of, piece, row_count, rows, values_of, with_values
 
 
@@ -112,7 +112,8 @@ class GradCache(Strategy):
         ]
 
         if not building:  # evaluation: the loss and nothing else
-            return self.loss_over([_dense(with_values(e, upcast)) for per_input in embeddings for e in per_input],
+            return self.loss_over([self._loss_argument(with_values(e, upcast)) for per_input in embeddings
+                                   for e in per_input],
                                   loss_kwargs)
 
         cached = [  # (2) the cache's leaves: the vectors, or the token values (their mask a constant)
@@ -126,7 +127,8 @@ class GradCache(Strategy):
             bridged = iter(_ReencodeOnBackward.apply(replay, *(values_of(e) for i in learners for e in cached[i])))
             cached = [[with_values(e, lambda _: next(bridged)) for e in per_input] if learning[i] else per_input
                       for i, per_input in enumerate(cached)]
-        loss = self.loss_over([_dense(e) for per_input in cached for e in per_input], loss_kwargs)  # one argument each
+        loss = self.loss_over([self._loss_argument(e) for per_input in cached for e in per_input],
+                              loss_kwargs)  # one argument each
         self.steps_taken += 1
         return loss
 
@@ -249,6 +251,14 @@ class GradCache(Strategy):
                 for i in members:
                     first.kept[i] = []  # the kept graphs are spent
 
+    def _loss_argument(self, embedding: Embedding | SparseRows) -> Embedding | SparseRows:
+        """A loss argument: a sparse cache's rows as they are to a loss that takes them (`takes_sparse_rows`) on
+        one process, else made dense (B, V), differentiable in the non-zeros; other embeddings as they are."""
+        if not isinstance(embedding, SparseRows):
+            return embedding
+        one_process = not self.options["gather"] or not is_distributed() or world_size() == 1
+        return embedding if one_process and takes_sparse_rows(self.loss_fn) else densify(embedding)
+
     def chunk_tokens_for(self, index: int) -> int | None:
         tokens = self.options["chunk_tokens"]
         return tokens[index] if isinstance(tokens, Sequence) else tokens
@@ -295,9 +305,6 @@ def _check_recomputed(
         check(embedding, cached, replay.autocast_state, name, where)
 
 
-def _dense(embedding: Embedding | SparseRows) -> Embedding:
-    """A loss argument: a sparse cache's rows made dense (B, V), differentiable in its non-zeros; others as they are."""
-    return densify(embedding) if isinstance(embedding, SparseRows) else embedding
 
 
 def _callers_order(embedding: Embedding, order: torch.Tensor, index: int) -> Embedding:

@@ -12,8 +12,10 @@ parameter's gradient unchanged. Not exact for an output that is 0 with a nonzero
 tanh output that happens to hit 0): the library cannot see the derivative, so it refuses what it can see, any
 negative value (not the output of a clamp at zero): ValueError, before any `.grad` is written.
 
-The loss still receives dense (N, V) rows, built from the cached non-zeros for phase (2) and freed by its
-backward; what is paid in proportion to the non-zeros is what lives from phase (1) to the end of phase (3).
+The loss receives dense (N, V) rows, built from the cached non-zeros for phase (2) and freed by its backward,
+unless it says it takes the non-zeros as they are (an attribute ``takes_sparse_rows = True``, as
+``gradcache.losses.SpladeLoss`` has; `takes_sparse_rows`): then phase (2) too is paid by the non-zeros
+(gradcache/losses/sparse_scores.py). Under several processes gathering the batch, the rows are made dense.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["SparseRows", "compress", "densify", "join_sparse", "dense_piece"]
+__all__ = ["SparseRows", "compress", "densify", "join_sparse", "dense_piece", "takes_sparse_rows"]
 
 
 class SparseRows(NamedTuple):
@@ -76,3 +78,9 @@ def dense_piece(sparse: SparseRows, start: int, stop: int) -> torch.Tensor:
     dense = sparse.values.new_zeros((stop - start, sparse.size[1]))
     rows, columns = sparse.indices[0][inside].long() - start, sparse.indices[1][inside].long()
     return dense.index_put((rows, columns), sparse.values[inside])
+
+
+def takes_sparse_rows(loss_fn: object) -> bool:
+    """Whether `loss_fn` takes a sparse cache's rows as `SparseRows` (its attribute `takes_sparse_rows`, on a
+    module or a function; a bound method reads its function's), rather than made dense."""
+    return getattr(loss_fn, "takes_sparse_rows", False) is True

@@ -146,3 +146,30 @@ def test_token_embeddings_and_chunk_tokens_are_refused():
     with pytest.raises(TypeError, match=r"caches \(B, V\) rows.*shape \(4, 3, 5\)"):
         GradCache(nn.Identity(), lambda *e: sum(x.sum() for x in e), 4, sparse_cache=True).step(
             torch.rand(8, 3, 5, requires_grad=True))
+
+
+def test_a_loss_that_takes_sparse_rows_gets_them_and_another_gets_them_dense():
+    """`takes_sparse_rows = True` (SpladeLoss's): phase (2) receives the non-zeros as `SparseRows`; any other loss
+    (here the same one wrapped in a plain function) receives (B, V) dense rows; both steps equal."""
+    torch.manual_seed(0)
+    encoder = Splade(shift=0.4).double()
+    splade = SpladeLoss(document_regularizer_weight=0.3, query_regularizer_weight=0.4)
+    seen: list[type] = []
+
+    class Spy(nn.Module):
+        takes_sparse_rows = True
+
+        def forward(self, *columns):
+            seen.append(type(columns[0]))
+            return splade(*columns)
+
+    def plain(*columns):
+        seen.append(type(columns[0]))
+        return splade(*columns)
+
+    inputs = batch(7)
+    sparse_value, sparse = step(GradCache, encoder, Spy(), inputs, sparse_cache=True)
+    dense_value, dense = step(GradCache, encoder, plain, inputs, sparse_cache=True)
+    assert seen == [SparseRows, torch.Tensor]
+    torch.testing.assert_close(sparse_value, dense_value, rtol=1e-12, atol=0)
+    assert_grads_close(sparse, dense, 1e-10)

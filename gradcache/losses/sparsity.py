@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gradcache.sparse_rows import SparseRows
+
 from .checks import check_embeddings
 
 __all__ = ["FlopsRegularizer", "L1Regularizer"]
@@ -29,7 +31,8 @@ class FlopsRegularizer(nn.Module):
         threshold: None to regularise every row; an int to zero the rows with at most ``threshold`` non-zero
             entries first (FLOPS with L0 masking, https://arxiv.org/abs/2504.14839); they still count in N.
 
-    Shapes: ``forward(embeddings)``: (N, V) rows (SPLADE's log(1 + relu(logits)) max-pooled over tokens).
+    Shapes: ``forward(embeddings)``: (N, V) rows (SPLADE's log(1 + relu(logits)) max-pooled over tokens), or
+    their non-zeros as ``gradcache.sparse_rows.SparseRows`` (a sparse cache's, computed without making them dense).
     Returns a 0-dim tensor in the rows' dtype.
 
     Raises:
@@ -49,7 +52,14 @@ class FlopsRegularizer(nn.Module):
             )
         self.threshold = threshold
 
-    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor | SparseRows) -> torch.Tensor:
+        if isinstance(embeddings, SparseRows):  # from the non-zeros: the column sums, (V,)
+            values, rows, columns = _checked_non_zeros(embeddings, "FLOPS")
+            if self.threshold is not None:
+                counts = torch.bincount(rows, minlength=embeddings.size[0])  # (N,) non-zeros per row
+                values = values * (counts > self.threshold).to(values.dtype)[rows]
+            sums = values.new_zeros(embeddings.size[1]).index_add(0, columns, values)
+            return (sums / embeddings.size[0]).pow(2).sum()
         check_embeddings(embeddings=embeddings)
         if embeddings.shape[0] == 0:
             raise ValueError("embeddings has 0 rows; FLOPS is the mean over a batch of at least 1")
@@ -68,7 +78,7 @@ class L1Regularizer(nn.Module):
     The regulariser of SPLADE's sparse queries in inference-free setups (Geng et al. 2024,
     https://arxiv.org/abs/2411.04403) and the classic sparsity penalty (Zamani et al. 2018, SNRM).
 
-    Shapes: ``forward(embeddings)``: (N, V) rows. Returns a 0-dim tensor in the rows' dtype.
+    Shapes: ``forward(embeddings)``: (N, V) rows, or their non-zeros as ``SparseRows``. Returns a 0-dim tensor in the rows' dtype.
 
     Raises:
         TypeError, ValueError: a non-tensor, non-floating, non-2-D or empty input, or NaN/inf entries.
@@ -81,8 +91,21 @@ class L1Regularizer(nn.Module):
     def __init__(self) -> None:
         super().__init__()
 
-    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor | SparseRows) -> torch.Tensor:
+        if isinstance(embeddings, SparseRows):  # the zeros add nothing
+            values, _, _ = _checked_non_zeros(embeddings, "L1")
+            return values.abs().sum() / embeddings.size[0]
         check_embeddings(embeddings=embeddings)
         if embeddings.shape[0] == 0:
             raise ValueError("embeddings has 0 rows; L1 is the mean over a batch of at least 1")
         return embeddings.abs().sum(dim=1).mean()  # (N,) -> ()
+
+
+def _checked_non_zeros(embeddings: SparseRows, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The values, rows and columns of sparse rows (a sparse cache's, gradcache/sparse_rows.py), checked as
+    `check_embeddings` checks dense rows."""
+    if embeddings.size[0] == 0:
+        raise ValueError(f"embeddings has 0 rows; {name} is the mean over a batch of at least 1")
+    if not torch.isfinite(embeddings.values).all():
+        raise ValueError("embeddings holds NaN or infinite values")
+    return embeddings.values, embeddings.indices[0].long(), embeddings.indices[1].long()

@@ -7,9 +7,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from gradcache.sparse_rows import SparseRows, densify, join_sparse
+
 from .checks import check_finite_number
 from .infonce import InfoNCE
-from .sparsity import FlopsRegularizer
+from .sparse_scores import plain_dot_infonce, sparse_infonce
+from .sparsity import FlopsRegularizer, L1Regularizer
 
 __all__ = ["SpladeLoss"]
 
@@ -38,7 +41,11 @@ class SpladeLoss(nn.Module):
             (``L1Regularizer()`` is the other one here).
 
     Shapes (``forward(query, positive, negatives=None)``): query (N, V), positive (N, V), negatives optional
-        (N * h, V) grouped by query, as InfoNCE's. Returns a 0-dim tensor.
+        (N * h, V) grouped by query, as InfoNCE's. Returns a 0-dim tensor. Each may also be given by its
+        non-zeros (``gradcache.sparse_rows.SparseRows``, as GradCache's ``sparse_cache`` hands them over): with the
+        default base loss (or any InfoNCE by dot product in its plain form) and the FLOPS or L1 regularisers the
+        loss is computed from the non-zeros, one block of rows dense at a time (``sparse_scores.py``); with
+        another, the rows are made dense first.
 
     Raises:
         ValueError: a weight that is negative, NaN or infinite.
@@ -68,9 +75,32 @@ class SpladeLoss(nn.Module):
         self.query_regularizer = query_regularizer if query_regularizer is not None else FlopsRegularizer()
         self.parts: dict[str, torch.Tensor] = {}
 
-    def forward(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None) -> torch.Tensor:
+    takes_sparse_rows = True  # GradCache's sparse cache hands the rows over by their non-zeros (forward)
+
+    def forward(self, query: torch.Tensor | SparseRows, positive: torch.Tensor | SparseRows,
+                negatives: torch.Tensor | SparseRows | None = None) -> torch.Tensor:
+        rows = [r for r in (query, positive, negatives) if r is not None]
+        if any(isinstance(r, SparseRows) for r in rows):
+            temperature = plain_dot_infonce(self.loss)
+            sparse_ready = all(isinstance(r, (FlopsRegularizer, L1Regularizer))
+                               for r in (self.document_regularizer, self.query_regularizer))
+            if temperature is not None and sparse_ready and all(isinstance(r, SparseRows) for r in rows):
+                return self._from_non_zeros(query, positive, negatives, temperature)
+            query, positive, negatives = (None if r is None else densify(r) if isinstance(r, SparseRows) else r
+                                          for r in (query, positive, negatives))
         base = self.loss(query, positive) if negatives is None else self.loss(query, positive, negatives)
         documents = positive if negatives is None else torch.cat([positive, negatives])  # (N * (1 + h), V)
+        return self._with_regularizers(base, documents, query)
+
+    def _from_non_zeros(self, query: SparseRows, positive: SparseRows, negatives: SparseRows | None,
+                        temperature: float | torch.Tensor) -> torch.Tensor:
+        """The loss from the rows' non-zeros: every positive and hard negative a candidate of every query."""
+        documents = positive if negatives is None else join_sparse([positive, negatives])  # (N * (1 + h), V)
+        labels = torch.arange(query.size[0], device=query.values.device)  # query i's positive is row i
+        return self._with_regularizers(sparse_infonce(query, documents, labels, temperature), documents, query)
+
+    def _with_regularizers(self, base: torch.Tensor, documents: torch.Tensor | SparseRows,
+                           query: torch.Tensor | SparseRows) -> torch.Tensor:
         parts = {"base_loss": base,
                  "document_regularizer_loss": self.document_regularizer_weight * self.document_regularizer(documents)}
         if self.query_regularizer_weight is not None:

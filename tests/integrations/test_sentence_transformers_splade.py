@@ -83,6 +83,20 @@ def test_parts_and_gradients_equal_the_uncached_peer(folder, query_weight, spell
     assert_close(got, want, rel=1e-6)
 
 
+def test_the_peers_default_base_loss_is_computed_from_the_non_zeros(folder, monkeypatch):
+    """With the sparse cache and SparseMultipleNegativesRankingLoss's defaults, phase (2) reads the rows' non-zeros
+    (gradcache/losses/sparse_scores.py), never `calculate_loss` on dense rows."""
+    from gradcache.integrations.sentence_transformers import splade as module
+
+    model = sparse_encoder(folder, torch.float64)
+    called, original = [], module.sparse_infonce
+    monkeypatch.setattr(module, "sparse_infonce", lambda *args: called.append(args) or original(*args))
+    monkeypatch.setattr(GradCacheSpladeLoss, "calculate_loss", lambda *args, **kwargs: pytest.fail("dense path"))
+    ours = GradCacheSpladeLoss(model, SparseMultipleNegativesRankingLoss(model), 0.2, 0.3, chunk_size=2)
+    sum(ours(features(model, rows=5), None).values()).backward()
+    assert len(called) == 1
+
+
 def test_a_library_base_loss_and_regularizer_equal_the_peer(folder):
     model = sparse_encoder(folder, torch.float64)
     feats = features(model, columns=("anchor", "positive"), rows=4)

@@ -10,8 +10,10 @@ from sentence_transformers.sparse_encoder.losses import SpladeLoss as _PeerSplad
 
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss, _columns_to_loss, backward_into
 from gradcache.integrations.sentence_transformers.spellings import count_of, temperature_of
-from gradcache.losses import FlopsRegularizer
+from gradcache.losses import FlopsRegularizer, L1Regularizer
+from gradcache.losses.sparse_scores import plain_dot_infonce, sparse_infonce
 from gradcache.options import Options, Unpack
+from gradcache.sparse_rows import SparseRows, densify, join_sparse
 
 
 class _SpladeMark(_PeerSpladeLoss):
@@ -34,7 +36,8 @@ class GradCacheSpladeLoss(GradCacheLoss, _SpladeMark):
     whose sum carries the gradient. It is a `SpladeLoss` to `SparseEncoderTrainer`, which adds its
     regulariser-weight warm-up callback as it does for the peer's. Defaults as `CachedSpladeLoss`'s: chunks of
     32 rows, each chunk's trailing padding trimmed; unlike it, the cache between the two passes holds each
-    row's non-zeros only (`sparse_cache`), not (N, V) dense rows.
+    row's non-zeros only (`sparse_cache`), not (N, V) dense rows, and with the default base loss and
+    regularisers phase (2) is computed from them too (gradcache/losses/sparse_scores.py).
 
     Args:
         model: the SparseEncoder being trained.
@@ -133,6 +136,30 @@ class GradCacheSpladeLoss(GradCacheLoss, _SpladeMark):
         others = sum((value for name, value in parts.items() if name != first), torch.zeros_like(total))
         parts[first] = total - others
         return parts
+
+    def _phase_two(self, *embeddings: torch.Tensor | SparseRows, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Phase (2) from the rows' non-zeros (the sparse cache's, gradcache/losses/sparse_scores.py) where the base
+        loss is InfoNCE by dot product in its plain form (`SparseMultipleNegativesRankingLoss`'s defaults, or this
+        library's `InfoNCE(similarity="dot")`) and the regularisers FLOPS or L1; else through `calculate_loss` on
+        the rows made dense, as the peer computes it."""
+        temperature = plain_dot_infonce(self.loss)
+        regularizers = (self.document_regularizer, self.query_regularizer)
+        if temperature is None or not all(isinstance(r, (FlopsRegularizer, L1Regularizer)) for r in regularizers) \
+                or not all(isinstance(e, SparseRows) for e in embeddings):
+            dense = [densify(e) if isinstance(e, SparseRows) else e for e in embeddings]
+            return GradCacheLoss._phase_two(self, *dense, labels=labels)
+        query, documents = embeddings[0], join_sparse(list(embeddings[1:]))  # (N, V), (N * (1 + h), V)
+        labels_of_rows = torch.arange(query.size[0], device=query.values.device)  # query i's positive: row i
+        regularized = join_sparse(list(embeddings)) if self.use_document_regularizer_only else documents
+        parts = {"base_loss": sparse_infonce(query, documents, labels_of_rows, temperature),
+                 "document_regularizer_loss": self.document_regularizer_weight
+                 * self.document_regularizer(regularized)}
+        if self.query_regularizer_weight is not None:
+            parts["query_regularizer_loss"] = self.query_regularizer_weight * self.query_regularizer(query)
+        self.parts = {name: value.detach() for name, value in parts.items()}
+        return sum(parts.values())
+
+    _phase_two.takes_sparse_rows = True  # GradCache hands the sparse cache's rows over as they are
 
     def calculate_loss(
         self, reps: list[list[torch.Tensor]], labels: torch.Tensor | None = None, *, with_backward: bool = False

@@ -15,9 +15,12 @@ import torch
 from torch import nn
 
 from gradcache import losses
+from gradcache.losses.sparse_scores import take_rows
 from gradcache.models import BiEncoder
 from gradcache.models.sentence_transformers_folder import SPLADE_POOLING, read_sentence_transformer_folder
 from gradcache.models.splade import SpladeEncoder
+from gradcache.sparse_rows import SparseRows
+from gradcache.token_embeddings import row_count
 from gradcache.train.config import RunConfig
 from gradcache.train.data.text.batches import split_groups
 from gradcache.train.data.text.text_pairs import TextSplits
@@ -51,11 +54,19 @@ class GroupedSpladeLoss(nn.Module):
     def parts(self) -> dict[str, torch.Tensor]:
         return self.splade.parts
 
-    def forward(self, query: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
-        if passages.shape[0] != query.shape[0] * (1 + self.negatives_per_query):
+    takes_sparse_rows = True  # as SpladeLoss: the sparse cache's rows by their non-zeros
+
+    def forward(self, query: torch.Tensor | SparseRows, passages: torch.Tensor | SparseRows) -> torch.Tensor:
+        n, rows = row_count(query), row_count(passages)
+        if rows != n * (1 + self.negatives_per_query):
             raise ValueError(f"passages must hold {1 + self.negatives_per_query} rows per query (positive and "
-                             f"{self.negatives_per_query} hard negatives), got {passages.shape[0]} for "
-                             f"{query.shape[0]} queries")
+                             f"{self.negatives_per_query} hard negatives), got {rows} for {n} queries")
+        if isinstance(passages, SparseRows):  # the rows of each group, by their non-zeros
+            first = torch.arange(0, rows, 1 + self.negatives_per_query, device=passages.values.device)
+            others = torch.ones(rows, dtype=torch.bool, device=first.device)
+            others[first] = False
+            negatives = take_rows(passages, others.nonzero().squeeze(1)) if self.negatives_per_query else None
+            return self.splade(query, take_rows(passages, first), negatives)
         positive, negatives = split_groups(passages, self.negatives_per_query)  # (n, V), (n h, V) or None
         return self.splade(query, positive, negatives)
 

@@ -44,3 +44,25 @@ def forward_grad_checkpointing(module: nn.Module, enabled: bool, name: str, requ
             f"{name} ({type(module).__name__}) has no set_grad_checkpointing(enabled) method; "
             f"use an encoder from gradcache.models or add one that wraps its blocks in run_block."
         )
+
+
+def hugging_face_checkpointing(model: nn.Module, enabled: bool) -> None:
+    """A Hugging Face model's own activation checkpointing (non-reentrant) on or off; active in training mode only.
+
+    Raises:
+        TypeError: turning it on for a model that does not support it.
+    """
+    # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (old names deprecated).
+    new_api = hasattr(model, "activation_checkpointing_enable")
+    if not enabled:
+        name = "activation_checkpointing_disable" if new_api else "gradient_checkpointing_disable"
+        if hasattr(model, name):
+            getattr(model, name)()
+        return
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise TypeError(f"{type(model).__name__} does not support activation checkpointing.")
+    options = {"use_reentrant": False}
+    if new_api:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)

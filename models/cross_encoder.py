@@ -7,6 +7,7 @@ import os
 import pickle
 from pathlib import Path
 
+from gradcache.models.checkpointing import hugging_face_checkpointing
 from gradcache.models.hf_tokenizer import TOKENIZER_FILES
 from gradcache.models.huggingface import check_weights
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
@@ -69,20 +70,7 @@ class HuggingFaceCrossEncoder(PairScorer):
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """The model's own activation checkpointing (non-reentrant), as `HuggingFaceEncoder`'s."""
-        model = self.model
-        new_api = hasattr(model, "activation_checkpointing_enable")  # transformers 5's name
-        if not enabled:
-            name = "activation_checkpointing_disable" if new_api else "gradient_checkpointing_disable"
-            if hasattr(model, name):
-                getattr(model, name)()
-            return
-        if not getattr(model, "supports_gradient_checkpointing", False):
-            raise TypeError(f"{type(model).__name__} does not support activation checkpointing.")
-        options = {"use_reentrant": False}
-        if new_api:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+        hugging_face_checkpointing(self.model, enabled)
 
 
 __all__ = ["HuggingFaceCrossEncoder", "weights_folder"]

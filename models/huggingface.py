@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gradcache.models.checkpointing import hugging_face_checkpointing
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
 HF_POOLINGS = ("mean", "cls", "last")
@@ -227,21 +228,7 @@ class HuggingFaceEncoder(nn.Module):
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """Use the model's own activation checkpointing (non-reentrant); active in training mode only."""
-        model = self.model
-        # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (old names deprecated).
-        new_api = hasattr(model, "activation_checkpointing_enable")
-        if not enabled:
-            name = "activation_checkpointing_disable" if new_api else "gradient_checkpointing_disable"
-            if hasattr(model, name):
-                getattr(model, name)()
-            return
-        if not getattr(model, "supports_gradient_checkpointing", False):
-            raise TypeError(f"{type(model).__name__} does not support activation checkpointing.")
-        options = {"use_reentrant": False}
-        if new_api:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+        hugging_face_checkpointing(self.model, enabled)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 prompt_length: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:

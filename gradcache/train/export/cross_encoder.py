@@ -10,11 +10,11 @@ tokenizer at the top (`model.safetensors`, `config.json`, tokenizer files whose 
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from gradcache.models.cross_encoder import HuggingFaceCrossEncoder, weights_folder
+from gradcache.train.export.sentence_transformers import write_json
 
 SIGMOID = "torch.nn.modules.activation.Sigmoid"  # how sentence-transformers names the activation it restores
 
@@ -32,13 +32,13 @@ def write_cross_encoder_folder(scorer: HuggingFaceCrossEncoder, base_folder: str
                                                            local_files_only=True)
     tokenizer.model_max_length = max_length
     tokenizer.save_pretrained(folder)
-    _write_json(folder / "modules.json", [{"idx": 0, "name": "0", "path": "",
+    write_json(folder / "modules.json", [{"idx": 0, "name": "0", "path": "",
                                            "type": "sentence_transformers.base.modules.transformer.Transformer"}])
-    _write_json(folder / "sentence_bert_config.json", {
+    write_json(folder / "sentence_bert_config.json", {
         "transformer_task": "sequence-classification",
         "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
         "module_output_name": "scores"})
-    _write_json(folder / "config_sentence_transformers.json", {"activation_fn": SIGMOID, "model_type": "CrossEncoder",
+    write_json(folder / "config_sentence_transformers.json", {"activation_fn": SIGMOID, "model_type": "CrossEncoder",
                                                                 "default_prompt_name": None, "prompts": {}})
     (folder / "README.md").write_text(
         "# A cross-encoder (reranker) trained by gradcache\n\n```python\n"
@@ -53,6 +53,3 @@ def write_cross_encoder_folder(scorer: HuggingFaceCrossEncoder, base_folder: str
         "return_tensors='pt')\n"
         "scores = torch.sigmoid(model(**batch).logits[:, 0])\n```\n", encoding="utf-8")
 
-
-def _write_json(path: Path, value: object) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

@@ -11,16 +11,14 @@ and the run's prompts as "query" and "document".
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from safetensors.torch import save_file
 
-from gradcache.models import HuggingFaceTokenizer
 from gradcache.models.multi_vector import MultiVectorTextEncoder
-from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME, read_sentence_transformer_folder
-from gradcache.train.export.sentence_transformers import PASSAGE_PROMPT_NAME, _put_back_pooler
+from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME
+from gradcache.train.export.sentence_transformers import PASSAGE_PROMPT_NAME, write_json, write_transformer
 
 _BASE = "sentence_transformers.base.modules."
 MODULES = [  # (folder, class) as sentence-transformers 6.3 saves a MultiVectorEncoder
@@ -46,20 +44,10 @@ def write_multi_vector_folder(tower: MultiVectorTextEncoder, base_folder: str | 
         query_prompt, passage_prompt: the run's prompts (`--query-prompt`, `--passage-prompt`); None: none.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    layout = read_sentence_transformer_folder(base_folder)
-    source = Path(base_folder) if layout is None else layout.model_path
-    model = tower.model
-    restored = _put_back_pooler(model, source)
-    try:
-        model.save_pretrained(folder, safe_serialization=True)
-    finally:
-        if restored:
-            model.pooler = None
-    HuggingFaceTokenizer(source, max_seq_length).tokenizer.save_pretrained(folder)  # as the run tokenised
-    _write_json(folder / "modules.json", [{"idx": k, "name": str(k), "path": path, "type": kind}
+    write_transformer(tower.model, base_folder, max_seq_length, folder)
+    write_json(folder / "modules.json", [{"idx": k, "name": str(k), "path": path, "type": kind}
                                           for k, (path, kind) in enumerate(MODULES)])
-    _write_json(folder / "sentence_bert_config.json", {
+    write_json(folder / "sentence_bert_config.json", {
         "transformer_task": "feature-extraction",
         "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
         "module_output_name": "token_embeddings", "max_seq_length": max_seq_length, "do_lower_case": False})
@@ -67,17 +55,17 @@ def write_multi_vector_folder(tower: MultiVectorTextEncoder, base_folder: str | 
     dense.mkdir(exist_ok=True)
     weight = tower.projection.weight.detach().float().cpu().contiguous()  # (D, hidden)
     save_file({"linear.weight": weight}, str(dense / "model.safetensors"))
-    _write_json(dense / "config.json", {"in_features": weight.shape[1], "out_features": weight.shape[0],
+    write_json(dense / "config.json", {"in_features": weight.shape[1], "out_features": weight.shape[0],
                                         "bias": False, "activation_function": "torch.nn.modules.linear.Identity",
                                         **TOKENS})
     (folder / "2_MultiVectorMask").mkdir(exist_ok=True)
-    _write_json(folder / "2_MultiVectorMask" / "config.json",
+    write_json(folder / "2_MultiVectorMask" / "config.json",
                 {"skiplist_words": [], "skiplist_tasks": ["document"], "keep_only_token_ids": None})
     (folder / "3_Normalize").mkdir(exist_ok=True)
-    _write_json(folder / "3_Normalize" / "config.json", TOKENS)
+    write_json(folder / "3_Normalize" / "config.json", TOKENS)
     prompts = {name: prompt for name, prompt in ((QUERY_PROMPT_NAME, query_prompt),
                                                  (PASSAGE_PROMPT_NAME, passage_prompt)) if prompt is not None}
-    _write_json(folder / "config_sentence_transformers.json",
+    write_json(folder / "config_sentence_transformers.json",
                 {"model_type": "MultiVectorEncoder", "prompts": {"query": "", "document": "", **prompts},
                  "default_prompt_name": None, "similarity_fn_name": "maxsim"})
     (folder / "README.md").write_text(
@@ -90,6 +78,3 @@ def write_multi_vector_folder(tower: MultiVectorTextEncoder, base_folder: str | 
         "scores = model.similarity(queries, documents)  # MaxSim: sum over query tokens of the best match\n```\n",
         encoding="utf-8")
 
-
-def _write_json(path: Path, value: object) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

@@ -44,32 +44,22 @@ def write_sentence_transformers_folder(tower: HuggingFaceEncoder, base_folder: s
         query_prompt, passage_prompt: the run's prompts (`--query-prompt`, `--passage-prompt`); None: none.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    layout = read_sentence_transformer_folder(base_folder)
-    source = Path(base_folder) if layout is None else layout.model_path
-    model = tower.model
-    restored = _put_back_pooler(model, source)
-    try:
-        model.save_pretrained(folder, safe_serialization=True)
-    finally:
-        if restored:
-            model.pooler = None
-    HuggingFaceTokenizer(source, max_seq_length).tokenizer.save_pretrained(folder)  # with the EOS the run appended
+    write_transformer(tower.model, base_folder, max_seq_length, folder)
     modules = [{"idx": 0, "name": "0", "path": "", "type": _MODULE + "Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": _MODULE + "Pooling"}]
     if tower.normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _MODULE + "Normalize"})
         (folder / "2_Normalize").mkdir(exist_ok=True)
-    _write_json(folder / "modules.json", modules)
-    _write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    write_json(folder / "modules.json", modules)
+    write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
     (folder / "1_Pooling").mkdir(exist_ok=True)
     pooling = {"word_embedding_dimension": tower.out_dim,
                **{f"pooling_mode_{key}": key == _POOLING_KEY[tower.pooling] for key in _POOLING_KEYS},
                "include_prompt": tower.include_prompt}
-    _write_json(folder / "1_Pooling" / "config.json", pooling)
+    write_json(folder / "1_Pooling" / "config.json", pooling)
     prompts = {name: prompt for name, prompt in ((QUERY_PROMPT_NAME, query_prompt),
                                                  (PASSAGE_PROMPT_NAME, passage_prompt)) if prompt is not None}
-    _write_json(folder / "config_sentence_transformers.json",
+    write_json(folder / "config_sentence_transformers.json",
                 {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"})
     pooled = {"cls": "hidden[:, 0]",
               "last": "hidden[torch.arange(len(hidden)), (mask[..., 0] * torch.arange(mask.shape[1])).argmax(1)]"
@@ -95,6 +85,25 @@ def write_sentence_transformers_folder(tower: HuggingFaceEncoder, base_folder: s
         + "```\n", encoding="utf-8")
 
 
+def write_transformer(model: nn.Module, base_folder: str | os.PathLike, max_seq_length: int,
+                      folder: str | os.PathLike) -> None:
+    """A sentence-transformers folder's `Transformer` module: the Hugging Face `model` (safetensors; the pooler a
+    tower dropped put back from the base model where it has one, so `from_pretrained` finds every weight) and the
+    tokenizer of `base_folder` (the run's `--model`, or its sentence-transformers folder's model path), with the
+    EOS the run appended, into the new or empty `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    layout = read_sentence_transformer_folder(base_folder)
+    source = Path(base_folder) if layout is None else layout.model_path
+    restored = _put_back_pooler(model, source)
+    try:
+        model.save_pretrained(folder, safe_serialization=True)
+    finally:
+        if restored:
+            model.pooler = None
+    HuggingFaceTokenizer(source, max_seq_length).tokenizer.save_pretrained(folder)
+
+
 def _put_back_pooler(model: nn.Module, source: Path) -> bool:
     """Give `model` (pooler removed) the pooler of the model in `source`, if it has one; True when it did."""
     if getattr(model, "pooler", False) is not None:
@@ -109,5 +118,6 @@ def _put_back_pooler(model: nn.Module, source: Path) -> bool:
     return True
 
 
-def _write_json(path: Path, value: object) -> None:
+def write_json(path: Path, value: object) -> None:
+    """A configuration file of the folder, indented as sentence-transformers writes them."""
     path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

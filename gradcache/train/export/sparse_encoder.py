@@ -10,14 +10,12 @@ prompts under the names `encode_query` and `encode_document` look up (`"query"`,
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from gradcache.models import HuggingFaceTokenizer
-from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME, read_sentence_transformer_folder
+from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME
 from gradcache.models.splade import SpladeEncoder
-from gradcache.train.export.sentence_transformers import PASSAGE_PROMPT_NAME
+from gradcache.train.export.sentence_transformers import PASSAGE_PROMPT_NAME, write_json, write_transformer
 
 POOLING_FOLDER = "1_SpladePooling"
 TRANSFORMER_TYPE = "sentence_transformers.base.modules.transformer.Transformer"
@@ -38,24 +36,20 @@ def write_sparse_encoder_folder(tower: SpladeEncoder, base_folder: str | os.Path
         query_prompt, passage_prompt: the run's prompts (`--query-prompt`, `--passage-prompt`); None: none.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    layout = read_sentence_transformer_folder(base_folder)
-    source = Path(base_folder) if layout is None else layout.model_path
-    tower.model.save_pretrained(folder, safe_serialization=True)
-    HuggingFaceTokenizer(source, max_seq_length).tokenizer.save_pretrained(folder)
-    _write_json(folder / "modules.json", [
+    write_transformer(tower.model, base_folder, max_seq_length, folder)
+    write_json(folder / "modules.json", [
         {"idx": 0, "name": "0", "path": "", "type": TRANSFORMER_TYPE},
         {"idx": 1, "name": "1", "path": POOLING_FOLDER, "type": SPLADE_POOLING_TYPE}])
-    _write_json(folder / "sentence_bert_config.json", {
+    write_json(folder / "sentence_bert_config.json", {
         "transformer_task": "fill-mask", "max_seq_length": max_seq_length, "do_lower_case": False,
         "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
         "module_output_name": "token_embeddings"})
     (folder / POOLING_FOLDER).mkdir(exist_ok=True)
-    _write_json(folder / POOLING_FOLDER / "config.json",
+    write_json(folder / POOLING_FOLDER / "config.json",
                 {"pooling_strategy": "max", "activation_function": "relu", "embedding_dimension": tower.out_dim})
     prompts = {name: prompt for name, prompt in ((QUERY_PROMPT_NAME, query_prompt),
                                                  (PASSAGE_PROMPT_NAME, passage_prompt)) if prompt is not None}
-    _write_json(folder / "config_sentence_transformers.json",
+    write_json(folder / "config_sentence_transformers.json",
                 {"model_type": "SparseEncoder", "prompts": prompts, "default_prompt_name": None,
                  "similarity_fn_name": "dot"})
     prompted = "".join(f'\n{name}_rows = model.encode(texts, prompt_name="{name}")  # prepends {prompt!r}'
@@ -75,6 +69,3 @@ def write_sparse_encoder_folder(tower: SpladeEncoder, base_folder: str | os.Path
         "logits = model(**batch).logits * batch['attention_mask'].unsqueeze(-1)\n"
         "rows = torch.log1p(torch.relu(logits)).amax(dim=1)  # (N, vocabulary)\n```\n", encoding="utf-8")
 
-
-def _write_json(path: Path, value: object) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

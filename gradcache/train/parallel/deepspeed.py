@@ -153,6 +153,7 @@ class DeepSpeedPlacement(Placement):
             yield
         finally:
             dist.destroy_process_group()
+            _forget_world_group()
 
     def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         return encoders  # wrapped with the optimizer: `with_optimizer`
@@ -173,6 +174,7 @@ class DeepSpeedPlacement(Placement):
         (encoder,) = distinct.values()
         config = deepspeed_config(self.config.deepspeed, self.config.batch_size, distributed.world_size())
         check_program_config(config, self.config.deepspeed)
+        _forget_world_group(unless_registered=True)
         self.engine, *_ = deepspeed.initialize(model=encoder, optimizer=optimizer, config=config)
         placed = [self.engine if e is encoder else e for e in listed]
         return placed[0] if isinstance(encoders, nn.Module) else placed
@@ -228,3 +230,19 @@ class DeepSpeedPlacement(Placement):
         from gradcache.train.checkpoints.deepspeed_checkpoint import DeepSpeedCheckpoint
 
         return DeepSpeedCheckpoint(Path(output_dir) / DeepSpeedCheckpoint.name, self.engine)
+
+
+def _forget_world_group(unless_registered: bool = False) -> None:
+    """Drop DeepSpeed's clone of the world group (`deepspeed.utils.groups._WORLD_GROUP`, kept for the life of the
+    process) once the process group it was cloned from is gone, or, `unless_registered`, when it belongs to no
+    group of the current one: a second `--deepspeed` run in one process (a sweep, a notebook, a rank forked from a
+    process that ran one) would otherwise hand DeepSpeed a destroyed group ("Group ... is not registered")."""
+    import sys
+
+    groups = sys.modules.get("deepspeed.utils.groups")  # not imported: nothing cached
+    world = getattr(groups, "_WORLD_GROUP", None)
+    if world is None:
+        return
+    if unless_registered and dist.is_initialized() and world in dist.distributed_c10d._world.pg_map:
+        return
+    groups._WORLD_GROUP = None

@@ -189,6 +189,17 @@ def test_without_deepspeed_installed_says_how_to_install(tmp_path, capsys, tiny_
     assert 'pip install -e ".[deepspeed]"' in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # two DeepSpeed starts
+def test_two_runs_in_one_process_each_get_a_live_process_group(tmp_path, tiny_args):
+    """DeepSpeed keeps its clone of the world group for the life of the process: the second one-process run (a
+    sweep, a notebook) must not be handed the first run's destroyed group."""
+    pytest.importorskip("deepspeed", reason='pip install -e ".[deepspeed]"')
+    config = tmp_path / "zero2.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    for run in ("first", "second"):
+        assert main(tiny_args("simclr", tmp_path / run, "--deepspeed", str(config))) == 0, run
+
+
 @pytest.mark.slow
 def test_eval_reads_the_zero_3_partitions_into_one_model(ranks, capsys):
     """`gradcache eval` on a last.ds, in one process without an engine: the run's own final metrics, from the

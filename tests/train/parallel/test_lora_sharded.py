@@ -1,7 +1,7 @@
 """`gradcache train text --lora-rank R` on a tiny decoder (last-token pooling, a query prompt) under `--fsdp` and
-`--deepspeed` ZeRO-1, 2 and 3 on two forked gloo ranks: each logs the losses of the same run on one process (computed
-here, without sharding) and ends with its adapter; the FSDP and ZeRO-3 runs are killed after step 3 and resumed from
-the checkpoint of step 2, so their losses also show the resume exact; the checkpoints hold the adapter and its
+`--deepspeed` ZeRO-1, 2 and 3, and under DDP, on two forked gloo ranks: each logs the losses of the same run on one
+process (computed here, without sharding) and ends with its adapter; the DDP, FSDP and ZeRO-3 runs are killed after
+step 3 and resumed from the checkpoint of step 2, so their losses also show the resume exact; the checkpoints hold the adapter and its
 optimizer state alone; RUN/model/adapter loads in PEFT, and `gradcache export` reads the adapter back from
 the checkpoints. `--precision bf16` under ZeRO-2 against one process in bf16. Two LoRA towers under DeepSpeed exit 2.
 LoRA dropout is off: the ranks would draw other masks than one process does."""
@@ -27,7 +27,8 @@ peft = pytest.importorskip("peft", reason='the dev extra installs it: pip instal
 LORA = ["--pooling", "last", "--query-prompt", "query: ", "--lora-rank", "4", "--lora-dropout", "0",
         "--steps", "3", "--checkpoint-every", "2", "--eval-every", "0"]
 STAGES = (1, 2, 3)
-CUT = ("fsdp", "zero3")  # killed after step 3 (the checkpoint holds step 2), then resumed
+CUT = ("ddp", "fsdp", "zero3")  # killed after step 3 (the checkpoint holds step 2), then resumed
+PLACEMENTS = ["ddp", "fsdp", *(f"zero{s}" for s in STAGES)]
 BF16 = ["--precision", "bf16"]
 BF16_TOLERANCE = 2e-2  # as the library's bf16 tests (tests/test_autocast.py, tests/integrations/)
 
@@ -54,7 +55,7 @@ def _adapter(model_folder: Path) -> dict[str, torch.Tensor]:
 def _checkpoint(run: Path, which: str = "last"):
     from gradcache.train.checkpoints.run_checkpoint import kind_of
 
-    (path,) = [p for p in run.iterdir() if p.name in (f"{which}.dcp", f"{which}.ds")]
+    (path,) = [p for p in run.iterdir() if p.name in (f"{which}.dcp", f"{which}.ds", f"{which}.pt")]
     return kind_of(path)(path)
 
 
@@ -65,7 +66,8 @@ def ranks_worker(rank: int, world_size: int, root: str) -> dict:
 
     os.environ["LOCAL_RANK"] = str(rank)  # torchrun sets it; DeepSpeed reads it
     root = Path(root)
-    runs = {"fsdp": ["--fsdp"], **{f"zero{s}": ["--deepspeed", str(root / f"zero{s}.json")] for s in STAGES},
+    runs = {"ddp": [], "fsdp": ["--fsdp"],
+            **{f"zero{s}": ["--deepspeed", str(root / f"zero{s}.json")] for s in STAGES},
             "zero2_bf16": ["--deepspeed", str(root / "zero2.json"), *BF16]}
     original, status = RunLog.log_step, {}
 
@@ -112,7 +114,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fsdp", *(f"zero{s}" for s in STAGES)])
+@pytest.mark.parametrize("name", PLACEMENTS)
 def test_two_ranks_train_the_adapter_of_one_process(runs, name):
     root, status = runs
     expected = {name: 0, f"{name}_cut": errors.INTERRUPTED} if name in CUT else {name: 0}
@@ -131,7 +133,7 @@ def test_two_ranks_train_the_adapter_of_one_process(runs, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fsdp", *(f"zero{s}" for s in STAGES)])
+@pytest.mark.parametrize("name", PLACEMENTS)
 def test_the_merged_model_is_the_one_process_merged_model(runs, name):
     """RUN/model: the base merged with the adapter (gathered from the shards under --fsdp and ZeRO-3)."""
     from safetensors.torch import load_file

@@ -25,7 +25,7 @@ from gradcache import distributed
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, UsageError
-from gradcache.train.parallel.placement import Placement
+from gradcache.train.parallel.placement import Placement, one_process_group
 
 AUTO = "auto"
 
@@ -147,12 +147,10 @@ class DeepSpeedPlacement(Placement):
             yield
             return
         os.environ.setdefault("LOCAL_RANK", "0")
-        backend = "cpu:gloo,cuda:nccl" if self.config.device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         try:
-            yield
+            with one_process_group(self.config.device):
+                yield
         finally:
-            dist.destroy_process_group()
             _forget_world_group()
 
     def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:

@@ -194,18 +194,9 @@ class Sharded(Placement):
 
     sharded = True
 
-    @contextlib.contextmanager
-    def process_group(self) -> Iterator[None]:
+    def process_group(self) -> contextlib.AbstractContextManager:
         """Without torchrun, a one-process group (FSDP2 needs one even on one rank), ended on the way out."""
-        if distributed.is_distributed():
-            yield
-            return
-        backend = "cpu:gloo,cuda:nccl" if self.config.device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
+        return one_process_group(self.config.device)
 
     def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         from gradcache.train.parallel.fsdp import shard_encoder
@@ -258,3 +249,18 @@ def placement_for(config: RunConfig) -> Placement:
 
         return DeepSpeedPlacement(config)
     return Sharded(config) if config.fsdp else Replicated(config)
+
+
+@contextlib.contextmanager
+def one_process_group(device: str) -> Iterator[None]:
+    """The process group a sharded placement needs: torchrun's where it made one, else a one-process group (gloo,
+    and NCCL beside it on CUDA), destroyed on the way out."""
+    if distributed.is_distributed():
+        yield
+        return
+    backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gradcache.models.huggingface_folder import PACKAGED_MODEL, model_folder, quiet_transformers
+from gradcache.models.huggingface_folder import PACKAGED_MODEL, quiet_transformers
 from gradcache.train.checkpoints.run_checkpoint import open_checkpoint
 from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
@@ -51,6 +51,7 @@ from gradcache.train.export.model_folders import (
     ModelFolderKind,
     model_folder_kind,
 )
+from gradcache.train.modes.text_folders import text_model_folder
 from gradcache.train.run_folder.layout import RUN_FILES
 
 MODEL_HELP = ("a run folder of gradcache train (or one of its checkpoints, or its model/ export), a "
@@ -155,7 +156,7 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
     if config.mode == "text":
         from gradcache.models import HuggingFaceTokenizer
 
-        tokenizer = HuggingFaceTokenizer(_text_model_folder(config.model), max_length or config.max_length)
+        tokenizer = HuggingFaceTokenizer(text_model_folder(config.model, "MODEL"), max_length or config.max_length)
         return LoadedModel("text", tokenizer=tokenizer, encode_query=model.encode_query,
                            encode_passage=model.encode_passage, query_prompt=config.query_prompt,
                            passage_prompt=config.passage_prompt, text_kind=config.kind, **common)
@@ -171,12 +172,6 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
     return LoadedModel(config.mode, encode_image=model.embed, image_size=config.image_size, **common)
 
 
-def _text_model_folder(name: str) -> Path:
-    """The folder of the text model `name` (UsageError for the packaged model without its package)."""
-    try:
-        return model_folder(name)
-    except ImportError as error:
-        raise UsageError(f"MODEL {error}") from error
 
 
 def _from_text_folder(name: str, folder: Path, device: torch.device, max_length: int | None,
@@ -298,7 +293,7 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
             raise UsageError(f"{option} {prompt!r} is empty; give the text to prepend, or omit {option}")
     torch_device = torch.device(device)
     if name == PACKAGED_MODEL:
-        return _from_text_folder(name, _text_model_folder(name), torch_device, max_length, pooling, prompts)
+        return _from_text_folder(name, text_model_folder(name, "MODEL"), torch_device, max_length, pooling, prompts)
     path = Path(name)
     if not path.exists():
         raise UsageError(f"MODEL {name!r}: no such file or folder; give {MODEL_HELP}")

@@ -33,7 +33,8 @@ from gradcache.train.errors import UsageError
 from gradcache.train.eval.reranking import evaluate_reranking
 from gradcache.train.export.cross_encoder import write_cross_encoder_folder
 from gradcache.train.modes.base import OptionGroups
-from gradcache.train.modes.text import Text, _check_folder, _model_folder, _quiet_transformers
+from gradcache.train.modes.text import Text
+from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, text_model_folder
 
 
 
@@ -73,7 +74,7 @@ class CrossEncoderText(Text):
 
     def check_model(self, config: RunConfig) -> None:
         """The model folder and its tokenizer load offline and belong together (weights not loaded)."""
-        _check_folder("--model", config.model, None, config.max_length)
+        check_text_folder("--model", config.model, None, config.max_length)
 
     def embedding_width(self, config: RunConfig) -> int:
         return 1  # one score per pair
@@ -113,8 +114,8 @@ class CrossEncoderText(Text):
 
     # --- model and loss ---------------------------------------------------------------------------------
     def build_model(self, config: RunConfig) -> nn.Module:
-        folder = _model_folder(config.model)
-        _quiet_transformers()
+        folder = text_model_folder(config.model)
+        quiet_transformers()
         try:
             return HuggingFaceCrossEncoder(folder, config.max_length)
         except ValueError as error:
@@ -137,4 +138,4 @@ class CrossEncoderText(Text):
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """A sentence-transformers CrossEncoder folder: `CrossEncoder(folder).predict` gives the run's scores."""
-        write_cross_encoder_folder(model, _model_folder(config.model), config.max_length, folder)
+        write_cross_encoder_folder(model, text_model_folder(config.model), config.max_length, folder)

@@ -27,7 +27,8 @@ from gradcache.train.errors import UsageError
 from gradcache.train.eval.maxsim import evaluate_maxsim_retrieval
 from gradcache.train.export.multi_vector import write_multi_vector_folder
 from gradcache.train.modes.base import OptionGroups
-from gradcache.train.modes.text import Text, _model_folder, _quiet_transformers, _side_tokenizers
+from gradcache.train.modes.text import Text
+from gradcache.train.modes.text_folders import quiet_transformers, side_tokenizers, text_model_folder
 
 KIND = "multi-vector"
 
@@ -62,8 +63,8 @@ class MultiVector(Text):
     def build_model(self, config: RunConfig) -> nn.Module:
         from gradcache.models import BiEncoder
 
-        folder = _model_folder(config.model)
-        _quiet_transformers()
+        folder = text_model_folder(config.model)
+        quiet_transformers()
         try:
             tower = MultiVectorTextEncoder(folder, token_dim=config.token_dim)
         except ValueError as error:
@@ -80,14 +81,14 @@ class MultiVector(Text):
     def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
                 device: torch.device) -> dict[str, float]:
         corpus = None if data.corpus is None else (data.corpus, data.test_positions)
-        query_tokenizer, passage_tokenizer = _side_tokenizers(config)
+        query_tokenizer, passage_tokenizer = side_tokenizers(config)
         return evaluate_maxsim_retrieval(model.encode_query, model.encode_passage, query_tokenizer, data.test,
                                          device, corpus=corpus, passage_tokenizer=passage_tokenizer)
 
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """A sentence-transformers MultiVectorEncoder folder (gradcache/train/export/multi_vector.py)."""
-        write_multi_vector_folder(model.query_tower, _model_folder(config.model), config.max_length, folder,
+        write_multi_vector_folder(model.query_tower, text_model_folder(config.model), config.max_length, folder,
                                   query_prompt=config.query_prompt, passage_prompt=config.passage_prompt)
 
 

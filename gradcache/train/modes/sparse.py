@@ -28,7 +28,8 @@ from gradcache.train.errors import UsageError
 from gradcache.train.eval.sparse_retrieval import evaluate_sparse_retrieval
 from gradcache.train.export.sparse_encoder import write_sparse_encoder_folder
 from gradcache.train.modes.base import OptionGroups
-from gradcache.train.modes.text import Text, _check_folder, _model_folder, _quiet_transformers, _side_tokenizers
+from gradcache.train.modes.text import Text
+from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, side_tokenizers, text_model_folder
 
 LOSS_PARTS = ("base_loss", "document_regularizer_loss", "query_regularizer_loss")  # SpladeLoss.parts
 
@@ -107,7 +108,7 @@ class SparseText(Text):
     def check_model(self, config: RunConfig) -> None:
         """The folder (a Hugging Face or a sentence-transformers folder, a SparseEncoder one included) and its
         tokenizer load offline and belong together, and its configuration has a masked-language-model class."""
-        _check_folder("--model", config.model, SPLADE_POOLING, config.max_length)
+        check_text_folder("--model", config.model, SPLADE_POOLING, config.max_length)
         import transformers
 
         model_config = transformers.AutoConfig.from_pretrained(_transformer_folder(config), local_files_only=True)
@@ -126,8 +127,8 @@ class SparseText(Text):
     # --- model and loss ---------------------------------------------------------------------------------
     def build_model(self, config: RunConfig) -> nn.Module:
         """One SPLADE encoder for queries and passages; a folder without an MLM head gets one initialised."""
-        folder = _model_folder(config.model)
-        _quiet_transformers()
+        folder = text_model_folder(config.model)
+        quiet_transformers()
         try:
             return BiEncoder(SpladeEncoder(folder))
         except ValueError as error:
@@ -147,14 +148,14 @@ class SparseText(Text):
     def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
                 device: torch.device) -> dict[str, float]:
         corpus = None if data.corpus is None else (data.corpus, data.test_positions)
-        query_tokenizer, passage_tokenizer = _side_tokenizers(config)
+        query_tokenizer, passage_tokenizer = side_tokenizers(config)
         return evaluate_sparse_retrieval(model.encode_query, model.encode_passage, query_tokenizer, passage_tokenizer,
                                          data.test, device, corpus=corpus)
 
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """A sentence-transformers SparseEncoder folder (gradcache/train/export/sparse_encoder.py)."""
-        write_sparse_encoder_folder(model.query_tower, _model_folder(config.model), config.max_length, folder,
+        write_sparse_encoder_folder(model.query_tower, text_model_folder(config.model), config.max_length, folder,
                                     query_prompt=config.query_prompt, passage_prompt=config.passage_prompt)
 
     def summary(self, loss: nn.Module) -> dict[str, Any]:
@@ -165,7 +166,7 @@ class SparseText(Text):
 
 def _transformer_folder(config: RunConfig) -> Path:
     """Where `--model` keeps its config.json: the folder, or a sentence-transformers folder's Transformer path."""
-    folder = _model_folder(config.model)
+    folder = text_model_folder(config.model)
     try:
         layout = read_sentence_transformer_folder(folder)
     except ValueError as error:

@@ -1,8 +1,8 @@
 """Text retrieval: (query, positive, hard negatives) rows, a pretrained Hugging Face encoder (one shared tower or
 a query and a passage tower), InfoNCE over every positive and hard negative of the batch; scored by retrieval of
 the held-out queries' passages (recall@1/10, mrr@10, ndcg@10), at step 0 too. Its rows come from
-data/text/sources.py, whatever their format; its model folders are found and checked by
-gradcache.models.huggingface_folder, whose library errors it turns into `UsageError`."""
+data/text/sources.py, whatever their format; its model folders are found and checked by text_folders.py, in
+`UsageError`s naming the option."""
 from __future__ import annotations
 
 import argparse
@@ -22,13 +22,7 @@ from gradcache.losses.guided import MARGIN_STRATEGIES
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
 from gradcache.models.huggingface import HF_POOLINGS
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
-from gradcache.models.huggingface_folder import (
-    PACKAGED_MODEL,
-    check_model_folder,
-    hidden_size,
-    model_folder,
-    quiet_transformers,
-)
+from gradcache.models.huggingface_folder import PACKAGED_MODEL, hidden_size
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.text.batches import GroupedInfoNCE, TokenizeGroups, text_batches
@@ -43,6 +37,13 @@ from gradcache.train.export.sentence_transformers import (
     write_sentence_transformers_folder,
 )
 from gradcache.train.modes.base import Mode, OptionGroups
+from gradcache.train.modes.text_folders import (
+    check_text_folder,
+    quiet_transformers,
+    side_tokenizers,
+    text_model_folder,
+    text_tokenizer,
+)
 from gradcache.train.modes.lora import (
     add_lora,
     add_lora_options,
@@ -52,22 +53,6 @@ from gradcache.train.modes.lora import (
     lora_settings,
     write_lora_tower,
 )
-
-
-def _quiet_transformers() -> None:
-    """No per-load progress bars of transformers on the program's stderr (the run has its own)."""
-    try:
-        quiet_transformers()
-    except ImportError as error:
-        raise UsageError(str(error)) from error
-
-
-def _model_folder(name: str, option: str = "--model") -> Path:
-    """`--model` (`option`): the packaged all-MiniLM-L6-v2, or a local Hugging Face model folder."""
-    try:
-        return model_folder(name)
-    except ImportError as error:
-        raise UsageError(f"{option} {error}") from error
 
 
 class Text(Mode):
@@ -196,18 +181,18 @@ class Text(Mode):
     def check_model(self, config: RunConfig) -> None:
         """The model folder (and the guide's) and its tokenizer load offline, and belong together; read from each
         folder's config.json and tokenizer files, without loading the weights (the run builds the model once)."""
-        _check_folder("--model", config.model, config.pooling, config.max_length)
-        check_lora_targets(config, _model_folder(config.model))
-        pooling = config.pooling or _folder_pooling(_model_folder(config.model))
+        check_text_folder("--model", config.model, config.pooling, config.max_length)
+        check_lora_targets(config, text_model_folder(config.model))
+        pooling = config.pooling or _folder_pooling(text_model_folder(config.model))
         if config.exclude_prompt_from_pooling and pooling != "mean":
             raise UsageError(f"--exclude-prompt-from-pooling applies to mean pooling; --model {config.model} pools "
                              f"by {pooling!r}: add --pooling mean, or drop the flag")
         if config.guide is not None:
-            _check_folder("--guide", config.guide, None, config.max_length)
+            check_text_folder("--guide", config.guide, None, config.max_length)
 
     def embedding_width(self, config: RunConfig) -> int:
         """The model's hidden size (its config.json, read without loading the weights)."""
-        return hidden_size(_model_folder(config.model))
+        return hidden_size(text_model_folder(config.model))
 
     # --- data -------------------------------------------------------------------------------------------
     def load_data(self, config: RunConfig) -> TextSplits:
@@ -218,8 +203,8 @@ class Text(Mode):
         save_data_index(data.train, config)
 
     def batches(self, config: RunConfig, data: TextSplits, sampler: StepSampler) -> DataLoader:
-        guide_tokenizer = None if config.guide is None else _tokenizer(config, config.guide)
-        query_tokenizer, passage_tokenizer = _side_tokenizers(config)
+        guide_tokenizer = None if config.guide is None else text_tokenizer(config, config.guide)
+        query_tokenizer, passage_tokenizer = side_tokenizers(config)
         if isinstance(data.train, StreamedRows):
             tokenize = TokenizeGroups(query_tokenizer, guide_tokenizer, passage_tokenizer)
             return streamed_batches(data.train, sampler, tokenize, config.workers, config.max_bad_share)
@@ -243,8 +228,8 @@ class Text(Mode):
 
     # --- model and loss ---------------------------------------------------------------------------------
     def build_model(self, config: RunConfig) -> nn.Module:
-        folder = _model_folder(config.model)
-        _quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
+        folder = text_model_folder(config.model)
+        quiet_transformers()  # a resume builds the model before check_model: its "Loading weights" bar too
         try:
             towers = [HuggingFaceEncoder(folder, pooling=config.pooling, include_prompt=include_prompt(config))
                       for _ in range(1 + config.separate_towers)]
@@ -277,7 +262,7 @@ class Text(Mode):
         """`--guide`: the folder's encoder with its own pooling, frozen (GISTEmbed's guide)."""
         if config.guide is None:
             return None
-        return HuggingFaceEncoder(_model_folder(config.guide, "--guide")).eval().requires_grad_(False)
+        return HuggingFaceEncoder(text_model_folder(config.guide, "--guide")).eval().requires_grad_(False)
 
     def encoders(self, model: nn.Module, guide: nn.Module | None = None) -> nn.Module | list[nn.Module]:
         """The towers; with a guide, [query tower, passage tower, guide, guide] for [queries, passages, the guide's
@@ -291,7 +276,7 @@ class Text(Mode):
     def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
                 device: torch.device) -> dict[str, float]:
         corpus = None if data.corpus is None else (data.corpus, data.test_positions)
-        query_tokenizer, passage_tokenizer = _side_tokenizers(config)
+        query_tokenizer, passage_tokenizer = side_tokenizers(config)
         return evaluate_retrieval(model.encode_query, model.encode_passage, query_tokenizer, data.test, device,
                                   dims=config.matryoshka_dims, corpus=corpus, passage_tokenizer=passage_tokenizer)
 
@@ -299,7 +284,7 @@ class Text(Mode):
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """A sentence-transformers folder; with --separate-towers one per side, `query/` and `passage/`; with
         --lora-rank the model merged with its adapter, and the adapter in `adapter/` (modes/lora.py)."""
-        base = _model_folder(config.model)
+        base = text_model_folder(config.model)
         write = write_sentence_transformers_folder if config.lora_rank is None else write_lora_tower
         prompts = {"query_prompt": config.query_prompt, "passage_prompt": config.passage_prompt}
         if model.shared:
@@ -344,17 +329,6 @@ def memory_bytes(text: str) -> int:
     return int(size)
 
 
-def _tokenizer(config: RunConfig, model: str | None = None) -> HuggingFaceTokenizer:
-    """The tokenizer of `--model` (or of `model`, e.g. the guide's folder), truncating at `--max-length`."""
-    return HuggingFaceTokenizer(_model_folder(config.model if model is None else model), config.max_length)
-
-
-def _side_tokenizers(config: RunConfig) -> tuple[Callable, Callable]:
-    """The tokenizers of queries and of passages: `--model`'s, each text after its side's prompt."""
-    tokenizer = _tokenizer(config)
-    return tokenizer.with_prompt(config.query_prompt), tokenizer.with_prompt(config.passage_prompt)
-
-
 def include_prompt(config: RunConfig) -> bool | None:
     """The towers' `include_prompt`: False with --exclude-prompt-from-pooling, else the folder's own (None)."""
     return False if config.exclude_prompt_from_pooling else None
@@ -379,12 +353,3 @@ def check_kind_fields(config: RunConfig) -> None:
                 raise UsageError(f"{option} {value} is read by --kind {kind.kind} alone; this run trains --kind "
                                  f"{config.kind}: drop {option}, or add --kind {kind.kind}")
 
-
-def _check_folder(option: str, name: str, pooling: str | None, max_length: int) -> None:
-    """`option`'s model folder and its tokenizer load offline and belong together (UsageError naming `option`)."""
-    folder = _model_folder(name, option)
-    _quiet_transformers()
-    try:
-        check_model_folder(folder, pooling, max_length)
-    except (ValueError, OSError) as error:
-        raise UsageError(f"{option} {name}: {error}") from error

@@ -1,0 +1,57 @@
+"""The text kinds' Hugging Face model folders as the program sees them: `gradcache.models.huggingface_folder`'s
+finding and checking, with its library errors turned into `UsageError` naming the option that gave the folder.
+
+- `text_model_folder(name, option)`: the packaged all-MiniLM-L6-v2, or a local folder.
+- `check_text_folder(option, name, pooling, max_length)`: the folder and its tokenizer load offline and belong
+  together.
+- `text_tokenizer(config, model)` and `side_tokenizers(config)`: `--model`'s tokenizer, truncating at
+  `--max-length`, and the query's and passage's (each text after its side's prompt).
+- `quiet_transformers()`: no per-load progress bars of transformers on the program's stderr.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from gradcache.models import HuggingFaceTokenizer
+from gradcache.models import huggingface_folder
+from gradcache.train.config import RunConfig
+from gradcache.train.errors import UsageError
+
+
+def quiet_transformers() -> None:
+    """No per-load progress bars of transformers on the program's stderr (the run has its own)."""
+    try:
+        huggingface_folder.quiet_transformers()
+    except ImportError as error:
+        raise UsageError(str(error)) from error
+
+
+def text_model_folder(name: str, option: str = "--model") -> Path:
+    """`option`'s model (`--model`, `--guide`, `MODEL`): the packaged all-MiniLM-L6-v2, or a local Hugging Face
+    model folder; UsageError naming `option` when the package it needs is missing."""
+    try:
+        return huggingface_folder.model_folder(name)
+    except ImportError as error:
+        raise UsageError(f"{option} {error}") from error
+
+
+def check_text_folder(option: str, name: str, pooling: str | None, max_length: int) -> None:
+    """`option`'s model folder and its tokenizer load offline and belong together (UsageError naming `option`)."""
+    folder = text_model_folder(name, option)
+    quiet_transformers()
+    try:
+        huggingface_folder.check_model_folder(folder, pooling, max_length)
+    except (ValueError, OSError) as error:
+        raise UsageError(f"{option} {name}: {error}") from error
+
+
+def text_tokenizer(config: RunConfig, model: str | None = None) -> HuggingFaceTokenizer:
+    """The tokenizer of `--model` (or of `model`, e.g. the guide's folder), truncating at `--max-length`."""
+    return HuggingFaceTokenizer(text_model_folder(config.model if model is None else model), config.max_length)
+
+
+def side_tokenizers(config: RunConfig) -> tuple[Callable, Callable]:
+    """The tokenizers of queries and of passages: `--model`'s, each text after its side's prompt."""
+    tokenizer = text_tokenizer(config)
+    return tokenizer.with_prompt(config.query_prompt), tokenizer.with_prompt(config.passage_prompt)

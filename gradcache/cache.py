@@ -41,7 +41,7 @@ from gradcache.distributed import (
 from gradcache.graph_memory import GraphBudget, saved_bytes
 from gradcache.inputs import check_embedding_count, encode, tensors_of, trim_padding
 from gradcache.autocast import AutocastState, autocast_context, autocast_off_everywhere, upcast
-from gradcache.random_state import RandomState
+from gradcache.random_state import NoDraws, RandomState
 from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
 from gradcache.strategy import LossFn, Strategy, check_output_learns
 from gradcache.token_chunks import cut, split_to_count, token_plan
@@ -169,8 +169,7 @@ class GradCache(Strategy):
             pieces, states, graphs = [], [], []  # pieces[k][j]: chunk k's embedding j
             for k, chunk in enumerate(input_chunks):
                 name = f"input {i}"
-                if learning[i]:
-                    states.append(RandomState.capture(tensors_of(chunk)))
+                state = RandomState.capture(tensors_of(chunk)) if learning[i] else None
                 if learning[i] and not (own_sync and last[id(encoder)] == (i, k)) and budget.worth_trying(i, chunk):
                     left_out = [*encoder.parameters(), *encoder.buffers(), *tensors_of(chunk)]
                     with torch.enable_grad(), gradient_sync(encoder, False, self.options["fsdp_reduce"]):
@@ -182,6 +181,8 @@ class GradCache(Strategy):
                     budget.close(i)  # kept chunks are a prefix of each input's
                     with torch.no_grad():
                         outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
+                if state is not None:
+                    states.append(state.kept_if_drawn())  # an encoder without dropout keeps no state
                 if pieces:
                     check_embedding_count(outputs, len(pieces[0]), name, k)
                 sparse = self.options["sparse_cache"]
@@ -379,7 +380,7 @@ class _FirstPass:
     embeddings: list[list[Embedding]]
     rows: list[list[list[int]]]
     lengths: list[list[list[int | None]]]
-    random_states: list[list[RandomState]]
+    random_states: list[list[RandomState | NoDraws]]
     kept: list[list[list[torch.Tensor]]]
 
 

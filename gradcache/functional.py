@@ -75,6 +75,7 @@ def cached(func: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]) -> Call
         random_state, autocast_state = RandomState.capture(tensors), AutocastState.capture()
         with torch.no_grad():
             reps = _reps(func(*args, **kwargs), func)
+        random_state = random_state.kept_if_drawn()
         leaves = tuple(rep.detach().requires_grad_() for rep in reps)
         modules = [value for value in (*args, *kwargs.values()) if isinstance(value, nn.Module)]
         spent = False

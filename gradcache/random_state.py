@@ -1,4 +1,5 @@
-"""Capture and replay of the random state, so a re-forward draws the same dropout masks as the first pass."""
+"""Capture and replay of the random state, so a re-forward draws the same dropout masks as the first pass; a
+chunk whose first pass drew no random number (no dropout) keeps no state and replays as nothing."""
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,8 @@ def _cuda_devices(tensors: Iterable[torch.Tensor]) -> list[int]:
 class RandomState:
     """The CPU generator state and the states of the CUDA generators a chunk may use.
 
-    `capture` before the first forward of a chunk; `replay` around its re-forward. Replaying restores the
-    global state afterwards, so the caller's random stream is where the first pass left it.
+    `capture` before the first forward of a chunk, `kept_if_drawn` after it, `replay` around its re-forward.
+    Replaying restores the global state afterwards, so the caller's random stream is where the first pass left it.
     """
 
     cpu: torch.Tensor
@@ -36,6 +37,18 @@ class RandomState:
             cuda=tuple((d, torch.cuda.get_rng_state(d)) for d in devices),
         )
 
+    def kept_if_drawn(self) -> RandomState | NoDraws:
+        """This state when a generator moved since `capture` (the first pass drew random numbers, which the
+        re-forward must draw again), else `NO_DRAWS`: a chunk that drew none (an encoder without dropout) keeps no
+        state (5 KB of CPU generator a chunk) and its re-forward, drawing none either, needs no replay.
+
+        A generator's state moves with every draw (the Mersenne Twister's position, Philox's offset), so an
+        unmoved state means no draw from the global generators; code that draws inside `fork_rng` without
+        seeding it, and so repeats the caller's stream without advancing it, is the one case this cannot see."""
+        moved = not torch.equal(torch.get_rng_state(), self.cpu) or any(
+            not torch.equal(torch.cuda.get_rng_state(device), state) for device, state in self.cuda)
+        return self if moved else NO_DRAWS
+
     @contextlib.contextmanager
     def replay(self) -> Iterator[None]:
         devices = [d for d, _ in self.cuda]
@@ -44,3 +57,17 @@ class RandomState:
             for device, state in self.cuda:
                 torch.cuda.set_rng_state(state, device)
             yield
+
+
+class NoDraws:
+    """The random state of a chunk whose first pass drew no random number: nothing kept, nothing to replay."""
+
+    @contextlib.contextmanager
+    def replay(self) -> Iterator[None]:
+        yield
+
+    def __repr__(self) -> str:
+        return "NO_DRAWS"
+
+
+NO_DRAWS = NoDraws()

@@ -8,7 +8,8 @@ words (random words of the tokenizer's vocabulary, seeded), ``num_negatives`` in
 peer's default 4), chunks (mini-batches) of ``--chunk-size`` pairs. Both sides get raw text columns, as
 ``CrossEncoderTrainer`` gives them, and tokenise per chunk.
 
-Memory: each (side, N) runs in a fresh process (``fresh_process.py``) that builds the model and the batch, resets
+Memory: each (side, N) runs in a fresh process (``fresh_process.py``) that builds the model and the batch, runs
+one step at N = 2 (each library's first-call initialisation, not counted, as ``multi_vector_memory`` does), resets
 the peak-RSS mark, runs one step (loss and backward) and reports the peak above that baseline (CPU: VmHWM with
 ``MALLOC_MMAP_THRESHOLD_`` so it follows live tensors; CUDA: ``torch.cuda.max_memory_allocated``). Time: for each
 N one more fresh process times both sides in interleaved rounds (``round_robin.py``: round r runs each side once,
@@ -123,7 +124,9 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
         if len(steps) == 2:
             result["time_ratio"] = per_round_ratio(times, "gradcache", ["sentence_transformers"])
         return result
-    step = step_of(build_loss(point["side"], model, point), model, columns, device)
+    loss = build_loss(point["side"], model, point)
+    step_of(loss, model, text_columns(model.tokenizer, 2, seed=1), device)()  # initialisation, not counted
+    step = step_of(loss, model, columns, device)
     if device.type == "cpu":
         with open("/proc/self/clear_refs", "w") as handle:  # the peak restarts here: imports and setup excluded
             handle.write("5")

@@ -8,10 +8,14 @@ issue's (BERT ``--dim`` 64 wide, one layer, two heads, a ``--vocab`` 30,522-toke
 here, dropout 0) with its MLM head's bias shifted so that about ``--positive-fraction`` (0.1%) of the logits of a
 sample batch are positive, as in a trained SPLADE. Data: generated (anchor, positive, negative) texts of random
 vocabulary words, queries of 4-12 words, passages of 10-30. Each point runs in a fresh process
-(``fresh_process.py``): the child builds the model and the batch, resets the peak-RSS mark, runs one forward +
-backward through the loss (the trainer's sum of the returned parts) and reports the peak above that baseline
-(CPU: VmHWM; CUDA: ``torch.cuda.max_memory_allocated``), then the median time of ``--repeats`` more. Nothing here
-touches the network.
+(``fresh_process.py``): the child builds the model and the batch, runs one step on two rows (each library's
+first-call initialisation, not counted), resets the peak-RSS mark, runs one forward + backward through the loss
+(the trainer's sum of the returned parts) and reports the peak above that baseline (CPU: VmHWM with
+``MALLOC_MMAP_THRESHOLD_`` so it follows live tensors, as the other memory benchmarks here; ``--heap default``
+keeps glibc's own threshold, whose retained heap adds hundreds of MB; CUDA: ``torch.cuda.max_memory_allocated``),
+then the median time of ``--repeats`` more. With ``--rounds R``, one more fresh process per N times the modes
+in R interleaved rounds (``round_robin.py``), whose medians replace those times, with the per-round ratio of
+sparse to peer. Nothing here touches the network.
 
     python -m benchmarks.splade_memory                               # N = 64, 256, 1,024, chunk 16, all modes
     python -m benchmarks.splade_memory --sizes 512 --modes peer,sparse --device cuda
@@ -31,16 +35,18 @@ from typing import Any
 import torch
 
 from benchmarks.flags import HelpFormatter, add_shared_options, output_folder
-from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
+from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, median_time, report, run_point
 from benchmarks.report import machine_context, plot_lines, print_table, write_csv
+from benchmarks.round_robin import medians, per_round_ratio, round_robin
 
 GB = 2**30
 MODES = ("peer", "dense", "sparse")
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-COLUMNS = ["mode", "n", "chunk", "dim", "vocab", "positive_fraction", "status", "peak_gb", "step_s", "runs",
-           "loss_value", "nonzero_fraction", "process_s", "error", "device", "threads", "cpu_count", "loadavg_1m",
-           "loadavg_5m", "torch_version", "gradcache_version", "python_version", "timestamp_utc"]
-TABLE = ["mode", "n", "status", "peak_gb", "step_s", "runs", "loss_value", "nonzero_fraction", "loadavg_1m"]
+COLUMNS = ["mode", "n", "chunk", "dim", "vocab", "positive_fraction", "heap", "status", "peak_gb", "step_s", "runs",
+           "loss_value", "nonzero_fraction", "time_ratio", "process_s", "error", "device", "threads", "cpu_count",
+           "loadavg_1m", "loadavg_5m", "torch_version", "gradcache_version", "python_version", "timestamp_utc"]
+TABLE = ["mode", "n", "status", "peak_gb", "step_s", "runs", "time_ratio", "loss_value", "nonzero_fraction",
+         "loadavg_1m"]
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -53,6 +59,13 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--positive-fraction", type=float, default=0.001,
                         help="share of a sample batch's MLM logits left positive by the bias shift")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs after the measured one (median)")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="interleaved timing rounds of the modes per N, in one more fresh process (0: none); "
+                             "their medians replace the memory points' times")
+    parser.add_argument("--rounds-up-to", type=int, default=1024, help="time in rounds only the N up to this")
+    parser.add_argument("--heap", choices=("live", "default"), default="live",
+                        help="CPU only: live maps every block of 64 KiB or more on its own (peak RSS follows the "
+                             "live tensors); default keeps glibc's threshold, and its retained heap")
     parser.add_argument("--long-run-s", type=float, default=20.0,
                         help="a point whose first run takes longer reports that run's time alone")
     add_shared_options(parser, "splade_memory", threads=os.cpu_count(), memory_budget_gb=12.0, time_budget_s=900.0)
@@ -100,29 +113,41 @@ def texts(n: int, vocab: int, low: int, high: int, rng: random.Random) -> list[s
     return [" ".join(rng.choice(pool) for _ in range(rng.randint(low, high))) for _ in range(n)]
 
 
-def make_step(point: dict[str, Any], folder: Path) -> tuple[Callable[[], float], float]:
-    """One forward + backward of the point's loss; returns it and the rows' share of non-zeros."""
-    from sentence_transformers.sparse_encoder.losses import CachedSpladeLoss, SparseMultipleNegativesRankingLoss
-
-    from gradcache.integrations.sentence_transformers import GradCacheSpladeLoss
-
+def prepare(point: dict[str, Any], folder: Path) -> tuple[Any, list[list[str]], Callable, float]:
+    """The point's model and generated text columns, the function that tokenises columns onto the device, and the
+    share of non-zeros in the positives' rows."""
     rng = random.Random(0)
     n, vocab = point["n"], point["vocab"]
     columns = [texts(n, vocab, 4, 12, rng), texts(n, vocab, 10, 30, rng), texts(n, vocab, 10, 30, rng)]
     model = build_model(folder, point["dim"], vocab, point["positive_fraction"], columns[1][:64])
     device = torch.device(point["device"])
     model.to(device)
-    features = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in model.preprocess(c).items()}
-                for c in columns]
+
+    def features_of(texts: list[list[str]]) -> list[dict[str, Any]]:
+        return [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in model.preprocess(c).items()}
+                for c in texts]
+
     with torch.no_grad():
-        rows = model(dict(features[1]))["sentence_embedding"]
+        rows = model(features_of(columns[1:2])[0])["sentence_embedding"]
         nonzero = float((rows != 0).float().mean())
+    return model, columns, features_of, nonzero
+
+
+def build_loss(mode: str, model: Any, chunk: int) -> torch.nn.Module:
+    """`peer`: CachedSpladeLoss; `dense` / `sparse`: GradCacheSpladeLoss with the dense or the sparse cache."""
+    from sentence_transformers.sparse_encoder.losses import CachedSpladeLoss, SparseMultipleNegativesRankingLoss
+
+    from gradcache.integrations.sentence_transformers import GradCacheSpladeLoss
+
     base = SparseMultipleNegativesRankingLoss(model)
-    if point["mode"] == "peer":
-        loss = CachedSpladeLoss(model, base, 3e-5, 5e-5, mini_batch_size=point["chunk"])
-    else:
-        loss = GradCacheSpladeLoss(model, base, 3e-5, 5e-5, chunk_size=point["chunk"],
-                                   sparse_cache=point["mode"] == "sparse")
+    if mode == "peer":
+        return CachedSpladeLoss(model, base, 3e-5, 5e-5, mini_batch_size=chunk)
+    return GradCacheSpladeLoss(model, base, 3e-5, 5e-5, chunk_size=chunk, sparse_cache=mode == "sparse")
+
+
+def step_of(loss: torch.nn.Module, model: Any, features: list[dict[str, Any]],
+            device: torch.device) -> Callable[[], float]:
+    """One forward + backward through `loss` (the trainer's sum of the returned parts) on `features`."""
 
     def step() -> float:
         model.zero_grad(set_to_none=True)
@@ -133,28 +158,41 @@ def make_step(point: dict[str, Any], folder: Path) -> tuple[Callable[[], float],
             torch.cuda.synchronize(device)
         return float(total.detach())
 
-    return step, nonzero
+    return step
 
 
 def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
-    """Child process: one step measured for memory, then the median time of a few more."""
+    """Child process: a memory point (one mode: one step measured after one on two rows, then the median time of
+    `repeats` more) or a timing point (the modes in interleaved rounds)."""
     torch.set_num_threads(point["threads"])
     device = torch.device(point["device"])
     with tempfile.TemporaryDirectory() as folder:
-        step, nonzero = make_step(point, Path(folder))
-        if device.type == "cpu":
-            _reset_peak_rss()
-        peak = PeakMemory(device, int(point["memory_budget_gb"] * GB))
-        started = time.perf_counter()
-        loss_value = step()
-        first_s = time.perf_counter() - started
-        peak_bytes = peak.peak_above_baseline()
-        peak.stop()
-        if first_s > point["long_run_s"] or point["repeats"] < 1:
-            step_s, runs = first_s, 1
-        else:
-            step_s, times = median_time(step, point["repeats"], 0, device)
-            runs = len(times)
+        model, columns, features_of, nonzero = prepare(point, Path(folder))
+    features = features_of(columns)
+    if point["kind"] == "time":
+        steps = {mode: step_of(build_loss(mode, model, point["chunk"]), model, features, device)
+                 for mode in point["modes"]}
+        times = round_robin(steps, point["rounds"], device)
+        result = {"status": "ok", "step_s": medians(times), "rounds": point["rounds"]}
+        if "sparse" in steps and "peer" in steps:
+            result["time_ratio"] = per_round_ratio(times, "sparse", ["peer"])
+        return result
+    loss = build_loss(point["mode"], model, point["chunk"])
+    step_of(loss, model, features_of([c[:2] for c in columns]), device)()  # initialisation, not counted
+    step = step_of(loss, model, features, device)
+    if device.type == "cpu":
+        _reset_peak_rss()
+    peak = PeakMemory(device, int(point["memory_budget_gb"] * GB))
+    started = time.perf_counter()
+    loss_value = step()
+    first_s = time.perf_counter() - started
+    peak_bytes = peak.peak_above_baseline()
+    peak.stop()
+    if first_s > point["long_run_s"] or point["repeats"] < 1:
+        step_s, runs = first_s, 1
+    else:
+        step_s, times = median_time(step, point["repeats"], 0, device)
+        runs = len(times)
     return {"status": "ok", "peak_gb": peak_bytes / GB, "step_s": step_s, "runs": runs, "loss_value": loss_value,
             "nonzero_fraction": nonzero}
 
@@ -168,17 +206,32 @@ def _choices(value: str, valid: Sequence[str], flag: str) -> list[str]:
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    modes = _choices(args.modes, MODES, "--modes")
+    sizes = sorted({int(size) for size in args.sizes.split(",") if size})
+    settings = {"chunk": args.chunk, "dim": args.dim, "vocab": args.vocab, "positive_fraction": args.positive_fraction,
+                "threads": args.threads, "device": args.device, "memory_budget_gb": args.memory_budget_gb}
+    env = LIVE_TENSORS_ENV if args.heap == "live" and args.device == "cpu" else None
     rows: list[dict[str, Any]] = []
-    for mode in _choices(args.modes, MODES, "--modes"):
-        for n in sorted({int(size) for size in args.sizes.split(",") if size}):
-            point = {"mode": mode, "n": n, "chunk": args.chunk, "dim": args.dim, "vocab": args.vocab,
-                     "positive_fraction": args.positive_fraction, "threads": args.threads, "device": args.device,
-                     "repeats": args.repeats, "long_run_s": args.long_run_s, "memory_budget_gb": args.memory_budget_gb}
+    for mode in modes:
+        for n in sizes:
+            point = {**settings, "kind": "memory", "mode": mode, "n": n, "repeats": args.repeats,
+                     "long_run_s": args.long_run_s}
             row = {**{k: point[k] for k in ("mode", "n", "chunk", "dim", "vocab", "positive_fraction")},
-                   **machine_context(args.threads, args.device)}
-            row.update(run_point(__spec__.name, point, args.time_budget_s))
+                   "heap": args.heap, **machine_context(args.threads, args.device)}
+            row.update(run_point(__spec__.name, point, args.time_budget_s, env))
             print(json.dumps({key: row.get(key) for key in TABLE if key in row}), flush=True)
             rows.append(row)
+    if args.rounds > 0:
+        for n in [size for size in sizes if size <= args.rounds_up_to]:
+            timed = run_point(__spec__.name, {**settings, "kind": "time", "n": n, "modes": modes,
+                                              "rounds": args.rounds}, args.time_budget_s)
+            for row in (row for row in rows if row["n"] == n):
+                if timed.get("status") == "ok":
+                    row.update(step_s=timed["step_s"][row["mode"]], runs=timed["rounds"],
+                               time_ratio=timed.get("time_ratio", ""))
+                else:
+                    row["error"] = f"timing: {timed.get('status')} {timed.get('error', '')}".strip()
+            print(json.dumps({"n": n, **{k: v for k, v in timed.items() if k != "process_s"}}), flush=True)
     return rows
 
 

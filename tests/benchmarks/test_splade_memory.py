@@ -15,7 +15,7 @@ TINY = ["--dim", "16", "--vocab", "300", "--positive-fraction", "0.05", "--chunk
         "--threads", "1"]
 
 
-def _in_process(module: str, point: dict, time_budget_s: float | None) -> dict:
+def _in_process(module: str, point: dict, time_budget_s: float | None, env: dict | None = None) -> dict:
     """The child's work without the child: same measuring code, in this process, to keep the test fast."""
     return bench.run_one_point(point)
 
@@ -34,6 +34,19 @@ def test_sweep_measures_one_loss_three_ways(tmp_path: Path, monkeypatch: pytest.
     assert (tmp_path / "splade_memory.png").stat().st_size > 0
 
 
+def test_rounds_time_the_modes_interleaved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_csv) -> None:
+    """--rounds: one more point per N times the modes in turn; its medians and the sparse / peer ratio land in the
+    rows of that N, and N above --rounds-up-to is left with its memory point's time."""
+    monkeypatch.setattr(bench, "run_point", _in_process)
+    bench.main(["--sizes", "4,7", "--modes", "peer,sparse", "--rounds", "2", "--rounds-up-to", "4", *TINY,
+                "--output-dir", str(tmp_path)])
+    header, rows = read_csv(tmp_path / "splade_memory.csv")
+    timed = [row for row in rows if row["n"] == "4"]
+    assert [row["runs"] for row in timed] == ["2", "2"] and all(float(row["time_ratio"]) > 0 for row in timed)
+    assert len({row["time_ratio"] for row in timed}) == 1  # one ratio per N, on both rows
+    assert all(row["time_ratio"] == "" and row["runs"] == "1" for row in rows if row["n"] == "7")
+
+
 def test_bad_mode_is_named() -> None:
     with pytest.raises(ValueError, match="--modes: unknown value 'cached'"):
         bench.main(["--modes", "cached", "--sizes", "8"])
@@ -41,7 +54,7 @@ def test_bad_mode_is_named() -> None:
 
 @pytest.mark.slow
 def test_a_point_runs_in_a_fresh_process() -> None:
-    point = {"mode": "sparse", "n": 4, "chunk": 2, "dim": 16, "vocab": 300, "positive_fraction": 0.05, "threads": 1,
+    point = {"kind": "memory", "mode": "sparse", "n": 4, "chunk": 2, "dim": 16, "vocab": 300, "positive_fraction": 0.05, "threads": 1,
              "device": "cpu", "repeats": 0, "long_run_s": 20.0, "memory_budget_gb": 4.0}
     result = run_point(bench.__spec__.name, point, time_budget_s=300)
     assert result["status"] == "ok", result

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, run_point
-from benchmarks.flags import HelpFormatter, add_shared_options, output_folder
+from benchmarks.flags import HelpFormatter, add_shared_options, choices, output_folder
+from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, reset_peak_rss, run_point
 from benchmarks.report import machine_context, plot_lines, print_table, write_csv
 from benchmarks.round_robin import medians, per_round_ratio, round_robin
 
@@ -128,8 +128,7 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
     step_of(loss, model, text_columns(model.tokenizer, 2, seed=1), device)()  # initialisation, not counted
     step = step_of(loss, model, columns, device)
     if device.type == "cpu":
-        with open("/proc/self/clear_refs", "w") as handle:  # the peak restarts here: imports and setup excluded
-            handle.write("5")
+        reset_peak_rss()  # the peak restarts here: imports and setup excluded
     peak = PeakMemory(device, int(point["memory_budget_gb"] * GB))
     loss_value = step()
     peak_bytes = peak.peak_above_baseline()
@@ -137,16 +136,10 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok", "peak_gb": peak_bytes / GB, "loss_value": loss_value}
 
 
-def _choices(value: str, valid: Sequence[str], flag: str) -> list[str]:
-    chosen = value.split(",")
-    for name in chosen:
-        if name not in valid:
-            raise ValueError(f"{flag}: unknown value {name!r}; choose from {', '.join(valid)}")
-    return chosen
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
-    sides = _choices(args.sides, SIDES, "--sides")
+    sides = choices(args.sides, SIDES, "--sides")
     rows: list[dict[str, Any]] = []
     for n in sorted({int(size) for size in args.sizes.split(",") if size}):
         base = {"n": n, "width": args.width, "chunk_size": args.chunk_size, "num_negatives": args.num_negatives,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.report import RESULTS_DIR
@@ -86,3 +87,12 @@ def integer_list(text: str, flag: str) -> list[int]:
     if not values:
         raise ValueError(f"{flag}={text!r} names no value; give at least one, e.g. 0.")
     return values
+
+
+def choices(value: str, valid: Sequence[str], flag: str) -> list[str]:
+    """The comma-separated names of `value`, each one of `valid` (ValueError naming `flag` and the choices)."""
+    chosen = value.split(",")
+    for name in chosen:
+        if name not in valid:
+            raise ValueError(f"{flag}: unknown value {name!r}; choose from {', '.join(valid)}")
+    return chosen

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,33 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             return torch.cuda.max_memory_allocated(self.device) - self.baseline
         return rss_peak_bytes() - self.baseline
+
+
+def reset_peak_rss() -> None:
+    """Restart this process's peak RSS (VmHWM) from its current RSS: imports and setup before it stop counting."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def measured_step(step: Callable[[], float], device: torch.device, memory_budget_gb: float, repeats: int,
+                  long_run_s: float) -> dict[str, Any]:
+    """`step()` once from a fresh peak mark: its peak above the mark (`PeakMemory`, GiB) and its return value (the
+    loss); then its time, the median of `repeats` more calls, or that first call's own when it took longer than
+    `long_run_s` or `repeats` < 1. Returns `peak_gb`, `loss_value`, `step_s`, `runs`."""
+    if device.type == "cpu":
+        reset_peak_rss()
+    peak = PeakMemory(device, int(memory_budget_gb * 2**30))
+    started = time.perf_counter()
+    loss_value = step()
+    first_s = time.perf_counter() - started
+    peak_bytes = peak.peak_above_baseline()
+    peak.stop()
+    if first_s > long_run_s or repeats < 1:
+        step_s, runs = first_s, 1
+    else:
+        step_s, times = median_time(step, repeats, 0, device)
+        runs = len(times)
+    return {"peak_gb": peak_bytes / 2**30, "loss_value": loss_value, "step_s": step_s, "runs": runs}
 
 
 def report(result: dict[str, Any]) -> None:

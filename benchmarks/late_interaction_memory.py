@@ -21,15 +21,14 @@ import argparse
 import json
 import math
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
-from benchmarks.flags import HelpFormatter, add_shared_options, output_folder
+from benchmarks.flags import HelpFormatter, add_shared_options, choices, output_folder
+from benchmarks.fresh_process import measured_step, report, run_point
 from benchmarks.report import machine_context, plot_lines, print_table, write_csv
 
 from gradcache import TokenEmbeddings
@@ -64,10 +63,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _reset_peak_rss() -> None:
-    """Make the kernel's peak RSS restart from the current RSS, so imports and setup do not count."""
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")
 
 
 def token_batch(rows: int, length: int, dim: int, generator: torch.Generator, all_scored: bool) -> TokenEmbeddings:
@@ -109,36 +104,19 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(point["threads"])
     device = torch.device(point["device"])
     step = make_step(point, device)
-    if device.type == "cpu":
-        _reset_peak_rss()
-    peak = PeakMemory(device, int(point["memory_budget_gb"] * GB))
-    started = time.perf_counter()
-    loss_value = step()
-    first_s = time.perf_counter() - started
-    peak_bytes = peak.peak_above_baseline()
-    if first_s > point["long_run_s"] or point["repeats"] < 1:
-        step_s, runs = first_s, 1
-    else:
-        step_s, times = median_time(step, point["repeats"], 0, device)
-        runs = len(times)
-    return {"status": "ok", "peak_gb": peak_bytes / GB, "step_s": step_s, "runs": runs, "loss_value": loss_value}
+    return {"status": "ok", **measured_step(step, device, point["memory_budget_gb"], point["repeats"],
+                                            point["long_run_s"])}
 
 
 def _sizes(value: str) -> list[int]:
     return [int(size) for size in value.split(",") if size]
 
 
-def _choices(value: str, valid: Sequence[str], flag: str) -> list[str]:
-    chosen = value.split(",")
-    for name in chosen:
-        if name not in valid:
-            raise ValueError(f"{flag}: unknown value {name!r}; choose from {', '.join(valid)}")
-    return chosen
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for mode in _choices(args.modes, MODES, "--modes"):
+    for mode in choices(args.modes, MODES, "--modes"):
         sizes = _sizes(args.sizes) + (_sizes(args.tiled_sizes) if mode == "tiled" else [])
         previous = None  # (n, peak_gb) of this series' last point that ran
         for n in sorted(set(sizes)):

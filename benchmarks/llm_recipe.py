@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
-import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,8 +38,7 @@ from typing import Any
 import torch
 
 from benchmarks.flags import HelpFormatter, add_shared_options, integer_list, output_folder
-from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, run_point
-from benchmarks.loss_memory import _reset_peak_rss as reset_peak_rss
+from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, reset_peak_rss, run_point
 from benchmarks.report import machine_context, plot_lines, print_table
 from benchmarks.round_robin import medians, per_round_ratio, round_robin
 

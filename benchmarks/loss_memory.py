@@ -27,13 +27,12 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.fresh_process import PeakMemory, median_time, report, run_point
-from benchmarks.flags import HelpFormatter, add_shared_options, output_folder
+from benchmarks.flags import HelpFormatter, add_shared_options, choices, output_folder
+from benchmarks.fresh_process import PeakMemory, median_time, report, reset_peak_rss, run_point
 from benchmarks.report import machine_context, plot_lines, print_table, write_csv
 
 from gradcache import losses
@@ -77,10 +76,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _reset_peak_rss() -> None:
-    """Make the kernel's peak RSS (ru_maxrss) restart from the current RSS, so imports and setup do not count."""
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")
 
 
 def column_tiles(mode: str, n: int, column_tile_size: int | None) -> int | None:
@@ -118,7 +113,7 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
     step = make_step(point["loss"], point["n"], point["dim"], None if dense else point["tile_size"],
                      None if dense else column_tiles(point["mode"], point["n"], point["column_tile_size"]), device)
     if device.type == "cpu":
-        _reset_peak_rss()
+        reset_peak_rss()
     peak = PeakMemory(device, int(point["memory_budget_gb"] * GB))
     started = time.perf_counter()
     loss_value = step()  # synchronises a GPU before it returns
@@ -142,18 +137,12 @@ def _sweep_sizes(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
-def _choices(value: str, valid: Sequence[str], flag: str) -> list[str]:
-    chosen = value.split(",")
-    for name in chosen:
-        if name not in valid:
-            raise ValueError(f"{flag}: unknown value {name!r}; choose from {', '.join(valid)}")
-    return chosen
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    modes = _choices(args.modes, MODES, "--modes")
-    for loss_name in _choices(args.losses, list(LOSSES), "--losses"):
+    modes = choices(args.modes, MODES, "--modes")
+    for loss_name in choices(args.losses, list(LOSSES), "--losses"):
         for mode in modes:
             previous = None  # (n, peak_gb) of this series' last point that ran
             for n in _sweep_sizes(args):
@@ -192,7 +181,7 @@ def _time_ratios(rows: Sequence[dict[str, Any]]) -> None:
 def run_interleaved(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Strips and square tiles of each --blocks size, timed round robin in this process: (per-run rows, summary)."""
     torch.set_num_threads(args.threads)
-    device, n, loss_name = torch.device(args.device), args.interleaved_n, _choices(args.losses, list(LOSSES),
+    device, n, loss_name = torch.device(args.device), args.interleaved_n, choices(args.losses, list(LOSSES),
                                                                                     "--losses")[0]
     configs = {"strips": (args.tile_size, column_tiles("strips", n, None))}
     configs.update({f"tiles {size}": (size, size) for size in (int(block) for block in args.blocks.split(","))})

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from benchmarks.flags import HelpFormatter, add_shared_options, integer_list, output_folder
-from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, run_point
+from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, reset_peak_rss, run_point
 from benchmarks.report import machine_context, plot_lines, print_table, write_csv
 from benchmarks.round_robin import medians, per_round_ratio, round_robin
 
@@ -133,8 +133,7 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
     step(model, loss, batch(model, 2, *words, seed=1))  # initialisation of both libraries, not counted
     features = batch(model, point["n"], *words)
     if device.type == "cpu":
-        with open("/proc/self/clear_refs", "w") as handle:  # the peak restarts from the current RSS
-            handle.write("5")
+        reset_peak_rss()  # the peak restarts here: imports and setup excluded
     peak = PeakMemory(device, int(point["memory_budget_gb"] * 2**30))
     value = step(model, loss, features)
     return {"status": "ok", "peak_mb": peak.peak_above_baseline() / MB, "loss_value": value}

@@ -18,7 +18,6 @@ import importlib.metadata
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch

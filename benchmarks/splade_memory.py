@@ -27,15 +27,14 @@ import json
 import os
 import random
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.flags import HelpFormatter, add_shared_options, output_folder
-from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, median_time, report, run_point
+from benchmarks.flags import HelpFormatter, add_shared_options, choices, output_folder
+from benchmarks.fresh_process import LIVE_TENSORS_ENV, measured_step, report, run_point
 from benchmarks.report import machine_context, plot_lines, print_table, write_csv
 from benchmarks.round_robin import medians, per_round_ratio, round_robin
 
@@ -72,10 +71,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _reset_peak_rss() -> None:
-    """Make the kernel's peak RSS restart from the current RSS, so imports and setup do not count."""
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")
 
 
 def words(vocab: int) -> list[str]:
@@ -180,33 +175,12 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
     loss = build_loss(point["mode"], model, point["chunk"])
     step_of(loss, model, features_of([c[:2] for c in columns]), device)()  # initialisation, not counted
     step = step_of(loss, model, features, device)
-    if device.type == "cpu":
-        _reset_peak_rss()
-    peak = PeakMemory(device, int(point["memory_budget_gb"] * GB))
-    started = time.perf_counter()
-    loss_value = step()
-    first_s = time.perf_counter() - started
-    peak_bytes = peak.peak_above_baseline()
-    peak.stop()
-    if first_s > point["long_run_s"] or point["repeats"] < 1:
-        step_s, runs = first_s, 1
-    else:
-        step_s, times = median_time(step, point["repeats"], 0, device)
-        runs = len(times)
-    return {"status": "ok", "peak_gb": peak_bytes / GB, "step_s": step_s, "runs": runs, "loss_value": loss_value,
-            "nonzero_fraction": nonzero}
-
-
-def _choices(value: str, valid: Sequence[str], flag: str) -> list[str]:
-    chosen = value.split(",")
-    for name in chosen:
-        if name not in valid:
-            raise ValueError(f"{flag}: unknown value {name!r}; choose from {', '.join(valid)}")
-    return chosen
+    return {"status": "ok", **measured_step(step, device, point["memory_budget_gb"], point["repeats"],
+                                            point["long_run_s"]), "nonzero_fraction": nonzero}
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
-    modes = _choices(args.modes, MODES, "--modes")
+    modes = choices(args.modes, MODES, "--modes")
     sizes = sorted({int(size) for size in args.sizes.split(",") if size})
     settings = {"chunk": args.chunk, "dim": args.dim, "vocab": args.vocab, "positive_fraction": args.positive_fraction,
                 "threads": args.threads, "device": args.device, "memory_budget_gb": args.memory_budget_gb}

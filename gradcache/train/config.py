@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 14
+CONFIG_VERSION = 15
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -106,6 +106,10 @@ class RunConfig:
     document_regularizer_weight: float = option(3e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
     query_regularizer_weight: float = option(5e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
     token_dim: int = option(128, modes=TEXT, model=True, at_least=1, added=14)  # --kind multi-vector: D per token
+    # --kind multi-vector: ColBERT's query expansion (models/query_expansion.py): every query this many tokens, the
+    # padding replaced by [MASK] and scored, and attended too with attend_to_expansion; None: off (or --model's own)
+    query_expansion: int | None = option(None, modes=TEXT, at_least=2, why="two special tokens", added=15)
+    attend_to_expansion: bool = option(False, modes=TEXT, added=15)
     in_batch_negatives: int = option(4, modes=TEXT, at_least=0, added=14)  # --kind cross-encoder: per query, per step
     # decoder embedders and prompts: texts prepended to queries and to passages (sentence-transformers' prompts)
     query_prompt: str | None = option(None, modes=TEXT, added=12)

@@ -89,10 +89,11 @@ ADDED_IN = {
     13: dict(deepspeed=None),
     14: dict(kind="dense", document_regularizer_weight=3e-5, query_regularizer_weight=5e-5, token_dim=128,
             in_batch_negatives=4),
+    15: dict(query_expansion=None, attend_to_expansion=False),
 }
 
 
-@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14])
 def test_each_older_version_gets_the_values_its_run_trained_under(version):
     lacking = {name: value for added, names in ADDED_IN.items() if added > version for name, value in names.items()}
     changed = RunConfig(mode="text", max_length=64, queue_size=5, collective_timeout=9.0, max_bad_share=0.5,

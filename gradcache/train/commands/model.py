@@ -11,7 +11,8 @@ MODEL is, in the order it is recognised:
 - a sentence-transformers SparseEncoder folder (`modules.json` listing `SpladePooling`, as a `--kind sparse` run
   exports): a SPLADE encoder (gradcache.models.splade) with its own tokenizer, `max_seq_length` and prompts;
 - a sentence-transformers MultiVectorEncoder folder (a `--kind multi-vector` export): its model, projection,
-  tokenizer, max_seq_length and prompts (gradcache.models.multi_vector_folder), embedding token vectors;
+  tokenizer, max_seq_length, prompts and query expansion (gradcache.models.multi_vector_folder), embedding token
+  vectors;
 - a sentence-transformers `CrossEncoder` folder (a `--kind cross-encoder` export): a reranker that scores
   (query, passage) pairs, read as `CrossEncoder` reads it (commands/pair_scores.py);
 - a folder holding `query/` and `passage/` sentence-transformers folders (a `--separate-towers` export): the
@@ -41,6 +42,7 @@ import torch
 from torch import nn
 
 from gradcache.models.huggingface_folder import PACKAGED_MODEL, quiet_transformers
+from gradcache.models.query_expansion import QueryExpansion
 from gradcache.train.checkpoints.run_checkpoint import open_checkpoint
 from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
@@ -51,7 +53,7 @@ from gradcache.train.export.model_folders import (
     ModelFolderKind,
     model_folder_kind,
 )
-from gradcache.train.modes.text_folders import text_model_folder
+from gradcache.train.modes.text_folders import query_expansion, text_model_folder
 from gradcache.train.run_folder.layout import RUN_FILES
 
 MODEL_HELP = ("a run folder of gradcache train (or one of its checkpoints, or its model/ export), a "
@@ -78,6 +80,8 @@ class LoadedModel:
             `--query-prompt` / `--passage-prompt`, a folder's prompts "query" / "document"); None: none.
         text_kind: text models: what a side's encoder returns, as `--kind` names it: "dense" (B, D) vectors,
             "multi-vector" `TokenEmbeddings`, "sparse" (B, V) SPLADE rows.
+        query_expansion: multi-vector models: how queries are expanded (a run's `--query-expansion`, a folder's
+            `query_expansion`); None: not at all.
     """
 
     kind: str
@@ -94,13 +98,18 @@ class LoadedModel:
     query_prompt: str | None = None
     passage_prompt: str | None = None
     text_kind: str = "dense"
+    query_expansion: QueryExpansion | None = None
     # a cross-encoder (kind "cross-encoder"): (query, passage) pairs -> (B,) logits, and what predict applies to them
     score_pairs: Callable[[list[tuple[str, str]]], torch.Tensor] | None = None
     activation: Callable[[torch.Tensor], torch.Tensor] = torch.sigmoid
 
     def side_tokenizer(self, tower: str) -> Callable[[list[str]], dict[str, torch.Tensor]]:
-        """texts -> tokens of the `tower` side ("query" or "passage"): after that side's prompt, if any."""
+        """texts -> tokens of the `tower` side ("query" or "passage"): after that side's prompt, if any; queries
+        expanded as `query_expansion` says."""
         prompt = self.query_prompt if tower == "query" else self.passage_prompt
+        expansion = self.query_expansion if tower == "query" else None
+        if expansion is not None:
+            return self.tokenizer.with_prompt(prompt, expansion)
         return self.tokenizer if prompt is None else self.tokenizer.with_prompt(prompt)
 
     @property
@@ -159,7 +168,8 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
         tokenizer = HuggingFaceTokenizer(text_model_folder(config.model, "MODEL"), max_length or config.max_length)
         return LoadedModel("text", tokenizer=tokenizer, encode_query=model.encode_query,
                            encode_passage=model.encode_passage, query_prompt=config.query_prompt,
-                           passage_prompt=config.passage_prompt, text_kind=config.kind, **common)
+                           passage_prompt=config.passage_prompt, text_kind=config.kind,
+                           query_expansion=query_expansion(config), **common)
     if max_length is not None:
         raise UsageError(f"--max-length applies to text models; the {config.mode} run {path} tokenises captions "
                          "as it was trained (drop --max-length)")
@@ -257,7 +267,7 @@ def _from_multi_vector_folder(name: str, folder: Path, device: torch.device, max
     query_prompt, passage_prompt = prompts
     model = BiEncoder(encoder).to(device).eval()
     return LoadedModel("text", source=f"multi-vector model folder {folder}", module=model, device=device,
-                       text_kind="multi-vector",
+                       text_kind="multi-vector", query_expansion=layout.query_expansion,
                        tokenizer=tokenizer, encode_query=model.encode_query, encode_passage=model.encode_passage,
                        query_prompt=layout.query_prompt if query_prompt is None else query_prompt,
                        passage_prompt=layout.passage_prompt if passage_prompt is None else passage_prompt)

@@ -19,6 +19,7 @@ from pathlib import Path
 from torch import nn
 
 from gradcache.models import HuggingFaceEncoder, HuggingFaceTokenizer
+from gradcache.models.multi_vector_folder import is_multi_vector_folder, read_multi_vector_folder
 from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME, read_sentence_transformer_folder
 
 _POOLING_KEYS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
@@ -89,12 +90,15 @@ def write_transformer(model: nn.Module, base_folder: str | os.PathLike, max_seq_
                       folder: str | os.PathLike) -> None:
     """A sentence-transformers folder's `Transformer` module: the Hugging Face `model` (safetensors; the pooler a
     tower dropped put back from the base model where it has one, so `from_pretrained` finds every weight) and the
-    tokenizer of `base_folder` (the run's `--model`, or its sentence-transformers folder's model path), with the
-    EOS the run appended, into the new or empty `folder`."""
+    tokenizer of `base_folder` (the run's `--model`, or its sentence-transformers or MultiVectorEncoder folder's
+    model path), with the EOS the run appended, into the new or empty `folder`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    layout = read_sentence_transformer_folder(base_folder)
-    source = Path(base_folder) if layout is None else layout.model_path
+    if is_multi_vector_folder(base_folder):  # a MultiVectorEncoder's (--kind multi-vector from its own export)
+        source = read_multi_vector_folder(base_folder).model_path
+    else:
+        layout = read_sentence_transformer_folder(base_folder)
+        source = Path(base_folder) if layout is None else layout.model_path
     restored = _put_back_pooler(model, source)
     try:
         model.save_pretrained(folder, safe_serialization=True)

@@ -4,13 +4,17 @@ projected to `--token-dim` and L2-normalised per token (gradcache.models.multi_v
 MaxSim retrieval of the held-out queries (gradcache/train/eval/maxsim.py), exported as a sentence-transformers
 `MultiVectorEncoder` folder (gradcache/train/export/multi_vector.py).
 
-Queries and passages are tokenised as the exported `MultiVectorEncoder` tokenises them by default: the
-`--model` folder's tokenizer, at most `--max-length` tokens, `--query-prompt` / `--passage-prompt` prepended
-(its prompts "query" and "document"), no query expansion and no skiplist (a fresh `MultiVectorEncoder`'s
-defaults), so every real token is scored.
+Queries and passages are tokenised as the exported `MultiVectorEncoder` tokenises them: the `--model` folder's
+tokenizer, at most `--max-length` tokens, `--query-prompt` / `--passage-prompt` prepended (its prompts "query"
+and "document"), no skiplist, so every real token is scored. With `--query-expansion LENGTH` (or a `--model`
+MultiVectorEncoder folder's own expansion, unless it is given) every query is exactly LENGTH tokens, its padding
+replaced by the mask token and scored (ColBERT's query expansion, models/query_expansion.py), attended too with
+`--attend-to-expansion`; the export carries it. Passages are never expanded.
 """
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradcache import losses
+from gradcache import distributed, losses
 from gradcache.models.multi_vector import MultiVectorTextEncoder
+from gradcache.models.multi_vector_folder import is_multi_vector_folder, read_multi_vector_folder
 from gradcache.token_embeddings import TokenEmbeddings
 from gradcache.train.config import RunConfig
 from gradcache.train.data.text.text_pairs import TextSplits
@@ -28,7 +33,13 @@ from gradcache.train.eval.maxsim import evaluate_maxsim_retrieval
 from gradcache.train.export.multi_vector import write_multi_vector_folder
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.text_folders import quiet_transformers, side_tokenizers, text_model_folder
+from gradcache.train.modes.text_folders import (
+    check_text_folder,
+    query_expansion,
+    quiet_transformers,
+    side_tokenizers,
+    text_model_folder,
+)
 
 KIND = "multi-vector"
 
@@ -38,7 +49,7 @@ class MultiVector(Text):
     kind_help = ("one vector per token, scored by MaxSim (ColBERT's late interaction; a sentence-transformers "
                  "MultiVectorEncoder)")
     trim_padding = True  # the attention ignores trimmed padding and the scoring mask drops it
-    kind_fields = ("token_dim",)
+    kind_fields = ("token_dim", "query_expansion", "attend_to_expansion")
     kind_defaults = {"temperature": 1.0}  # MultiVectorMultipleNegativesRankingLoss's scale 1
     refused = {  # the dense kind's options late interaction cannot honour (Text.check)
         "pooling": "every token is kept, none pooled",
@@ -55,6 +66,54 @@ class MultiVector(Text):
         groups.model.add_argument("--token-dim", type=int, default=default("token_dim"),
                                   help="--kind multi-vector: the width of each token vector, the projection of the "
                                   "model's hidden states (default: %(default)s, ColBERT's)")
+        groups.model.add_argument("--query-expansion", type=int, default=default("query_expansion"),
+                                  metavar="LENGTH",
+                                  help="--kind multi-vector: every query exactly LENGTH tokens, the shorter padded "
+                                  "with the mask token, which MaxSim scores (ColBERT's query expansion; ColBERT and "
+                                  "PyLate use 32) (default: none, or the --model MultiVectorEncoder folder's own)")
+        groups.model.add_argument("--attend-to-expansion", action="store_true",
+                                  default=default("attend_to_expansion"),
+                                  help="--kind multi-vector, with --query-expansion: the encoder attends to the "
+                                  "expansion tokens too (PyLate's attend_to_expansion_tokens) (default: scored, "
+                                  "not attended)")
+
+    def check(self, config: RunConfig) -> None:
+        """The text kinds' checks (Text.check); --attend-to-expansion only with --query-expansion."""
+        super().check(config)
+        if config.attend_to_expansion and config.query_expansion is None:
+            raise UsageError("--attend-to-expansion attends to the tokens --query-expansion adds, but there are "
+                             "none; add --query-expansion LENGTH (ColBERT uses 32), or drop --attend-to-expansion")
+
+    def check_model(self, config: RunConfig) -> None:
+        """The folder (a MultiVectorEncoder's too) and its tokenizer load offline and belong together; with
+        --query-expansion, a tokenizer that can expand. What else Text.check_model checks (pooling, LoRA targets,
+        the guide) this kind refuses."""
+        check_text_folder("--model", config.model, None, config.max_length)
+        if config.query_expansion is not None:
+            side_tokenizers(config)
+
+    def resolve(self, config: RunConfig, data: TextSplits) -> RunConfig:
+        """h (Text.resolve); without --query-expansion, a --model MultiVectorEncoder folder's own expansion, said
+        once (stored in the checkpoint, so a resume keeps it)."""
+        config = super().resolve(config, data)
+        folder = text_model_folder(config.model)
+        if config.query_expansion is not None or not is_multi_vector_folder(folder):
+            return config
+        try:
+            expansion = read_multi_vector_folder(folder).query_expansion
+        except ValueError as error:
+            raise UsageError(f"--model {config.model}: {error}") from error
+        if expansion is None:
+            return config
+        config = dataclasses.replace(config, query_expansion=expansion.length,
+                                     attend_to_expansion=expansion.attend)
+        side_tokenizers(config)  # UsageError for a tokenizer that cannot expand
+        if distributed.rank() == 0:
+            print(f"gradcache train: --model {config.model} expands queries to {expansion.describe()}, and so does "
+                  f"this run (--query-expansion {expansion.length}"
+                  f"{' --attend-to-expansion' if expansion.attend else ''}; give --query-expansion to change it)",
+                  file=sys.stderr)
+        return config
 
     def embedding_width(self, config: RunConfig) -> int:
         return config.token_dim
@@ -89,7 +148,8 @@ class MultiVector(Text):
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """A sentence-transformers MultiVectorEncoder folder (gradcache/train/export/multi_vector.py)."""
         write_multi_vector_folder(model.query_tower, text_model_folder(config.model), config.max_length, folder,
-                                  query_prompt=config.query_prompt, passage_prompt=config.passage_prompt)
+                                  query_prompt=config.query_prompt, passage_prompt=config.passage_prompt,
+                                  query_expansion=query_expansion(config))
 
 
 class GroupedLateInteraction(nn.Module):

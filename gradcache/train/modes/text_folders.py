@@ -5,7 +5,8 @@ finding and checking, with its library errors turned into `UsageError` naming th
 - `check_text_folder(option, name, pooling, max_length)`: the folder and its tokenizer load offline and belong
   together.
 - `text_tokenizer(config, model)` and `side_tokenizers(config)`: `--model`'s tokenizer, truncating at
-  `--max-length`, and the query's and passage's (each text after its side's prompt).
+  `--max-length`, and the query's and passage's (each text after its side's prompt; queries expanded as
+  `query_expansion(config)` says).
 - `quiet_transformers()`: no per-load progress bars of transformers on the program's stderr.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from gradcache.models import HuggingFaceTokenizer
 from gradcache.models import huggingface_folder
+from gradcache.models.query_expansion import QueryExpansion
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
 
@@ -51,7 +53,19 @@ def text_tokenizer(config: RunConfig, model: str | None = None) -> HuggingFaceTo
     return HuggingFaceTokenizer(text_model_folder(config.model if model is None else model), config.max_length)
 
 
+def query_expansion(config: RunConfig) -> QueryExpansion | None:
+    """`--query-expansion` and `--attend-to-expansion` (--kind multi-vector): how queries are expanded, or None."""
+    if config.query_expansion is None:
+        return None
+    return QueryExpansion(config.query_expansion, config.attend_to_expansion)
+
+
 def side_tokenizers(config: RunConfig) -> tuple[Callable, Callable]:
-    """The tokenizers of queries and of passages: `--model`'s, each text after its side's prompt."""
+    """The tokenizers of queries and of passages: `--model`'s, each text after its side's prompt, queries expanded
+    by `--query-expansion` (UsageError for a tokenizer that cannot expand them); passages never are."""
     tokenizer = text_tokenizer(config)
-    return tokenizer.with_prompt(config.query_prompt), tokenizer.with_prompt(config.passage_prompt)
+    try:
+        query = tokenizer.with_prompt(config.query_prompt, query_expansion(config))
+    except ValueError as error:
+        raise UsageError(f"--query-expansion {config.query_expansion}: {error}") from error
+    return query, tokenizer.with_prompt(config.passage_prompt)

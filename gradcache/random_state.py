@@ -11,7 +11,7 @@ import torch
 
 def _cuda_devices(tensors: Iterable[torch.Tensor]) -> list[int]:
     """The CUDA devices a chunk's computation may draw random numbers on: its tensors' and the current one."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if not torch.cuda.is_initialized():  # no CUDA generator has drawn (is_available probes the driver each call)
         return []
     devices = {t.device.index for t in tensors if t.is_cuda}
     devices.add(torch.cuda.current_device())

@@ -21,8 +21,10 @@ def _in_process(module: str, point: dict, time_budget_s: float | None, env: dict
 
 
 def test_sweep_measures_one_loss_three_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_csv) -> None:
+    """Three modes, one loss; with --rounds, one more point per N up to --rounds-up-to times the modes in turn:
+    its medians and the sparse / peer ratio land in that N's rows, and N = 7 keeps its memory point's time."""
     monkeypatch.setattr(bench, "run_point", _in_process)
-    bench.main(["--sizes", "4,7", *TINY, "--output-dir", str(tmp_path)])
+    bench.main(["--sizes", "4,7", *TINY, "--rounds", "1", "--rounds-up-to", "4", "--output-dir", str(tmp_path)])
     header, rows = read_csv(tmp_path / "splade_memory.csv")
     assert header == bench.COLUMNS
     assert [(row["mode"], row["n"]) for row in rows] == [(m, n) for m in bench.MODES for n in ("4", "7")]
@@ -31,20 +33,11 @@ def test_sweep_measures_one_loss_three_ways(tmp_path: Path, monkeypatch: pytest.
         values = [float(row["loss_value"]) for row in rows if row["n"] == n]
         assert max(values) - min(values) < 1e-5 * max(abs(v) for v in values)
         assert 0 < float(rows[0]["nonzero_fraction"]) < 0.5  # the bias shift made the rows sparse
-    assert (tmp_path / "splade_memory.png").stat().st_size > 0
-
-
-def test_rounds_time_the_modes_interleaved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_csv) -> None:
-    """--rounds: one more point per N times the modes in turn; its medians and the sparse / peer ratio land in the
-    rows of that N, and N above --rounds-up-to is left with its memory point's time."""
-    monkeypatch.setattr(bench, "run_point", _in_process)
-    bench.main(["--sizes", "4,7", "--modes", "peer,sparse", "--rounds", "2", "--rounds-up-to", "4", *TINY,
-                "--output-dir", str(tmp_path)])
-    header, rows = read_csv(tmp_path / "splade_memory.csv")
     timed = [row for row in rows if row["n"] == "4"]
-    assert [row["runs"] for row in timed] == ["2", "2"] and all(float(row["time_ratio"]) > 0 for row in timed)
-    assert len({row["time_ratio"] for row in timed}) == 1  # one ratio per N, on both rows
-    assert all(row["time_ratio"] == "" and row["runs"] == "1" for row in rows if row["n"] == "7")
+    assert all(row["runs"] == "1" and float(row["time_ratio"]) > 0 for row in timed)
+    assert len({row["time_ratio"] for row in timed}) == 1  # one ratio per N, on every row of it
+    assert all(row["time_ratio"] == "" for row in rows if row["n"] == "7")
+    assert (tmp_path / "splade_memory.png").stat().st_size > 0
 
 
 def test_bad_mode_is_named() -> None:

@@ -126,6 +126,7 @@ def test_two_ranks_export_the_whole_model(cli_runs):
     _assert_export_holds_the_checkpoint(Path(cli_runs[0]["folder"]) / "whole")
 
 
+@pytest.mark.slow  # a training run in a process of its own (about 10 s): with the forked ranks' tests
 def test_fsdp_on_one_process_without_torchrun(tmp_path):
     # In a process of its own: FSDP2's CPU offload starts autograd's device threads, and a test that forks ranks
     # after it in this process would fail ("Unable to handle autograd's threading ... fork") or hang.

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from gradcache.inputs import SCORED_POSITIONS  # the batch key of positions scored though not attended
+
 STRATEGY = "fixed"  # the one of sentence-transformers' two strategies this program computes ("min" is refused)
-POSITIONS = "query_expansion_positions"  # the batch key sentence-transformers and gradcache.inputs read
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class QueryExpansion:
         where `attend`."""
         positions = tokens["attention_mask"].eq(0)  # (B, length): the pads, whichever side the tokenizer pads
         expanded = {**tokens, "input_ids": tokens["input_ids"].masked_fill(positions, token_id),
-                    POSITIONS: positions}
+                    SCORED_POSITIONS: positions}
         if self.attend:
             expanded["attention_mask"] = tokens["attention_mask"].masked_fill(positions, 1)
         return expanded

@@ -136,8 +136,6 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok", "peak_gb": peak_bytes / GB, "loss_value": loss_value}
 
 
-
-
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     sides = choices(args.sides, SIDES, "--sides")
     rows: list[dict[str, Any]] = []

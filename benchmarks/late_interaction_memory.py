@@ -63,8 +63,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
-
 def token_batch(rows: int, length: int, dim: int, generator: torch.Generator, all_scored: bool) -> TokenEmbeddings:
     """Unit token vectors; every position scored (queries) or each row masked after a random length >= 1."""
     values = F.normalize(torch.randn(rows, length, dim, generator=generator), dim=-1)
@@ -110,8 +108,6 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
 
 def _sizes(value: str) -> list[int]:
     return [int(size) for size in value.split(",") if size]
-
-
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:

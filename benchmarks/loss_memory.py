@@ -76,8 +76,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
-
 def column_tiles(mode: str, n: int, column_tile_size: int | None) -> int | None:
     """The loss's column_tile_size for a mode: 2N columns is every column of every loss here (NT-Xent's 2N)."""
     return 2 * n if mode == "strips" else column_tile_size
@@ -135,8 +133,6 @@ def _sweep_sizes(args: argparse.Namespace) -> list[int]:
         sizes.append(n)
         n *= 2
     return sizes
-
-
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -71,8 +71,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
-
 def words(vocab: int) -> list[str]:
     """The vocabulary's whole words: everything after the special tokens."""
     return [f"w{i}" for i in range(vocab - len(SPECIAL))]

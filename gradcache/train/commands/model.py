@@ -182,8 +182,6 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
     return LoadedModel(config.mode, encode_image=model.embed, image_size=config.image_size, **common)
 
 
-
-
 def _from_text_folder(name: str, folder: Path, device: torch.device, max_length: int | None,
                       pooling: str | None, prompts: tuple[str | None, str | None],
                       passage_folder: Path | None = None) -> LoadedModel:

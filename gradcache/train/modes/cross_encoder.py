@@ -37,7 +37,6 @@ from gradcache.train.modes.text import Text
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, text_model_folder
 
 
-
 class CrossEncoderText(Text):
     kind = "cross-encoder"
     kind_help = ("a reranker: one score per (query, passage) pair read together (a sentence-transformers "

@@ -72,8 +72,6 @@ class GroupedSpladeLoss(nn.Module):
         return self.splade(query, positive, negatives)
 
 
-
-
 class SparseText(Text):
     """Text retrieval with a SPLADE model: the dense kind (`Text`) with its model, loss, evaluation and export
     replaced (module docstring)."""

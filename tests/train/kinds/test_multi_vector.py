@@ -41,6 +41,14 @@ def _grads(model):
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+def assert_same_step(loss, got, want_loss, want):
+    """The step's loss and every parameter's gradient (the projection's included) equal the reference's."""
+    assert torch.allclose(loss.double(), want_loss, rtol=1e-10, atol=0)
+    assert got.keys() == want.keys() and "towers.0.projection.weight" in want
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-8, atol=1e-10, msg=name)
+
+
 @pytest.mark.parametrize("tile_size", [None, 3])
 def test_a_gradcache_step_equals_the_maxsim_infonce_of_each_text_alone(tiny_bert, tile_size):
     """Chunks of 2 queries and 4 passages, padding trimmed, against each text encoded alone (no padding at all),
@@ -69,10 +77,7 @@ def test_a_gradcache_step_equals_the_maxsim_infonce_of_each_text_alone(tiny_bert
     want_loss = torch.nn.functional.cross_entropy(logits, torch.arange(len(QUERIES)))
     want_loss.backward()
     want = _grads(model)
-    assert torch.allclose(loss.double(), want_loss, rtol=1e-10, atol=0)
-    assert got.keys() == want.keys() and "towers.0.projection.weight" in want
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-8, atol=1e-10, msg=name)
+    assert_same_step(loss, got, want_loss, want)
 
 
 @pytest.mark.slow

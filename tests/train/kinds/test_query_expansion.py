@@ -24,6 +24,7 @@ from gradcache.train.modes import TEXT_KINDS
 from gradcache.train.modes.text_folders import side_tokenizers
 from gradcache.train.strategy_choice import build_strategy
 from tests.train.conftest import text_args
+from tests.train.kinds.test_multi_vector import _grads, _maxsim, assert_same_step
 
 transformers = pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
 AutoTokenizer = transformers.AutoTokenizer
@@ -60,15 +61,6 @@ def test_query_tokens_equal_multi_vector_encoder_preprocess(tiny_bert, attend, p
     assert expanded[3].sum() > 0 and expanded[0].sum() == 0  # one query expanded, one truncated
     assert torch.equal(ours["attention_mask"].bool(), ~expanded | attend)
     assert "query_expansion_positions" not in passage_tokens(PASSAGES[0])  # passages are never expanded
-
-
-def _maxsim(query: torch.Tensor, document: torch.Tensor) -> torch.Tensor:
-    """sum_i max_j <q_i, d_j> of one unpadded pair: (n_q, n_d) products, each query token's best, summed."""
-    return (query @ document.T).max(dim=1).values.sum()
-
-
-def _grads(model):
-    return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("attend", [False, True])
@@ -117,10 +109,7 @@ def test_a_gradcache_step_scores_the_expansion_as_each_query_alone(tiny_bert, at
     want_loss = infonce([q for q, _ in query_vectors])
     want_loss.backward()
     want = _grads(model)
-    assert torch.allclose(loss.double(), want_loss, rtol=1e-10, atol=0)
-    assert got.keys() == want.keys() and "towers.0.projection.weight" in want
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-8, atol=1e-10, msg=name)
+    assert_same_step(loss, got, want_loss, want)
     # the negative control: the same vectors, the expansion positions not scored
     unexpanded = infonce([q[:real] for q, real in query_vectors])
     assert not torch.allclose(unexpanded, want_loss, rtol=1e-3, atol=0)

@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 15
+CONFIG_VERSION = 16
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -137,6 +137,9 @@ class RunConfig:
     temperature: float = 0.1  # checked by the loss
     max_logit_scale: float = option(100.0, modes=CLIP, above=0)
     precision: str = "fp32"
+    # torch.compile of the encoders (gradcache/train/compilation.py); a resume may turn it on or off
+    compile: bool = option(False, run_local=True, added=16)
+    compile_backend: str = option("inductor", run_local=True, added=16)  # checked in compilation.py
     device: str = option("cpu", run_local=True)
     fsdp: bool = option(False, added=2)
     fsdp_reduce: str = option("chunk", added=2)

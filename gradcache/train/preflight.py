@@ -26,6 +26,7 @@ from gradcache.train.checkpoints.resume import (
     choose_checkpoint,
     merge_resume,
 )
+from gradcache.train.compilation import check_compile
 from gradcache.models import IMAGE_ENCODER_PRESETS
 from gradcache.train.config import MODEL_FIELDS, RunConfig, with_absolute_paths
 from gradcache.train.data.bad_data import check_bad_share
@@ -156,6 +157,7 @@ def check_options(config: RunConfig) -> None:
     _check_deepspeed(config)  # before --fsdp's and adamw8bit's own checks: it names the combination
     _check_sharding(config)
     check_report_to(config.report_to)
+    check_compile(config)
 
 
 def _check_device(device: str) -> None:

@@ -28,6 +28,7 @@ from gradcache.train.checkpoints.atomic import (
 )
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.checkpoints.meta import CheckpointMeta
+from gradcache.train.compilation import compile_encoders, compile_errors, compile_failed
 from gradcache.train.config import RunConfig
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import TrainingDiverged
@@ -84,7 +85,8 @@ class Run:
         self._frozen = sum(p.numel() for p in self.model.parameters()) - self._trained
         # step 0 is evaluated before placing: one plain model on rank 0, whatever the placement
         self.progress = Progress() if saved is not None else self._step_zero()
-        encoders = placement.place(self.mode.encoders(self.model, self.guide), self.device)
+        # compiled in place before placing: each wrapper holds the compiled module, the names stay the eager ones
+        encoders = placement.place(compile_encoders(self.mode.encoders(self.model, self.guide), config), self.device)
         # after placing: the optimizer must hold the sharded parameters, not the ones fully_shard replaced
         lr = scaled_learning_rate(config.lr, config.batch_size, config.base_batch_size, config.lr_scaling)
         self.optimizer = build_optimizer(config.optimizer, [self.model, self.loss], lr, config.weight_decay,
@@ -100,6 +102,7 @@ class Run:
         self.last_saved: RunCheckpoint | None = None
         if saved is not None:
             self.progress = self._resume(saved)  # a checkpoint of another model fails here, before any write
+        self._compile_errors = compile_errors(config)  # none without --compile
         self._started = time.perf_counter()
 
     def _warmup_steps(self, fresh: bool) -> int:
@@ -161,6 +164,8 @@ class Run:
         except NonFiniteError as error:
             what = "the loss" if isinstance(error, NonFiniteLossError) else "the embeddings"
             raise self._diverged(what, step) from error
+        except self._compile_errors as error:
+            raise compile_failed(error, self.config, step) from error
         gradients_finite = self.scaler.is_enabled() or _all_finite([p.grad for p in self._parameters])
         learning_rate = self.optimizer.param_groups[0]["lr"]
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else None

@@ -106,6 +106,13 @@ def _optimisation_options(parser: argparse.ArgumentParser, mode: Mode, default: 
                      "also reported at each d as <metric>@<d> (default: the full width only)")
     run.add_argument("--precision", default=default("precision"), choices=list(PRECISIONS),
                      help="encoders under autocast in bf16/fp16 (fp16 with a gradient scaler)")
+    run.add_argument("--compile", action="store_true", help="torch.compile each encoder the strategy runs "
+                     "(fullgraph=False, dynamic=None: a graph break runs its region eagerly, changing chunk shapes "
+                     "compile once more with dynamic shapes); the same gradients, replay and recompute check as an "
+                     "eager run; a backend that fails on the encoders stops the run with exit 2 (default: eager)")
+    run.add_argument("--compile-backend", default=default("compile_backend"), metavar="BACKEND",
+                     help="--compile: the torch.compile backend (inductor needs a C++ compiler on the CPU and "
+                     "Triton on CUDA; aot_eager needs neither and fuses nothing)")
     run.add_argument("--device", default=default("device"), help="cpu, cuda or cuda:N")
     run.add_argument("--seed", type=int, default=default("seed"),
                      help="seed of initialisation, data order and augmentation")

@@ -68,11 +68,12 @@ def compile_errors(config: RunConfig) -> tuple[type[BaseException], ...]:
 
 def compile_failed(error: BaseException, config: RunConfig, step: int) -> UsageError:
     """The error that stops a run whose backend failed on its encoders at `step` (0-based), naming the cause."""
-    cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    cause = getattr(error, "inner_exception", None) or error  # a backend's own error, inside dynamo's
+    lines = str(cause).strip().splitlines()
     return UsageError(f"--compile-backend {config.compile_backend} failed to compile the encoders at step "
-                      f"{step + 1}: {type(error).__name__}: {cause}. Give another --compile-backend (e.g. "
-                      f"{OTHER_BACKENDS}), or drop --compile; a resume without --compile continues this run "
-                      "eagerly from its last checkpoint")
+                      f"{step + 1}: {type(cause).__name__}: {lines[0] if lines else ''}. Give another "
+                      f"--compile-backend (e.g. {OTHER_BACKENDS}), or drop --compile; a resume without --compile "
+                      "continues this run eagerly from its last checkpoint")
 
 
 def _has_cpp_compiler() -> bool:

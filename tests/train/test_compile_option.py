@@ -6,6 +6,7 @@ from unittest import mock
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from gradcache.cli import main
 from gradcache.train import compilation, errors
@@ -35,6 +36,18 @@ def eager_text(tmp_path_factory, dropout_bert):
     return folder
 
 
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Dynamo's caches emptied: a run compiles its encoders afresh instead of reusing an earlier test's graphs, so
+    `compiled_graphs()` counts this test's."""
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def compiled_graphs():
+    return counters["stats"]["unique_graphs"]
+
+
 def _losses(folder):
     with open(folder / "train_log.csv", newline="") as handle:
         return [(int(row["step"]), float(row["loss"])) for row in csv.DictReader(handle)]
@@ -57,6 +70,7 @@ def test_a_compiled_run_trains_the_eager_model(tmp_path, dropout_bert, eager_tex
     """aot_eager, dropout 0.1, the recompute check on (the default): a mask the replay missed would raise there,
     and one the compiled graph drew otherwise than eager would change the losses."""
     assert main(text_args(dropout_bert, tmp_path, *SHAPES, *AOT)) == 0
+    assert compiled_graphs() >= 2  # phase (1)'s graph and phase (3)'s, at least
     assert_same_run(tmp_path, eager_text)
     stored = RunConfig.from_dict(load_checkpoint(tmp_path)["args"])
     assert stored.compile and stored.compile_backend == "aot_eager"
@@ -108,7 +122,6 @@ def failing_backend():
     _BACKENDS.pop(name, None)
 
 
-@pytest.mark.slow  # a program run that traces the encoder before the backend fails: about 5 s
 def test_a_backend_that_fails_at_the_first_step_exits_2_naming_the_cause(tmp_path, tiny_bert, failing_backend,
                                                                           capsys):
     code = main(text_args(tiny_bert, tmp_path, "--compile", "--compile-backend", failing_backend))
@@ -128,6 +141,7 @@ def test_inductor_trains_the_eager_model_and_its_export_loads(tmp_path, dropout_
                     "aot_eager is test_a_compiled_run_trains_the_eager_model")
     sentence_transformers = pytest.importorskip("sentence_transformers")
     assert main(text_args(dropout_bert, tmp_path, *SHAPES, "--compile")) == 0
+    assert compiled_graphs() >= 2
     assert_same_run(tmp_path, eager_text)
     texts = ["who bakes bread?", "the mill by the river"]
     got, want = (sentence_transformers.SentenceTransformer(str(folder / "model"), device="cpu").encode(
@@ -142,7 +156,10 @@ def test_a_compiled_run_resumes_with_and_without_compile(tmp_path, dropout_bert,
     """Killed after step 2 (its checkpoint at step 1), resumed compiled or eager: the eager whole run."""
     killed_after_step(2, text_args(dropout_bert, tmp_path, *SHAPES, *AOT))
     assert load_checkpoint(tmp_path)["step"] == 1
+    torch._dynamo.reset()
+    counters.clear()
     assert main(["train", "text", "--resume", str(tmp_path), "--quiet", *resume]) == 0
+    assert (compiled_graphs() >= 2) == bool(resume)  # the resumed run compiled only when asked
     assert_same_run(tmp_path, eager_text)
     assert RunConfig.from_dict(load_checkpoint(tmp_path)["args"]).compile == bool(resume)
 
@@ -164,4 +181,5 @@ def test_every_mode_and_kind_compiles_to_the_eager_run(tmp_path, dropout_bert, k
     argv = KINDS[kind]
     assert main(argv(model, tmp_path / "eager")) == 0
     assert main([*argv(model, tmp_path / "compiled"), *AOT]) == 0
+    assert compiled_graphs() >= 2
     assert_same_run(tmp_path / "compiled", tmp_path / "eager")

@@ -119,7 +119,7 @@ def test_the_fields_a_resume_may_give_anew():
 
     assert set(RUN_LOCAL) == {"device", "output_dir", "quiet", "workers", "threads", "resume", "checkpoint_every",
                               "eval_every", "cpu_offload", "collective_timeout", "report_to",
-                              "progress_every"}
+                              "progress_every", "compile", "compile_backend"}
     assert set(KEPT_UNLESS_GIVEN) == {"report_to", "workers"}
 
 

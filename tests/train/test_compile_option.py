@@ -183,3 +183,21 @@ def test_every_mode_and_kind_compiles_to_the_eager_run(tmp_path, dropout_bert, k
     assert main([*argv(model, tmp_path / "compiled"), *AOT]) == 0
     assert compiled_graphs() >= 2
     assert_same_run(tmp_path / "compiled", tmp_path / "eager")
+
+
+@pytest.mark.slow  # two one-process runs in a gloo group each: about 10 s
+@pytest.mark.parametrize("placement", ["fsdp", "deepspeed"])
+def test_a_sharded_placement_wraps_the_compiled_encoder(tmp_path, placement):
+    """FSDP2 shards, or a DeepSpeed ZeRO-2 engine wraps, the encoder compiled in place: the eager run's losses."""
+    if placement == "fsdp":
+        options = ["--fsdp"]
+    else:
+        config = tmp_path / "ds.json"
+        config.write_text('{"zero_optimization": {"stage": 2}}')
+        options = ["--deepspeed", str(config)]
+    argv = ["train", "simclr", *TINY["simclr"], *options]
+    assert main([*argv, "--output-dir", str(tmp_path / "eager")]) == 0
+    assert main([*argv, "--output-dir", str(tmp_path / "compiled"), *AOT]) == 0
+    assert compiled_graphs() >= 2
+    got, want = _losses(tmp_path / "compiled"), _losses(tmp_path / "eager")
+    assert [loss for _, loss in got] == pytest.approx([loss for _, loss in want], rel=1e-5)

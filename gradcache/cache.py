@@ -26,7 +26,8 @@ an accumulation count) multiplies the cached gradients too, in float32, before a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,6 +230,7 @@ class GradCache(Strategy):
             groups.setdefault(id(self.encoder_for(i)), []).append(i)
         later = _tied_later(self, [self.encoder_for(members[0]) for members in groups.values()])
         fsdp_reduce = self.options["fsdp_reduce"]
+        known: dict[int, list[torch.Tensor]] = {}  # known[i]: the leaves input i's chunks reach (`_chunk_leaves`)
         with _cleared_on_error(unset), running_stats_frozen(self.all_encoders()), torch.enable_grad():
             for key, members in groups.items():
                 encoder = self.encoder_for(members[0])
@@ -248,7 +250,8 @@ class GradCache(Strategy):
                                 outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
                             check_output_learns(encoder, outputs, name)  # else its backward would reach no parameter
                             _check_recomputed(check, outputs, replay, i, k)  # before this chunk's backward writes .grad
-                            _backward(encoder, list(zip(outputs, gradients[i][k])), final, later[key])
+                            leaves = functools.partial(_chunk_leaves, known, i, encoder, chunk, outputs)
+                            _backward(encoder, list(zip(outputs, gradients[i][k])), final, later[key], leaves)
                 for i in members:
                     first.kept[i] = []  # the kept graphs are spent
 
@@ -265,26 +268,52 @@ class GradCache(Strategy):
         return tokens[index] if isinstance(tokens, Sequence) else tokens
 
 
-def _backward(encoder: nn.Module, pairs: list[tuple[Embedding, torch.Tensor]], final: bool, tied: set[int]) -> None:
+def _backward(
+    encoder: nn.Module, pairs: list[tuple[Embedding, torch.Tensor]], final: bool, tied: set[int],
+    leaves: Callable[[], list[torch.Tensor]] | None = None,
+) -> None:
     """One backward over (embedding, cached gradient) pairs of one encoder: ordinary for the encoder's final one
     or one that synchronises itself, else into `.grad` without hooks. Leaves tied to an encoder that runs
-    later take the hook-free path here too, so that their hooks fire once, there."""
+    later take the hook-free path here too, so that their hooks fire once, there. `leaves()` gives the leaves the
+    pairs' graph may reach, where the hook-free path needs them; without it the graph is walked."""
     pairs = [(values_of(out), grad) for out, grad in pairs]
     pairs = [(out, grad.to(out.dtype)) for out, grad in pairs if out.requires_grad]
     if not pairs:
         return
     outputs, grads = [out for out, _ in pairs], [grad for _, grad in pairs]
-    if holds_its_own_sync(encoder):
+    if holds_its_own_sync(encoder) or (final and not tied):
         torch.autograd.backward(outputs, grads)
     elif not final:
-        accumulate_without_hooks(outputs, grads)
+        accumulate_without_hooks(outputs, grads, leaves() if leaves is not None else None)
     else:
-        leaves = graph_leaves(outputs)
-        shared = [leaf for leaf in leaves if id(leaf) in tied]
-        own = [leaf for leaf in leaves if id(leaf) not in tied]
+        reached = leaves() if leaves is not None else graph_leaves(outputs)
+        shared = [leaf for leaf in reached if id(leaf) in tied]
+        own = [leaf for leaf in reached if id(leaf) not in tied]
         accumulate_without_hooks(outputs, grads, shared, retain_graph=bool(own))
         if own:
             torch.autograd.backward(outputs, grads, inputs=own if shared else None)
+
+
+def _chunk_leaves(
+    known: dict[int, list[torch.Tensor]], i: int, encoder: nn.Module, chunk: Any, outputs: list[Embedding],
+) -> list[torch.Tensor]:
+    """The leaves a backward from input i's chunk `outputs` may write into, walking its graph in Python once per
+    input per step, not per chunk: the first chunk's walk (which finds leaves outside the encoder too: a
+    `get_embedding` head, a tensor the forward closes over) with the encoder's parameters that require grad
+    (another chunk may reach ones the first did not), kept in `known[i]`; to which each chunk adds the leaves
+    of its own top-level tensors that require grad (an input of a shared encoder, reached by its chunks only)."""
+    if i not in known:
+        walked = graph_leaves([values_of(out) for out in outputs if values_of(out).requires_grad])
+        found = {id(leaf): leaf for leaf in walked}
+        found.update((id(p), p) for p in encoder.parameters() if p.requires_grad)
+        known[i] = list(found.values())
+        return known[i]
+    inputs = [tensor for tensor in tensors_of(chunk) if tensor.requires_grad]
+    if not inputs:
+        return known[i]
+    found = {id(leaf): leaf for leaf in known[i]}
+    found.update((id(leaf), leaf) for leaf in graph_leaves(inputs))
+    return list(found.values())
 
 
 def _check_recomputed(

@@ -15,6 +15,10 @@ for vectors and tokens):
   - under torch.distributed every rank pads to the global longest before the gather (`gradcache.distributed`).
 Phase (1)'s sparse cache of (B, V) rows (`sparse_cache=True`, `gradcache.sparse_rows.SparseRows`) takes the same
 doors: its values are the non-zeros, a piece of it is a chunk's dense rows.
+
+An integer mask's values (0 and 1 only) are checked on the device and read once where the chunks are joined
+(`join`), or where a loss checks its arguments (`checked` again), not once per chunk: a read of a device tensor
+makes the host wait for the device.
 """
 
 from collections.abc import Callable, Sequence
@@ -22,10 +26,11 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
-from gradcache.sparse_rows import SparseRows, dense_piece, join_sparse
+from gradcache.sparse_rows import SparseRows, check_nonnegative, dense_piece, join_sparse
 
-__all__ = ["TokenEmbeddings", "Embedding", "checked", "values_of", "with_values", "length_of", "row_count", "join",
+__all__ = ["TokenEmbeddings", "Embedding", "checked", "check_mask_values", "values_of", "with_values", "length_of", "row_count", "join",
            "piece", "rows", "padded_to"]
 
 
@@ -53,7 +58,8 @@ def checked(embedding: TokenEmbeddings, name: str) -> TokenEmbeddings:
     Raises:
         TypeError: values not a floating-point tensor; mask not a tensor, or of a floating or complex dtype.
         ValueError: values not 3-D (B, L, D); a mask of another shape than values' (B, L); an integer mask
-            holding anything but 0 and 1.
+            holding anything but 0 and 1, raised where its chunks are joined (`join`) or where `checked` meets the
+            bool mask it made (`check_mask_values`).
     """
     values, mask = embedding
     if not isinstance(values, torch.Tensor) or not values.is_floating_point():
@@ -72,19 +78,38 @@ def checked(embedding: TokenEmbeddings, name: str) -> TokenEmbeddings:
             f"{tuple(values.shape)}; the mask must be (B, L) = {tuple(values.shape[:2])}, one entry per token vector."
         )
     if mask.dtype == torch.bool:
+        check_mask_values([mask])  # an integer mask an earlier `checked` made bool and left unchecked
         return TokenEmbeddings(values, mask.detach())
     if mask.is_floating_point() or mask.is_complex():
         raise TypeError(
             f"{name}: TokenEmbeddings.mask has dtype {mask.dtype}; it must be bool (or an integer tensor of 0 and "
             "1), True where a position counts: pass mask.bool() or mask > 0.5."
         )
-    if bool(((mask != 0) & (mask != 1)).any()):
-        found = sorted(set(mask[(mask != 0) & (mask != 1)].unique().tolist()))[:5]
-        raise ValueError(
-            f"{name}: TokenEmbeddings.mask holds {found}, not only 0 and 1; it must be bool (or 0/1), True where "
-            "a position counts."
-        )
-    return TokenEmbeddings(values, mask.detach().bool())
+    as_bool = mask.detach() != 0
+    _UNCHECKED[as_bool] = (mask.detach(), name)  # read by `check_mask_values`, where the chunks meet
+    return TokenEmbeddings(values, as_bool)
+
+
+# bool masks made from integer ones whose values are not read yet -> (the integer mask, the name for its error)
+_UNCHECKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def check_mask_values(masks: Sequence[torch.Tensor]) -> None:
+    """Raise a ValueError naming the encoder if a mask among `masks` came from an integer mask holding anything but
+    0 and 1 (`checked`); one host read for all of them, none when no mask is pending."""
+    pending = [(_UNCHECKED.pop(m), m) for m in masks if m in _UNCHECKED]
+    if not pending:
+        return
+    bad = [(mask != 0) & (mask != 1) for (mask, _), _ in pending]
+    if not bool(torch.stack([b.any() for b in bad]).any()):
+        return
+    k = next(k for k, b in enumerate(bad) if bool(b.any()))
+    (mask, name), _ = pending[k]
+    found = sorted(set(mask[bad[k]].unique().tolist()))[:5]
+    raise ValueError(
+        f"{name}: TokenEmbeddings.mask holds {found}, not only 0 and 1; it must be bool (or 0/1), True where "
+        "a position counts."
+    )
 
 
 def values_of(embedding: Embedding) -> torch.Tensor:
@@ -123,7 +148,9 @@ def join(pieces: Sequence[Embedding], name: str) -> Embedding:
     """Chunks' embeddings concatenated along the rows; token embeddings padded to the longest first:
     (B_k, L_k, D) -> (sum B_k, max L_k, D). TypeError when chunks mix vectors and token embeddings."""
     if isinstance(pieces[0], SparseRows):
-        return join_sparse(list(pieces))  # (sum B_k, V) by its non-zeros
+        joined = join_sparse(list(pieces))  # (sum B_k, V) by its non-zeros
+        check_nonnegative(joined, name)
+        return joined
     tokens = [isinstance(p, TokenEmbeddings) for p in pieces]
     if any(tokens) and not all(tokens):
         k = tokens.index(not tokens[0])
@@ -134,6 +161,7 @@ def join(pieces: Sequence[Embedding], name: str) -> Embedding:
         )
     if not tokens[0]:
         return torch.cat(list(pieces))  # (sum B_k, D)
+    check_mask_values([p.mask for p in pieces])
     longest = max(p.values.shape[1] for p in pieces)
     padded = [padded_to(p, longest) for p in pieces]
     return TokenEmbeddings(torch.cat([p.values for p in padded]), torch.cat([p.mask for p in padded]))

@@ -105,9 +105,11 @@ def _at_non_zeros(grad: torch.Tensor, other: SparseRows, rows: SparseRows) -> to
     """(grad @ other)[r, c] at each non-zero (r, c) of `rows`: (nnz,), a block of `rows`' rows at a time as
     other^T (sparse, (V, N_other)) @ grad[block]^T ((N_other, b))."""
     other_t = _coo(other.indices.flip(0), other.values, (other.size[1], other.size[0]))  # (V, N_other)
-    out = rows.values.new_zeros(rows.values.shape)
     row, column = rows.indices[0].long(), rows.indices[1].long()
     block = _block_rows(rows.size[1])
+    if block >= rows.size[0]:  # one block: every non-zero, no mask to find them by (a host read)
+        return torch.sparse.mm(other_t, grad.T.contiguous())[column, row].to(rows.values.dtype)  # (V, N) at (c, r)
+    out = rows.values.new_zeros(rows.values.shape)
     for start in range(0, rows.size[0], block):
         stop = min(start + block, rows.size[0])
         inside = (row >= start) & (row < stop)

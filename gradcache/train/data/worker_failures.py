@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from gradcache.train.errors import DataWorkerFailed
@@ -47,9 +48,12 @@ class WorkerFailure:
 class WorkerLoader(DataLoader):
     """A DataLoader whose iteration raises `DataWorkerFailed` (status 4, one line) when a worker raises or dies,
     after stopping every worker. The dataset and collate are wrapped (`_ReportedItems`, `_ReportedStream`,
-    `_ReportedCollate`); arguments as DataLoader's."""
+    `_ReportedCollate`); arguments as DataLoader's. Batches are pinned (`pin_memory`) when CUDA is initialised
+    in this process, as the run's placement does for a CUDA device before the loader is built, so each batch
+    crosses to the device without blocking the host (`run.py`)."""
 
     def __init__(self, dataset: Dataset, collate_fn: Callable, **options: Any) -> None:
+        options.setdefault("pin_memory", torch.cuda.is_initialized())
         reported = _ReportedStream(dataset) if isinstance(dataset, IterableDataset) else _ReportedItems(dataset)
         super().__init__(reported, collate_fn=_ReportedCollate(collate_fn), **options)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gradcache.non_finite import NonFiniteEmbeddingError
-from gradcache.token_embeddings import TokenEmbeddings, checked, padded_to
+from gradcache.non_finite import NonFiniteEmbeddingError, NonFiniteLossError
+from gradcache.token_embeddings import TokenEmbeddings, check_mask_values, checked, padded_to
 
 from .base import LossBase, check_counts
 from .checks import CHECK_ROWS
@@ -53,7 +53,11 @@ class LateInteraction(LossBase):
     Raises:
         ValueError: temperature <= 0, an unknown query_reduction, bad tile_size or column_tile_size, mismatched N
             or D, a negatives row count that is not a multiple of N, a mask of another shape than the values'
-            (B, L) or holding other than 0 and 1, a row whose mask keeps no token, NaN/inf values.
+            (B, L) or holding other than 0 and 1, a row whose mask keeps no token, NaN/inf values where a mask
+            is True (NonFiniteEmbeddingError; where it is False a value is ignored, NaN included, and gets a zero
+            gradient).
+        NonFiniteLossError: finite token vectors so large that their MaxSim scores overflow the compute dtype
+            (float32 for float32 and half inputs), which would give a NaN loss.
         TypeError: an input that is not ``TokenEmbeddings``, non-floating values, a floating mask.
 
     Example:
@@ -90,18 +94,23 @@ class LateInteraction(LossBase):
         if negatives is not None:
             inputs["negatives"] = negatives
         inputs = _checked_inputs(inputs)
-        query, documents = inputs["query"], [v for k, v in inputs.items() if k != "query"]
         dtype = compute_dtype(*(t.values for t in inputs.values()))
+        # masked positions are ignored whatever they hold: selected away (not multiplied by the mask, which keeps
+        # NaN), so neither the scores nor the gradients ever read them
+        scored = {name: _masked_to_zero(token, dtype) for name, token in inputs.items()}
+        query, documents = scored["query"], [v for k, v in scored.items() if k != "query"]
         with full_precision(query.values.device):
             scale = 1.0 / self.temperature
             weights = query.mask.to(dtype)  # (N, Lq): each query token's share of s
             if self.query_reduction == "mean":
                 weights = weights / weights.sum(dim=1, keepdim=True)
-            query_values = query.values.to(dtype)
-            parts = [(d.values.to(dtype), d.mask) for d in documents]
             if self.tile_size is None:
-                return self._dense(query_values, weights, parts, scale)
-            return tiled_maxsim(query_values, weights, parts, scale, self.tile_size, self.column_tile_size).mean()
+                loss = self._dense(query.values, weights, [tuple(d) for d in documents], scale)
+            else:
+                loss = tiled_maxsim(query.values, weights, [tuple(d) for d in documents], scale, self.tile_size,
+                                    self.column_tile_size).mean()
+        _check_finite(inputs, loss, dtype)
+        return loss
 
     @staticmethod
     def _dense(query: torch.Tensor, weights: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]],
@@ -126,17 +135,13 @@ def _checked_inputs(inputs: dict[str, object]) -> dict[str, TokenEmbeddings]:
                 f"{type(value).__name__}; return TokenEmbeddings from the encoder (or get_embedding)."
             )
         out[name] = token = checked(value, f"LateInteraction: {name}")
+        check_mask_values([token.mask])  # an integer mask's values, which `checked` leaves to its reader
         empty = (~token.mask.any(dim=1)).nonzero().flatten()
         if empty.numel():
             raise ValueError(
                 f"LateInteraction: {name} row(s) {empty[:5].tolist()} have no True in their mask; every query and "
                 "document needs at least one scored token."
             )
-        with torch.no_grad():
-            bad = int(sum((~torch.isfinite(block)).sum() for block in token.values.split(CHECK_ROWS)))  # one sync
-        if bad:
-            raise NonFiniteEmbeddingError(
-                f"LateInteraction: {name} has {bad} NaN/inf values (shape {tuple(token.values.shape)})")
     width = {name: t.values.shape[2] for name, t in out.items()}
     if len(set(width.values())) > 1:
         raise ValueError(f"LateInteraction: the token vectors' widths differ ({width}); project them to one size D.")
@@ -152,3 +157,29 @@ def _checked_inputs(inputs: dict[str, object]) -> dict[str, TokenEmbeddings]:
             "queries; pass h hard negatives per query, grouped by query (rows a*h .. a*h+h-1 for query a)."
         )
     return out
+
+
+def _masked_to_zero(token: TokenEmbeddings, dtype: torch.dtype) -> TokenEmbeddings:
+    """`token` in `dtype` with 0 at every masked position: torch.where, whose gradient there is exactly 0."""
+    values = token.values.to(dtype)
+    return TokenEmbeddings(torch.where(token.mask.unsqueeze(-1), values, values.new_zeros(())), token.mask)
+
+
+def _check_finite(inputs: dict[str, TokenEmbeddings], loss: torch.Tensor, dtype: torch.dtype) -> None:
+    """NonFiniteEmbeddingError for NaN/inf at scored positions; NonFiniteLossError for finite inputs whose loss is
+    not finite (their scores overflow `dtype`). One host read for all inputs and the loss."""
+    with torch.no_grad():
+        counts = [sum((~torch.isfinite(values) & mask.unsqueeze(-1)).sum()
+                      for values, mask in zip(token.values.split(CHECK_ROWS), token.mask.split(CHECK_ROWS)))
+                  for token in inputs.values()]  # (B, L, D) blocks of CHECK_ROWS rows: NaN/inf where scored
+        *bad, loss_bad = torch.stack([*counts, (~torch.isfinite(loss.detach())).sum()]).tolist()  # one sync
+    for (name, token), count in zip(inputs.items(), bad):
+        if count:
+            raise NonFiniteEmbeddingError(f"LateInteraction: {name} has {count} NaN/inf values where its mask is "
+                                          f"True (shape {tuple(token.values.shape)})")
+    if loss_bad:
+        largest = max(float(token.values.detach().abs().where(token.mask.unsqueeze(-1), 0).max()) for token in inputs.values())
+        raise NonFiniteLossError(
+            f"LateInteraction: the token vectors are finite but their MaxSim scores over the temperature overflow {dtype} (largest "
+            f"|value| {largest:.3g}, the largest finite {dtype} is {torch.finfo(dtype).max:.3g}), so the loss is "
+            "not finite; normalise the token vectors in the model (ColBERT does), or pass float64 values")

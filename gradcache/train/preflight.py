@@ -36,6 +36,7 @@ from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.matryoshka_dims import check_dims
 from gradcache.train.modes import mode_of
+from gradcache.train.parallel.placement import local_rank
 from gradcache.train.run_folder.layout import RUN_FILES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
@@ -147,7 +148,7 @@ def check_options(config: RunConfig) -> None:
     if config.queue_size and config.fsdp:
         raise UsageError("--queue-size with --fsdp: the sharded checkpoint cannot load a queue sized on the first "
                          "step yet; drop --fsdp (DDP keeps the queue) or --queue-size")
-    _check_device(config.device)
+    check_device(config.device, world_size, local_rank())
     mode_of(config).check(config)
     mode_of(config).check_model(config)  # after the plain values: it may load a model folder
     _check_builds(config)
@@ -160,8 +161,11 @@ def check_options(config: RunConfig) -> None:
     check_compile(config)
 
 
-def _check_device(device: str) -> None:
-    """--device names a device that holds data and is here: cpu, cuda (cuda:N below the GPU count) or mps."""
+def check_device(device: str, world_size: int, local_rank: int) -> None:
+    """--device names a device that holds data and is here: cpu, cuda (cuda:N below the GPU count) or mps; over
+    `world_size` > 1 ranks a GPU of this rank's own: `cuda`, which means cuda:`local_rank` (below the GPU count
+    too), never an explicit cuda:N, which would put every rank of the machine on GPU N. Checked before the
+    process group is joined (gradcache/train/parallel/placement.py) and with the other options."""
     try:
         parsed = torch.device(device)
     except RuntimeError as error:
@@ -171,9 +175,18 @@ def _check_device(device: str) -> None:
                          "this program does not run on it); use --device cpu, cuda or cuda:N")
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {device}: CUDA is not available here; use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and world_size > 1:
+        raise UsageError(f"--device {device} with {world_size} processes: every rank would train on GPU "
+                         f"{parsed.index}; use --device cuda, which gives each process its own GPU (cuda:LOCAL_RANK), "
+                         "and choose the GPUs with CUDA_VISIBLE_DEVICES")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
         raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s); use --device "
                          "cuda (the first, or each process's own under torchrun) or cuda:N below that count")
+    if parsed.type == "cuda" and parsed.index is None and world_size > 1 and local_rank >= torch.cuda.device_count():
+        raise UsageError(f"--device {device} on LOCAL_RANK {local_rank}: this machine has "
+                         f"{torch.cuda.device_count()} GPU(s), so this process has none of its own; start at most "
+                         f"{torch.cuda.device_count()} processes per machine (torchrun --nproc-per-node "
+                         f"{torch.cuda.device_count()})")
     if parsed.type == "mps" and not torch.backends.mps.is_available():
         raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
 
@@ -234,8 +247,9 @@ def check_memory(config: RunConfig) -> None:
 def _memory_bytes(device: str) -> int:
     """The memory of `device`: a GPU's own, else the machine's physical memory."""
     parsed = torch.device(device)
-    if parsed.type == "cuda":
-        return torch.cuda.get_device_properties(parsed.index or 0).total_memory
+    if parsed.type == "cuda":  # `cuda` alone: the current GPU, this rank's under torchrun (placement.device_of)
+        index = parsed.index if parsed.index is not None else torch.cuda.current_device()
+        return torch.cuda.get_device_properties(index).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 

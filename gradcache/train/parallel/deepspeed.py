@@ -25,7 +25,7 @@ from gradcache import distributed
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, UsageError
-from gradcache.train.parallel.placement import Placement, one_process_group
+from gradcache.train.parallel.placement import Placement, device_of, one_process_group
 
 AUTO = "auto"
 
@@ -139,19 +139,26 @@ class DeepSpeedPlacement(Placement):
 
     @contextlib.contextmanager
     def process_group(self) -> Iterator[None]:
-        """Without torchrun, a one-process gloo group (DeepSpeed needs one, and LOCAL_RANK), ended on the way out.
-        On --device cpu DeepSpeed is told to use its CPU accelerator (DS_ACCELERATOR), before it is imported."""
+        """Without torchrun, a one-process gloo group (DeepSpeed needs one, and LOCAL_RANK: --device's GPU index),
+        ended on the way out. On --device cpu DeepSpeed is told to use its CPU accelerator (DS_ACCELERATOR), before
+        it is imported. The variables it sets are restored on the way out: a later run in the same process (an
+        HF Trainer reads LOCAL_RANK as a launch) starts from the environment it was given."""
+        settings = {}
         if torch.device(self.config.device).type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        if distributed.is_distributed():
-            yield
-            return
-        os.environ.setdefault("LOCAL_RANK", "0")
-        try:
-            with one_process_group(self.config.device):
+            settings["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR", "cpu")
+        if not distributed.is_distributed():
+            device = device_of(self.config.device)
+            # the engine trains on cuda:LOCAL_RANK (its _set_distributed_vars)
+            settings["LOCAL_RANK"] = str(device.index) if device.type == "cuda" else os.environ.get("LOCAL_RANK", "0")
+        with _environment(settings):
+            if distributed.is_distributed():
                 yield
-        finally:
-            _forget_world_group()
+                return
+            try:
+                with one_process_group(self.config.device):
+                    yield
+            finally:
+                _forget_world_group()
 
     def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         return encoders  # wrapped with the optimizer: `with_optimizer`
@@ -232,15 +239,36 @@ class DeepSpeedPlacement(Placement):
 
 def _forget_world_group(unless_registered: bool = False) -> None:
     """Drop DeepSpeed's clone of the world group (`deepspeed.utils.groups._WORLD_GROUP`, kept for the life of the
-    process) once the process group it was cloned from is gone, or, `unless_registered`, when it belongs to no
-    group of the current one: a second `--deepspeed` run in one process (a sweep, a notebook, a rank forked from a
-    process that ran one) would otherwise hand DeepSpeed a destroyed group ("Group ... is not registered")."""
+    process) and its communication backend (`deepspeed.comm.comm.cdb`, which holds torch.distributed's functions
+    as they were when it was built) once the process group they were made for is gone, or, `unless_registered`,
+    when the clone belongs to no group of the current one: a second `--deepspeed` run in one process (a sweep, a
+    notebook, a rank forked from a process that ran one) would otherwise hand DeepSpeed a destroyed group ("Group
+    ... is not registered") and the first run's functions (a wrapper of torch.distributed's made since, a
+    profiler's or a test's counter, never sees ZeRO-3's reduce-scatter)."""
     import sys
 
     groups = sys.modules.get("deepspeed.utils.groups")  # not imported: nothing cached
     world = getattr(groups, "_WORLD_GROUP", None)
-    if world is None:
+    registered = world is not None and dist.is_initialized() and world in dist.distributed_c10d._world.pg_map
+    if unless_registered and (world is None or registered):
         return
-    if unless_registered and dist.is_initialized() and world in dist.distributed_c10d._world.pg_map:
-        return
-    groups._WORLD_GROUP = None
+    if world is not None:
+        groups._WORLD_GROUP = None
+    comm = sys.modules.get("deepspeed.comm.comm")
+    if comm is not None:
+        comm.cdb = None
+
+
+@contextlib.contextmanager
+def _environment(settings: dict[str, str]) -> Iterator[None]:
+    """os.environ with `settings` set inside, each variable as it was (or absent) after."""
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -53,20 +53,22 @@ def launched_process_group(device: str, collective_timeout: float = 1800.0) -> I
 
 def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0) -> bool:
     """Under `torchrun` (WORLD_SIZE > 1 in the environment) join the process group: NCCL on CUDA (this process's
-    GPU, cuda:LOCAL_RANK), else gloo; a collective that waits longer than `collective_timeout` seconds for a peer
-    fails (torch.distributed.DistError) instead of hanging. Returns whether it joined one (the caller then ends
-    it: `launched_process_group`).
+    GPU, cuda:LOCAL_RANK, made the current device first: `device_of`), else gloo; a collective that waits longer
+    than `collective_timeout` seconds for a peer fails (torch.distributed.DistError) instead of hanging. Returns
+    whether it joined one (the caller then ends it: `launched_process_group`).
 
     Raises:
-        UsageError: `collective_timeout` is not a positive, finite number of seconds.
+        UsageError: `collective_timeout` is not a positive, finite number of seconds; `device` cannot hold this
+            rank (preflight's `check_device`: an explicit cuda:N for several ranks, a GPU this machine lacks).
     """
     if not 0 < collective_timeout < math.inf:
         raise UsageError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}; "
                          "e.g. --collective-timeout 1800")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and not dist.is_initialized():
-        cuda = device.startswith("cuda")
-        if cuda and torch.cuda.is_available() and torch.device(device).index is None:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if _launched_world_size() > 1 and dist.is_available() and not dist.is_initialized():
+        from gradcache.train.preflight import check_device  # the option checks' home; here before NCCL meets it
+
+        check_device(device, _launched_world_size(), local_rank())
+        cuda = device_of(device).type == "cuda"  # NCCL's communicator takes the current GPU
         timeout = datetime.timedelta(seconds=collective_timeout)
         store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
         # torchrun keeps its store across --max-restarts: under the same keys, a restarted group would read the
@@ -101,12 +103,28 @@ def collective_failures(collective_timeout: float) -> Iterator[None]:
 
 
 def device_of(name: str) -> torch.device:
-    """`--device cuda` under torchrun means this process's GPU, cuda:LOCAL_RANK."""
+    """The device `--device name` trains on, made CUDA's current device (torch.cuda.set_device): NCCL's
+    communicator, FSDP2's shards and DeepSpeed's engine are made on the current GPU, so this runs before any of
+    them. `cuda` means this process's GPU: cuda:LOCAL_RANK over several ranks, the current one in one process;
+    `cuda:N` means GPU N (preflight's `check_device` refuses it over several ranks: they would share it)."""
     device = torch.device(name)
-    if device.type == "cuda" and device.index is None and distributed.is_distributed():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
+    if device.type != "cuda":
+        return device
+    if device.index is None:
+        several = _launched_world_size() > 1 or distributed.world_size() > 1
+        device = torch.device("cuda", local_rank() if several else torch.cuda.current_device())
+    torch.cuda.set_device(device)
     return device
+
+
+def local_rank() -> int:
+    """This process's rank on its machine, torchrun's LOCAL_RANK (0 without it)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _launched_world_size() -> int:
+    """The ranks torchrun started (WORLD_SIZE; 1 without it), known before the process group is joined."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 class Placement:
@@ -258,7 +276,7 @@ def one_process_group(device: str) -> Iterator[None]:
     if distributed.is_distributed():
         yield
         return
-    backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if device_of(device).type == "cuda" else "gloo"  # NCCL on the chosen GPU
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield

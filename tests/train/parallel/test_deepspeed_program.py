@@ -191,13 +191,22 @@ def test_without_deepspeed_installed_says_how_to_install(tmp_path, capsys, tiny_
 
 @pytest.mark.slow  # two DeepSpeed starts
 def test_two_runs_in_one_process_each_get_a_live_process_group(tmp_path, tiny_args):
-    """DeepSpeed keeps its clone of the world group for the life of the process: the second one-process run (a
-    sweep, a notebook) must not be handed the first run's destroyed group."""
+    """DeepSpeed keeps its clone of the world group and its communication backend for the life of the process:
+    the second one-process run (a sweep, a notebook) must not be handed the first run's destroyed group, and
+    after each run the process's environment is as it was (LOCAL_RANK left behind reads as a launch to an HF
+    Trainer) and no backend holds torch.distributed's functions as the run found them (a process forked later
+    patches its own)."""
     pytest.importorskip("deepspeed", reason='pip install -e ".[deepspeed]"')
+    import deepspeed.comm.comm as deepspeed_comm
+
     config = tmp_path / "zero2.json"
     config.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    launch = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR")
+    environment = {name: os.environ.get(name) for name in launch}
     for run in ("first", "second"):
         assert main(tiny_args("simclr", tmp_path / run, "--deepspeed", str(config))) == 0, run
+        assert {name: os.environ.get(name) for name in launch} == environment, run
+        assert deepspeed_comm.cdb is None, run
 
 
 @pytest.mark.slow

@@ -13,18 +13,22 @@ import os
 import pickle
 import random
 import shutil
+import sys
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from gradcache import distributed
 from gradcache.train.checkpoints.checksum import CHECKSUM_KEY, content_sha256
 from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
 from gradcache.train.run_folder.permissions import as_if_created
 
 EXTRA_FILE = "extra.pt"  # in a sharded checkpoint folder: rank 0's step, run options and random state
+RANKS_KEY = "ranks"  # in a random state: each rank's generators, in rank order (capture_random_state)
 
 
 def is_sharded_folder(path: str | os.PathLike) -> bool:
@@ -97,6 +101,12 @@ def rotate_into_place(new: Path, path: Path, previous: Path) -> None:
 
 def _size_needed(state: dict[str, Any], path: Path) -> int:
     """The bytes of the tensors being saved, or the size of the checkpoint already there if larger."""
+    return max(tensor_bytes(state), path.stat().st_size if path.is_file() else 0)
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of every tensor in `state` (nested dicts, lists and tuples): what a save of it writes, about.
+    A sharded tensor counts whole, as the checkpoint of every rank's shards holds it."""
     total, stack = 0, [state]
     while stack:
         value = stack.pop()
@@ -106,7 +116,12 @@ def _size_needed(state: dict[str, Any], path: Path) -> int:
             stack.extend(value.values())
         elif isinstance(value, (list, tuple)):
             stack.extend(value)
-    return max(total, path.stat().st_size if path.is_file() else 0)
+    return total
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files in `folder` and its subfolders (0: there is none)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
 def _fsync_directory(folder: Path) -> None:
@@ -170,17 +185,52 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def capture_random_state() -> dict[str, Any]:
-    """Every generator a training step may draw from: torch CPU, each CUDA device, and Python's `random`."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    """Every generator a training step may draw from, on every rank: torch's CPU generator, the CUDA generator of
+    each GPU this process sees (in device order) and Python's `random`. Rank 0's at the top (a one-process run's
+    layout); over several ranks each rank's own too, in rank order, under "ranks": a collective, so call it on
+    every rank (a save does)."""
+    own: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+        own["cuda"] = torch.cuda.get_rng_state_all()
+    if distributed.world_size() == 1:
+        return own
+    ranks: list[dict[str, Any] | None] = [None] * distributed.world_size()
+    dist.all_gather_object(ranks, own)  # (world_size,) of each rank's generators; a few KiB each
+    return {**ranks[0], RANKS_KEY: ranks}
 
 
 def restore_random_state(state: dict[str, Any]) -> None:
-    """Put back what `capture_random_state` recorded (CUDA states only where CUDA is present)."""
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
+    """Put back this rank's generators as `capture_random_state` recorded them: rank r's own. A rank the
+    checkpoint lacks (it was saved by fewer ranks, or before each rank's were kept) takes rank 0's, as every rank
+    of a new run starts from one seed, and rank 0 says so on stderr where the ranks differ in number. CUDA states
+    go to the GPUs by device index; where this process sees another number of GPUs than the saving one did, the
+    GPUs both have get theirs, the others keep the run's seed, and rank 0 says so on stderr: the weights and the
+    optimizer resume exactly on any number of GPUs, and the random state decides only which dropout masks come
+    after the resume, so it does not refuse the resume."""
+    ranks = state.get(RANKS_KEY, [state])
+    rank = distributed.rank()
+    world_size = distributed.world_size()
+    if RANKS_KEY in state and len(ranks) != world_size and rank == 0:
+        others = (f"ranks {len(ranks)} to {world_size - 1} take rank 0's" if world_size > len(ranks)
+                  else f"those of ranks {world_size} to {len(ranks) - 1} are not used")
+        print(f"gradcache train: the checkpoint holds the random states of {len(ranks)} ranks and the run resumes "
+              f"on {world_size}: each rank takes its own, {others}", file=sys.stderr)
+    own = ranks[rank] if rank < len(ranks) else ranks[0]
+    torch.set_rng_state(own["torch"])
+    version, internal, gauss = own["python"]
     random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in own and torch.cuda.is_available():
+        _restore_cuda(own["cuda"])
+
+
+def _restore_cuda(states: list[torch.Tensor]) -> None:
+    """`states` (one per GPU of the saving process, in device order) into this process's GPUs, by index."""
+    visible = torch.cuda.device_count()
+    for index, generator in enumerate(states[:visible]):
+        torch.cuda.set_rng_state(generator, index)
+    if len(states) != visible and distributed.rank() == 0:
+        kept = (f"GPUs {len(states)} to {visible - 1} keep the run's seed" if visible > len(states)
+                else f"the states of GPUs {visible} to {len(states) - 1} are not used")
+        print(f"gradcache train: the checkpoint holds the CUDA random states of {len(states)} GPU(s) per process, "
+              f"this process sees {visible}: they are restored by device index ({kept}), so dropout after the "
+              "resume differs from the run that saved", file=sys.stderr)

@@ -81,11 +81,15 @@ class DiskFull(OSError):
 
     exit_status = DISK_FULL
 
-    def __init__(self, folder: Path, needed_bytes: int, free_bytes: int) -> None:
+    def __init__(self, folder: Path, needed_bytes: int, free_bytes: int, resumable: bool = True) -> None:
+        """`folder`: the run folder; `resumable`: it holds an earlier checkpoint of the run (else the save that
+        failed was its first)."""
         self.folder, self.needed_bytes, self.free_bytes = folder, needed_bytes, free_bytes
+        then = (f"the checkpoints already there are kept. Free space, then continue with --resume {folder}"
+                if resumable else "the run had no checkpoint yet. Free space, then start it again (the same "
+                f"command with --resume auto --output-dir {folder} starts it afresh there)")
         super().__init__(errno.ENOSPC, f"no space left to save a checkpoint in {folder}: it needs about "
-                         f"{_megabytes(needed_bytes)} free, {_megabytes(free_bytes)} is free; the checkpoints "
-                         f"already there are kept. Free space, then continue with --resume {folder}")
+                         f"{_megabytes(needed_bytes)} free, {_megabytes(free_bytes)} is free; {then}")
 
 
 class ModelFolderDiskFull(DiskFull):
@@ -97,6 +101,23 @@ class ModelFolderDiskFull(DiskFull):
         OSError.__init__(self, errno.ENOSPC, f"no space left to write the model folder {output}: it needs about "
                          f"{_megabytes(needed_bytes)} free, {_megabytes(free_bytes)} is free; what it held is kept. "
                          f"Free space, then write it with {again}")
+
+
+class OutputDiskFull(OSError):
+    """A command's output file (`gradcache encode`, `eval`, `mine`) did not fit on the disk; nothing was written
+    and no partial file is left."""
+
+    exit_status = DISK_FULL
+
+    def __init__(self, output: Path, written_bytes: int, free_bytes: int) -> None:
+        self.output, self.written_bytes, self.free_bytes = output, written_bytes, free_bytes
+        super().__init__(errno.ENOSPC, f"no space left to write {output}: the disk filled after "
+                         f"{_megabytes(written_bytes)} of it, {_megabytes(free_bytes)} is free; nothing was written "
+                         "(no partial file is left). Free space or give an --output on another disk, then run the "
+                         "command again")
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 class DataDiskFull(OSError):
@@ -155,4 +176,5 @@ def _no_space_in_chain(error: BaseException | None) -> bool:
 
 
 def _megabytes(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB"
+    """`size` bytes in MiB, to two significant digits below 0.1 MiB (a small checkpoint is not "0.0 MiB")."""
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 / 10 else f"{size / 2**20:.2g} MiB"

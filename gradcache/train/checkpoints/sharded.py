@@ -24,10 +24,12 @@ from torch.distributed.checkpoint.state_dict import (
 from gradcache import distributed
 from gradcache.train.checkpoints.atomic import (
     EXTRA_FILE,
+    folder_bytes,
     is_sharded_folder,
     read_checked,
     rotate_into_place,
     save_checkpoint,
+    tensor_bytes,
 )
 from gradcache.train.checkpoints.checksum import files_sha256
 from gradcache.train.checkpoints.model_state import frozen_names
@@ -72,10 +74,13 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
             save_checkpoint({**(extra or {}), "world_size": distributed.world_size(), FILES_KEY: files},
                             partial / EXTRA_FILE)
     except Exception as error:
+        needed = max(folder_bytes(partial), folder_bytes(folder), tensor_bytes([model_state, optimizer_state]))
+        full = isinstance(error, DiskFull) or out_of_space(error, folder.parent, needed)  # before the partial goes
         if leader:
             shutil.rmtree(partial, ignore_errors=True)
-        if not isinstance(error, DiskFull) and out_of_space(error, folder.parent, _folder_size(folder)):
-            raise DiskFull(folder.parent, _folder_size(folder), shutil.disk_usage(folder.parent).free) from error
+        if full:
+            raise DiskFull(folder.parent, needed, shutil.disk_usage(folder.parent).free,
+                           resumable=folder.exists() or replaced.exists()) from error
         raise
     if leader:
         try:
@@ -91,10 +96,6 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     if grouped:
         dist.barrier()  # nobody reads the folder before it is whole
     return folder
-
-
-def _folder_size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) if folder.is_dir() else 0
 
 
 def check_sharded_files(folder: str | os.PathLike) -> None:

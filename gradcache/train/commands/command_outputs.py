@@ -3,11 +3,12 @@ a command that fails (or is interrupted) leaves no partial file and never damage
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from gradcache.train.errors import UsageError
+from gradcache.train.errors import OutputDiskFull, UsageError, out_of_space
 
 
 def check_output(path: str | os.PathLike, suffixes: tuple[str, ...], option: str = "--output") -> Path:
@@ -26,13 +27,24 @@ def check_output(path: str | os.PathLike, suffixes: tuple[str, ...], option: str
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """`write(temporary)` fills a temporary file beside `path`, which then replaces `path` in one rename."""
+    """`write(temporary)` fills a temporary file beside `path`, which then replaces `path` in one rename.
+
+    Raises:
+        OutputDiskFull: the disk filled (exit status 74), whatever error the writing library made of it; `path`
+            is as it was and no temporary file is left.
+    """
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
     try:
         write(Path(temporary))
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp creates 0600; the user's umask decides, as for open()
         os.replace(temporary, path)
+    except Exception as error:
+        written = Path(temporary).stat().st_size if Path(temporary).exists() else 0
+        Path(temporary).unlink(missing_ok=True)
+        if out_of_space(error, path.parent, written):  # numpy's OSError, or faiss's bare RuntimeError
+            raise OutputDiskFull(path, written, shutil.disk_usage(path.parent).free) from error
+        raise
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

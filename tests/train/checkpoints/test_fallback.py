@@ -181,3 +181,36 @@ def test_a_failed_save_with_space_left_is_not_called_a_full_disk(tmp_path, monke
     with pytest.raises(RuntimeError, match="unexpected pos"):
         save_checkpoint({"step": 1}, tmp_path / "last.pt")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("where", ["shards", "extra.pt"])
+def test_a_full_disk_during_a_sharded_save_names_the_size_of_what_it_saves(where, tmp_path, monkeypatch):
+    """Not the 0.0 MiB of an extra.pt, nor of a folder not yet there: the bytes of the state being saved; and a
+    first save's failure says that the run has no checkpoint yet, a later one's that the last one is kept."""
+    from gradcache.train.checkpoints import sharded
+
+    model = nn.Linear(64, 32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 64)).sum().backward()
+    optimizer.step()
+    state_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights, exp_avg, exp_avg_sq
+    original_save, original_extra = sharded.dcp.save, sharded.save_checkpoint
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    for attempt, resumable in ((1, False), (2, True)):
+        monkeypatch.setattr(sharded.dcp if where == "shards" else sharded,
+                            "save" if where == "shards" else "save_checkpoint", full)
+        with pytest.raises(errors.DiskFull) as raised:
+            sharded.save_sharded(tmp_path / "last.dcp", model, optimizer, {"step": attempt},
+                                 previous=tmp_path / "previous.dcp")
+        assert raised.value.needed_bytes >= state_bytes
+        message = str(raised.value)
+        assert ("the checkpoints already there are kept" in message) is resumable, message
+        assert ("the run had no checkpoint yet" in message) is not resumable and "0.0 MiB" not in message
+        assert not (tmp_path / "last.dcp.partial").exists()
+        monkeypatch.setattr(sharded.dcp, "save", original_save)
+        monkeypatch.setattr(sharded, "save_checkpoint", original_extra)
+        sharded.save_sharded(tmp_path / "last.dcp", model, optimizer, {"step": attempt},
+                             previous=tmp_path / "previous.dcp")

@@ -1,11 +1,15 @@
 """`last.ds`: the checkpoint of a `--deepspeed` run, DeepSpeed's own files (`engine.save_checkpoint`: the module's
 weights and every rank's optimizer partition) under one tag, with the run's `meta`, the loss's state and the sha256
 of every file in `extra.pt` beside them. Every rank writes its files to `last.ds.partial`, which rank 0 renames into
-place (the replaced `last.ds` becoming `previous.ds`), as a sharded `last.dcp` is written. Resuming loads it into an
-engine of the same ZeRO stage (`engine.load_checkpoint`); `gradcache eval` reads the full float32 weights back from
-the partitions without an engine (DeepSpeed's zero_to_fp32). As a `last.pt`, it leaves the frozen parameters out
-(LoRA's base weights: checkpoints/model_state.py): the engine is given the trained parameters alone, so its
-optimizer partitions hold their state alone, and the module's weights are saved without the frozen ones."""
+place (the replaced `last.ds` becoming `previous.ds`), as a sharded `last.dcp` is written; a full disk at any of
+its writes is `DiskFull` (exit status 74). Resuming loads it into an engine of the same ZeRO stage
+(`engine.load_checkpoint`); `gradcache eval` reads the full float32 weights back from the partitions without an
+engine (DeepSpeed's zero_to_fp32). Both read the files with pickle, which runs whatever code a file carries, so
+`screen` first refuses a checkpoint holding a file its save did not list, or one holding anything but tensors,
+plain values and the classes DeepSpeed writes (checkpoints/safe_unpickling.py). As a `last.pt`, it leaves the
+frozen parameters out (LoRA's base weights: checkpoints/model_state.py): the engine is given the trained
+parameters alone, so its optimizer partitions hold their state alone, and the module's weights are saved without
+the frozen ones."""
 from __future__ import annotations
 
 import contextlib
@@ -20,11 +24,14 @@ import torch.distributed as dist
 from torch import nn
 
 from gradcache import distributed
-from gradcache.train.checkpoints.atomic import EXTRA_FILE, read_checked, rotate_into_place, save_checkpoint
+from gradcache.train.checkpoints.atomic import (
+    EXTRA_FILE, folder_bytes, read_checked, rotate_into_place, save_checkpoint,
+)
 from gradcache.train.checkpoints.checksum import files_sha256
 from gradcache.train.checkpoints.model_state import load_saved_state
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
-from gradcache.train.errors import CheckpointError
+from gradcache.train.checkpoints.safe_unpickling import screen_pickle
+from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
 
 TAG = "state"  # DeepSpeed's subfolder of the checkpoint's files
 FILES_KEY, LOSS_KEY, MODULE_KEY = "files", "loss", "engine_module"  # extra.pt's entries beside the meta
@@ -38,12 +45,43 @@ class DeepSpeedCheckpoint(RunCheckpoint):
         self.engine = engine  # the run's engine, for saving; a checkpoint found on disk has none
 
     def check(self) -> None:
-        expected = self._extra().get(FILES_KEY, {})
+        """Whole and safe to hand to DeepSpeed: `screen` passes, and every file matches the sha256 it was written
+        with."""
+        self.screen()
         actual = files_sha256(self.path / TAG)
-        for name, digest in expected.items():
-            if actual.get(name) != digest:
-                what = "lacks its file" if name not in actual else "fails the checksum of"
-                raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} {what} {name}")
+        for name, digest in self._extra()[FILES_KEY].items():
+            if actual[name] != digest:
+                raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} fails the checksum of {name}")
+
+    def screen(self) -> None:
+        """Raise CheckpointError, before DeepSpeed reads any of it, unless the checkpoint is a --deepspeed run's
+        and every file it would read is one the save listed in extra.pt (`files`, required) and holds tensors,
+        plain values and the classes DeepSpeed writes alone (checkpoints/safe_unpickling.py: each file read once
+        by the weights-only unpickler; DeepSpeed's own reads run pickle's code). Once per object."""
+        if self.__dict__.get("_screened"):
+            return
+        extra = self._extra()
+        if not extra.get("args", {}).get("deepspeed"):
+            raise CheckpointError(f"{str(self.path)!r} holds the options of a run without --deepspeed: a "
+                                  "--deepspeed run did not write it; move it out of the run folder")
+        listed = extra.get(FILES_KEY)
+        if not isinstance(listed, dict) or not listed:
+            raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r}: its {EXTRA_FILE} lacks the list of its "
+                                  f"files ({FILES_KEY!r}), which every --deepspeed save writes; it was not written "
+                                  "by gradcache train and is not read")
+        folder = self.path / TAG
+        present = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()) \
+            if folder.is_dir() else []
+        unlisted = [f"{TAG}/{name}" for name in present if name not in listed]
+        if unlisted:
+            raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} holds {', '.join(unlisted[:5])}, which "
+                                  f"its {EXTRA_FILE} does not list: its save did not write them, and DeepSpeed would "
+                                  "read them; remove them, or resume from another checkpoint (previous.ds)")
+        for name in listed:
+            if name not in present:
+                raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} lacks its file {TAG}/{name}")
+            screen_pickle(folder / name, self.path)
+        self._screened = True
 
     def meta(self) -> dict[str, Any]:
         return {k: v for k, v in self._extra().items() if k not in (FILES_KEY, LOSS_KEY, MODULE_KEY)}
@@ -54,6 +92,7 @@ class DeepSpeedCheckpoint(RunCheckpoint):
         if optimizer is not None:
             raise CheckpointError(f"{self.path} is a --deepspeed checkpoint: a run resumes it on a DeepSpeed engine "
                                   "(--resume keeps the run's --deepspeed)")
+        self.screen()  # before DeepSpeed's pickle reads a file
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         extra = self._extra()
@@ -70,6 +109,7 @@ class DeepSpeedCheckpoint(RunCheckpoint):
     def load_into(self, engine: nn.Module, trained: nn.ModuleDict) -> None:
         """A resume: the engine's module, its optimizer partitions (saved on as many ranks, at the same ZeRO
         stage) and the loss's state. Call on every rank."""
+        self.screen()  # before DeepSpeed's pickle reads a file
         extra = self._extra()
         saved_on, stage = extra.get("world_size"), engine.zero_optimization_stage()
         if saved_on != distributed.world_size():
@@ -107,12 +147,22 @@ class DeepSpeedCheckpoint(RunCheckpoint):
                     rotate_into_place(partial, self.path, self.previous_path)
                 else:
                     os.replace(partial, self.path)
+        except Exception as error:
+            needed = max(folder_bytes(partial), folder_bytes(self.path), _bytes_to_save(self.engine))
+            full = isinstance(error, DiskFull) or out_of_space(error, self.path.parent, needed)  # before it goes
+            if leader:
+                shutil.rmtree(partial, ignore_errors=True)
+            if full:  # torch's "unexpected pos", an ENOSPC copying zero_to_fp32.py or writing extra.pt: one status
+                raise DiskFull(self.path.parent, needed, shutil.disk_usage(self.path.parent).free,
+                               resumable=self.path.exists() or self.previous_path.exists()) from error
+            raise
         except BaseException:
             if leader:
                 shutil.rmtree(partial, ignore_errors=True)
             raise
         dist.barrier()  # nobody reads the folder before it is whole
-        self.__dict__.pop("_extra_cache", None)
+        for cached in ("_extra_cache", "_screened"):
+            self.__dict__.pop(cached, None)
 
     def _extra(self) -> dict[str, Any]:
         if "_extra_cache" not in self.__dict__:
@@ -121,6 +171,12 @@ class DeepSpeedCheckpoint(RunCheckpoint):
                                       f"{EXTRA_FILE}")
             self._extra_cache = read_checked(self.path / EXTRA_FILE)
         return self._extra_cache
+
+
+def _bytes_to_save(engine: nn.Module) -> int:
+    """About the bytes a save of `engine` writes, over all ranks: the float32 trained parameters four times (the
+    module's weights, ZeRO's float32 partitions and Adam's two moments)."""
+    return 4 * sum(getattr(p, "ds_numel", p.numel()) * 4 for p in engine.module.parameters() if p.requires_grad)
 
 
 def _load_module(src: dict[str, torch.Tensor], dst: nn.Module) -> None:

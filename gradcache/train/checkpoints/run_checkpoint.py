@@ -178,6 +178,12 @@ def _deepspeed_kind() -> type[RunCheckpoint]:
     return DeepSpeedCheckpoint
 
 
+def checkpoint_kinds() -> tuple[type[RunCheckpoint], ...]:
+    """The kinds of checkpoint a run writes (one per run: `--fsdp`, `--deepspeed` or neither), in the order a run
+    folder is searched."""
+    return ShardedCheckpoint, _deepspeed_kind(), FileCheckpoint
+
+
 def kind_of(path: str | os.PathLike) -> type[RunCheckpoint]:
     """The kind of the checkpoint at `path`, by its name: `last.ds`/`previous.ds` (--deepspeed), a folder
     (`last.dcp`, --fsdp) or a file (`last.pt`)."""
@@ -226,32 +232,51 @@ def run_folder_of(path: str | os.PathLike) -> Path:
     return path if is_run_folder(path) else path.parent
 
 
-def find_checkpoint(folder: str | os.PathLike) -> Found:
-    """The newest checkpoint in the run folder `folder` that passes its checks (None: it holds none at all).
+def kind_in(folder: str | os.PathLike) -> type[RunCheckpoint] | None:
+    """The one kind of checkpoint the run folder `folder` holds (None: it holds none).
 
     Raises:
-        CheckpointError: it holds checkpoints, but none passes its checks; the message gives each one's fault.
+        CheckpointError: it holds checkpoints of more than one kind, of which at most one is its run's.
+    """
+    folder = Path(folder)
+    kinds = [kind for kind in checkpoint_kinds()
+             if (folder / kind.name).exists() or (folder / kind.previous_name).exists()]
+    if len(kinds) > 1:  # a run writes one kind (its --fsdp or --deepspeed): the others came from elsewhere
+        names = ", ".join(name for kind in kinds for name in (kind.name, kind.previous_name)
+                          if (folder / name).exists())
+        raise CheckpointError(f"{folder} holds checkpoints of {len(kinds)} kinds ({names}); a run writes one kind "
+                              "(last.pt, last.dcp with --fsdp, last.ds with --deepspeed), so the others were put "
+                              "there from elsewhere and none is read: move away those its run did not write")
+    return kinds[0] if kinds else None
+
+
+def find_checkpoint(folder: str | os.PathLike) -> Found:
+    """The newest checkpoint in the run folder `folder` that passes its checks (None: it holds none at all), of the
+    one kind a run writes (its options name it: `--fsdp`, `--deepspeed` or neither).
+
+    Raises:
+        CheckpointError: it holds checkpoints, but none passes its checks (the message gives each one's fault), or
+            checkpoints of more than one kind, of which at most one is its run's (none is read).
     """
     folder = Path(folder)
     found = Found(None)
-    for kind in (ShardedCheckpoint, _deepspeed_kind(), FileCheckpoint):
-        newest, previous = folder / kind.name, folder / kind.previous_name
-        if not (newest.exists() or previous.exists()):
-            continue
-        if not newest.exists():  # a save stopped between its two renames
-            found.skipped.append((newest, "it is missing: a save was interrupted"))
-        for path in (p for p in (newest, previous) if p.exists()):
-            try:
-                candidate = kind(path)
-                candidate.check()
-                found.chosen = candidate
-                return found
-            except CheckpointError as error:
-                found.skipped.append((path, str(error)))
-        faults = "; ".join(f"{path.name}: {reason}" for path, reason in found.skipped)
-        raise CheckpointError(f"{folder} holds no usable checkpoint ({faults}). Resume from a copy of the run "
-                              "folder, or move its checkpoints away and start afresh with --resume auto")
-    return found
+    kind = kind_in(folder)
+    if kind is None:
+        return found
+    newest, previous = folder / kind.name, folder / kind.previous_name
+    if not newest.exists():  # a save stopped between its two renames
+        found.skipped.append((newest, "it is missing: a save was interrupted"))
+    for path in (p for p in (newest, previous) if p.exists()):
+        try:
+            candidate = kind(path)
+            candidate.check()
+            found.chosen = candidate
+            return found
+        except CheckpointError as error:
+            found.skipped.append((path, str(error)))
+    faults = "; ".join(f"{path.name}: {reason}" for path, reason in found.skipped)
+    raise CheckpointError(f"{folder} holds no usable checkpoint ({faults}). Resume from a copy of the run "
+                          "folder, or move its checkpoints away and start afresh with --resume auto")
 
 
 def locate(path: str | os.PathLike) -> Found:
@@ -266,10 +291,11 @@ def locate(path: str | os.PathLike) -> Found:
     if is_run_folder(path):
         found = find_checkpoint(path)
         if found.chosen is None:
-            raise CheckpointError(f"{path} holds no checkpoint ({FileCheckpoint.name}, {FileCheckpoint.previous_name}, "
-                                  f"{ShardedCheckpoint.name} or {ShardedCheckpoint.previous_name}): its run stopped "
-                                  "before its first save; start it afresh there with --resume auto --output-dir "
-                                  f"{path}")
+            names = [name for kind in checkpoint_kinds()
+                     for name in (kind.name, kind.previous_name)]
+            raise CheckpointError(f"{path} holds no checkpoint ({', '.join(names[:-1])} or {names[-1]}): its run "
+                                  "stopped before its first save; start it afresh there with --resume auto "
+                                  f"--output-dir {path}")
         return found
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist; give a checkpoint file or a run folder "

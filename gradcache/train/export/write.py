@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from gradcache.models.open_clip import weights_loaded_next
-from gradcache.train.checkpoints.run_checkpoint import FileCheckpoint, RunCheckpoint, ShardedCheckpoint, locate
+from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, checkpoint_kinds, kind_in, locate
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, ModelFolderDiskFull, UsageError, out_of_space
 from gradcache.train.export.model_card import write_model_card
@@ -118,14 +118,14 @@ def choose_checkpoint(run: str | os.PathLike, checkpoint: str = "last") -> RunCh
         found = locate(folder)
         found.warn()
         return found.chosen
-    for kind in (ShardedCheckpoint, FileCheckpoint):
-        path = folder / kind.previous_name
-        if path.exists():
-            chosen = kind(path)
-            chosen.check()
-            return chosen
-    raise CheckpointError(f"{folder} holds no previous checkpoint ({FileCheckpoint.previous_name} or "
-                          f"{ShardedCheckpoint.previous_name}): a run has one after its second save; use --checkpoint last")
+    kind = kind_in(folder)
+    if kind is not None and (folder / kind.previous_name).exists():
+        chosen = kind(folder / kind.previous_name)
+        chosen.check()
+        return chosen
+    names = [kind.previous_name for kind in checkpoint_kinds()]
+    raise CheckpointError(f"{folder} holds no previous checkpoint ({', '.join(names[:-1])} or {names[-1]}): a run "
+                          "has one after its second save; use --checkpoint last")
 
 
 def export_checkpoint(saved: RunCheckpoint, output: str | os.PathLike) -> Path:

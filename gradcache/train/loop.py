@@ -34,7 +34,7 @@ from gradcache.train.modes import mode_of
 from gradcache.train.parallel.placement import Placement, placement_for
 from gradcache.train.preemption import StopSignals
 from gradcache.train.progress import StepProgress
-from gradcache.train.run import Run, peak_memory_mb
+from gradcache.train.run import Run, any_rank, peak_memory_mb
 from gradcache.train.run_folder.log import RunLog
 
 __all__ = ["train", "TrainingDiverged", "Preempted"]
@@ -102,10 +102,13 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
         log.log_step(row)
         bar.update(row)
         done = step + 1
-        if done % config.checkpoint_every == 0 or done == run.steps or result.stop:
+        stop = result.stop
+        if done % config.checkpoint_every == 0 or done == run.steps or stop:
             run.save(done, sampler.position(done))
             log.flush()  # the reporters' rows up to the checkpoint are on disk, as the CSV's are
-        if result.stop and done != run.steps:
+            # a signal during the save stops at the checkpoint it wrote, not after one more step (ranks agree)
+            stop = stop or any_rank([signals.received is not None])[0]
+        if stop and done != run.steps:
             bar.close()
             raise _preempted(config, signals.received or "a stop signal on another rank", done, run, rank)
         if placement.evaluates() and config.eval_every and done % config.eval_every == 0 and done != run.steps:

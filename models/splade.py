@@ -1,11 +1,14 @@
 """A Hugging Face masked-language model as a SPLADE encoder: one nonnegative vocabulary-sized row per text.
 
-    w_j = max_t m_t log(1 + relu(logit_tj))          (B, L, V) MLM logits -> (B, V) rows
+    w_j = max_t a(m_t logit_tj),  a(x) = log(1 + relu(x))          (B, L, V) MLM logits -> (B, V) rows
 
-with m_t the attention mask (padding contributes 0, which no row's max lies below). This is sentence-transformers'
-`SparseEncoder` on a `*ForMaskedLM` folder: its fill-mask `Transformer` and `SpladePooling("max", "relu")`, so a
-folder written from this model encodes identically there. A row is 0 exactly where the relu clamps every token's
-logit, which is what makes the library's `sparse_cache` exact for it (gradcache/sparse_rows.py).
+with m_t the attention mask (padding contributes a(0) = 0, which no row's max lies below). This is
+sentence-transformers' `SparseEncoder` on a `*ForMaskedLM` folder: its fill-mask `Transformer` and
+`SpladePooling("max", "relu")`, so a folder written from this model encodes identically there. A folder's
+`SpladePooling` may say otherwise, and is followed: `pooling_strategy` "sum" (SPLADE v1) is sum_t instead of
+max_t, and `activation_function` "log1p_relu" (OpenSearch's) is a(x) = log(1 + log(1 + relu(x))). A row is 0
+exactly where the relu clamps every token's logit, which is what makes the library's `sparse_cache` exact for it
+(gradcache/sparse_rows.py).
 """
 from __future__ import annotations
 
@@ -20,13 +23,22 @@ import torch
 from torch import nn
 
 from gradcache.models.huggingface import check_weights
-from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
+from gradcache.models.sentence_transformers_folder import (
+    SPLADE_ACTIVATIONS,
+    SPLADE_POOLING_STRATEGIES,
+    read_sentence_transformer_folder,
+)
 
 
-def splade_rows(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L, V) MLM logits and (B, L) mask -> (B, V) rows max_t m_t log(1 + relu(logit_tj)), as SpladePooling."""
+def splade_rows(logits: torch.Tensor, attention_mask: torch.Tensor, pooling_strategy: str = "max",
+                activation_function: str = "relu") -> torch.Tensor:
+    """(B, L, V) MLM logits and (B, L) mask -> (B, V) rows max_t (or sum_t) a(m_t logit_tj), as SpladePooling
+    (module docstring)."""
     masked = logits * attention_mask.unsqueeze(-1).to(logits.dtype)  # (B, L, V), padding 0
-    return torch.log1p(torch.relu(masked)).amax(dim=1)  # (B, V)
+    activated = torch.log1p(torch.relu(masked))  # (B, L, V)
+    if activation_function == "log1p_relu":
+        activated = torch.log1p(activated)
+    return activated.amax(dim=1) if pooling_strategy == "max" else activated.sum(dim=1)  # (B, V)
 
 
 @contextlib.contextmanager
@@ -43,7 +55,8 @@ def _quiet_loading() -> Iterator[None]:
         transformers.utils.logging.set_verbosity(verbosity)
 
 
-def _load_masked_lm(path: str | os.PathLike) -> nn.Module:
+def _load_masked_lm(path: str | os.PathLike) -> tuple[nn.Module, tuple[str, str]]:
+    """The folder's masked-LM and its SpladePooling's (pooling_strategy, activation_function)."""
     try:
         import transformers
     except ImportError as error:
@@ -53,14 +66,16 @@ def _load_masked_lm(path: str | os.PathLike) -> nn.Module:
         raise FileNotFoundError(f"path_or_model={str(folder)!r} is not a directory; give a local folder written by "
                                 "save_pretrained (this project never downloads from a hub)")
     layout = read_sentence_transformer_folder(folder)
-    folder = folder if layout is None else layout.model_path
+    pooling = (SPLADE_POOLING_STRATEGIES[0], SPLADE_ACTIVATIONS[0])
+    if layout is not None:
+        folder, pooling = layout.model_path, (layout.splade_pooling, layout.splade_activation)
     if not (folder / "config.json").is_file():
         raise ValueError(f"path_or_model={str(folder)!r} has no config.json, so it is not a Hugging Face model "
                          "folder; give the folder that save_pretrained wrote")
     check_weights(folder)
     try:
         with _quiet_loading():
-            return transformers.AutoModelForMaskedLM.from_pretrained(os.fspath(folder), local_files_only=True)
+            return transformers.AutoModelForMaskedLM.from_pretrained(os.fspath(folder), local_files_only=True), pooling
     except pickle.UnpicklingError as error:
         raise ValueError(f"the weights of {folder} (pytorch_model.bin) hold more than tensors, which could run "
                          "code, so they are not loaded; save the model as model.safetensors") from error
@@ -85,11 +100,14 @@ class SpladeEncoder(nn.Module):
 
     Args:
         path_or_model: a local directory, or a built masked-LM module whose output has `.logits`.
+        pooling_strategy, activation_function: SpladePooling's (module docstring); None: a folder's
+            `SpladePooling` config's, else "max" and "relu".
 
     Raises:
         ImportError: transformers is not installed.
         FileNotFoundError: a path that is not a directory.
-        ValueError: a folder without config.json, with weights that do not fit it, or no MLM head class.
+        ValueError: a folder without config.json, with weights that do not fit it, or no MLM head class; a
+            pooling_strategy or activation_function that SpladePooling refuses (a folder's names its file).
         TypeError: neither a path nor an nn.Module.
 
     Example:
@@ -97,16 +115,24 @@ class SpladeEncoder(nn.Module):
         >>> rows = encoder(**tokenizer(["who bakes bread?"]))  # (1, encoder.out_dim), >= 0, mostly 0
     """
 
-    def __init__(self, path_or_model: str | os.PathLike | nn.Module) -> None:
+    def __init__(self, path_or_model: str | os.PathLike | nn.Module, pooling_strategy: str | None = None,
+                 activation_function: str | None = None) -> None:
         super().__init__()
+        for name, value, choices in (("pooling_strategy", pooling_strategy, SPLADE_POOLING_STRATEGIES),
+                                     ("activation_function", activation_function, SPLADE_ACTIVATIONS)):
+            if value is not None and value not in choices:
+                raise ValueError(f"{name}={value!r} is not one of {choices}, SpladePooling's choices")
+        own = (SPLADE_POOLING_STRATEGIES[0], SPLADE_ACTIVATIONS[0])
         if isinstance(path_or_model, (str, os.PathLike)):
-            model = _load_masked_lm(path_or_model)
+            model, own = _load_masked_lm(path_or_model)
         elif isinstance(path_or_model, nn.Module):
             model = path_or_model
         else:
             raise TypeError(f"path_or_model must be a local directory or an nn.Module, got "
                             f"{type(path_or_model).__name__}")
         self.model = model
+        self.pooling_strategy = own[0] if pooling_strategy is None else pooling_strategy
+        self.activation_function = own[1] if activation_function is None else activation_function
         self.out_dim = getattr(getattr(model, "config", None), "vocab_size", None)
         self.train()  # the wrapper's mode is the model's from here on (from_pretrained returns eval mode)
 
@@ -128,4 +154,4 @@ class SpladeEncoder(nn.Module):
             attention_mask = torch.ones_like(input_ids)  # (B, L)
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         logits = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits  # (B, L, V)
-        return splade_rows(logits, attention_mask)
+        return splade_rows(logits, attention_mask, self.pooling_strategy, self.activation_function)

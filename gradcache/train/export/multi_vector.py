@@ -17,6 +17,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from gradcache.models.hf_tokenizer import tokenizer_folder
 from gradcache.models.multi_vector import MultiVectorTextEncoder
 from gradcache.models.query_expansion import QueryExpansion
 from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME
@@ -57,7 +58,7 @@ def write_multi_vector_folder(tower: MultiVectorTextEncoder, base_folder: str | 
         "transformer_task": "feature-extraction",
         "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
         "module_output_name": "token_embeddings", **expansion, "max_seq_length": max_seq_length,
-        "do_lower_case": False})
+        "do_lower_case": tokenizer_folder(Path(base_folder))[1]})
     dense = folder / "1_Dense"
     dense.mkdir(exist_ok=True)
     weight = tower.projection.weight.detach().float().cpu().contiguous()  # (D, hidden)

@@ -19,6 +19,7 @@ from pathlib import Path
 from torch import nn
 
 from gradcache.models import HuggingFaceEncoder, HuggingFaceTokenizer
+from gradcache.models.hf_tokenizer import tokenizer_folder
 from gradcache.models.multi_vector_folder import is_multi_vector_folder, read_multi_vector_folder
 from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME, read_sentence_transformer_folder
 
@@ -52,7 +53,8 @@ def write_sentence_transformers_folder(tower: HuggingFaceEncoder, base_folder: s
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _MODULE + "Normalize"})
         (folder / "2_Normalize").mkdir(exist_ok=True)
     write_json(folder / "modules.json", modules)
-    write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_seq_length,
+                                                       "do_lower_case": tokenizer_folder(Path(base_folder))[1]})
     (folder / "1_Pooling").mkdir(exist_ok=True)
     pooling = {"word_embedding_dimension": tower.out_dim,
                **{f"pooling_mode_{key}": key == _POOLING_KEY[tower.pooling] for key in _POOLING_KEYS},

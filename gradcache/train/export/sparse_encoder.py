@@ -3,7 +3,7 @@ loads it offline and its `encode` gives the rows the run's model gives.
 
 The layout is the one sentence-transformers 6.3 saves for a masked-LM SPLADE model: the Hugging Face
 `*ForMaskedLM` model (its head included) and its tokenizer at the top; `modules.json` listing the fill-mask
-`Transformer` -> `SpladePooling` (`1_SpladePooling/config.json`: max pooling of relu, then log1p);
+`Transformer` -> `SpladePooling` (`1_SpladePooling/config.json`: the tower's pooling and activation);
 `sentence_bert_config.json` with the fill-mask task and `max_seq_length` = the run's `--max-length`; and
 `config_sentence_transformers.json` with `model_type` `SparseEncoder`, dot-product similarity and the run's
 prompts under the names `encode_query` and `encode_document` look up (`"query"`, `"document"`).
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gradcache.models.hf_tokenizer import tokenizer_folder
 from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME
 from gradcache.models.splade import SpladeEncoder
 from gradcache.train.export.sentence_transformers import PASSAGE_PROMPT_NAME, write_json, write_transformer
@@ -41,12 +42,14 @@ def write_sparse_encoder_folder(tower: SpladeEncoder, base_folder: str | os.Path
         {"idx": 0, "name": "0", "path": "", "type": TRANSFORMER_TYPE},
         {"idx": 1, "name": "1", "path": POOLING_FOLDER, "type": SPLADE_POOLING_TYPE}])
     write_json(folder / "sentence_bert_config.json", {
-        "transformer_task": "fill-mask", "max_seq_length": max_seq_length, "do_lower_case": False,
+        "transformer_task": "fill-mask", "max_seq_length": max_seq_length,
+        "do_lower_case": tokenizer_folder(Path(base_folder))[1],
         "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
         "module_output_name": "token_embeddings"})
     (folder / POOLING_FOLDER).mkdir(exist_ok=True)
     write_json(folder / POOLING_FOLDER / "config.json",
-                {"pooling_strategy": "max", "activation_function": "relu", "embedding_dimension": tower.out_dim})
+                {"pooling_strategy": tower.pooling_strategy, "activation_function": tower.activation_function,
+                 "embedding_dimension": tower.out_dim})
     prompts = {name: prompt for name, prompt in ((QUERY_PROMPT_NAME, query_prompt),
                                                  (PASSAGE_PROMPT_NAME, passage_prompt)) if prompt is not None}
     write_json(folder / "config_sentence_transformers.json",

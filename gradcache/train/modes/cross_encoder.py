@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from gradcache import distributed
 from gradcache.losses import ListwiseRerank
-from gradcache.models.cross_encoder import HuggingFaceCrossEncoder
+from gradcache.models.cross_encoder import HuggingFaceCrossEncoder, weights_folder
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.text.rerank_groups import GroupedRerank, group_size, rerank_batches
@@ -35,6 +35,7 @@ from gradcache.train.export.cross_encoder import write_cross_encoder_folder
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.text import Text
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, text_model_folder
+from gradcache.train.modes.text_lengths import check_pair_lengths
 
 
 class CrossEncoderText(Text):
@@ -91,6 +92,16 @@ class CrossEncoderText(Text):
                              "hard negatives per query leaves each query its positive alone, nothing to rank it "
                              "against; give --in-batch-negatives of at least 1, or rows with hard negatives")
         return config
+
+    def check_lengths(self, config: RunConfig, data: TextSplits) -> None:
+        """`--max-length` leaves a sample of the rows' (query, passage) pairs text of both (modes/text_lengths.py),
+        tokenised by the model folder's own tokenizer as the encoder tokenises them."""
+        import transformers
+
+        source = weights_folder(text_model_folder(config.model))
+        quiet_transformers()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+        check_pair_lengths(config, data, tokenizer)
 
     def batches(self, config: RunConfig, data: TextSplits, sampler: StepSampler) -> DataLoader:
         return rerank_batches(data.train, sampler, config.in_batch_negatives, config.workers)

@@ -93,18 +93,17 @@ class MultiVector(Text):
             side_tokenizers(config)
 
     def resolve(self, config: RunConfig, data: TextSplits) -> RunConfig:
-        """h (Text.resolve); without --query-expansion, a --model MultiVectorEncoder folder's own expansion, said
-        once (stored in the checkpoint, so a resume keeps it)."""
-        config = super().resolve(config, data)
+        """Without --query-expansion, a --model MultiVectorEncoder folder's own expansion, said once (stored in the
+        checkpoint, so a resume keeps it); then h and the lengths (Text.resolve), the queries' at that expansion."""
         folder = text_model_folder(config.model)
         if config.query_expansion is not None or not is_multi_vector_folder(folder):
-            return config
+            return super().resolve(config, data)
         try:
             expansion = read_multi_vector_folder(folder).query_expansion
         except ValueError as error:
             raise UsageError(f"--model {config.model}: {error}") from error
         if expansion is None:
-            return config
+            return super().resolve(config, data)
         config = dataclasses.replace(config, query_expansion=expansion.length,
                                      attend_to_expansion=expansion.attend)
         side_tokenizers(config)  # UsageError for a tokenizer that cannot expand
@@ -113,7 +112,7 @@ class MultiVector(Text):
                   f"this run (--query-expansion {expansion.length}"
                   f"{' --attend-to-expansion' if expansion.attend else ''}; give --query-expansion to change it)",
                   file=sys.stderr)
-        return config
+        return super().resolve(config, data)
 
     def embedding_width(self, config: RunConfig) -> int:
         return config.token_dim

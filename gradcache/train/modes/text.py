@@ -44,6 +44,7 @@ from gradcache.train.modes.text_folders import (
     text_model_folder,
     text_tokenizer,
 )
+from gradcache.train.modes.text_lengths import check_text_lengths
 from gradcache.train.modes.lora import (
     add_lora,
     add_lora_options,
@@ -212,11 +213,18 @@ class Text(Mode):
 
     def resolve(self, config: RunConfig, data: TextSplits) -> RunConfig:
         """h, as the data has it: the loss and the chunk sizes read it from the configuration; streamed rows: the
-        epoch length counted at start, recorded so that a resume does not count again."""
+        epoch length counted at start, recorded so that a resume does not count again; then the lengths checked
+        (`check_lengths`)."""
         config = dataclasses.replace(config, negatives_per_query=data.train.negatives_per_query)
         if isinstance(data.train, StreamedRows) and config.train_num_samples is None:
             config = dataclasses.replace(config, train_num_samples=len(data.train))
+        self.check_lengths(config, data)
         return config
+
+    def check_lengths(self, config: RunConfig, data: TextSplits) -> None:
+        """`--max-length`, the prompts and `--query-expansion` leave a sample of the rows' texts some of their own
+        tokens (modes/text_lengths.py): UsageError where none keeps any, a warning where some lose theirs."""
+        check_text_lengths(config, data)
 
     def hard_negatives(self, config: RunConfig) -> int:
         return config.negatives_per_query or 0

@@ -33,7 +33,13 @@ def test_sweep_measures_one_loss_both_ways(tmp_path: Path, monkeypatch: pytest.M
     assert all(row["status"] == "ok" for row in rows)
     values = [float(row["loss_value"]) for row in rows]
     assert max(values) - min(values) < 1e-4  # the same loss on the same batch, both sides
-    assert float(rows[1]["memory_ratio_to_st"]) == 1.0 and float(rows[3]["time_ratio_to_st"]) == 1.0
+    ours, theirs = float(rows[0]["peak_mb"]), float(rows[1]["peak_mb"])
+    if theirs > 0:  # in this process at N = 5 the peak is noise and can fall below its baseline: no ratio then
+        assert float(rows[0]["memory_ratio_to_st"]) == pytest.approx(ours / theirs)
+        assert float(rows[1]["memory_ratio_to_st"]) == 1.0
+    else:
+        assert rows[0]["memory_ratio_to_st"] == rows[1]["memory_ratio_to_st"] == ""
+    assert float(rows[3]["time_ratio_to_st"]) == 1.0
     assert (tmp_path / "out" / "multi_vector_memory.png").stat().st_size > 0
     assert (tmp_path / "out" / "multi_vector_memory_time.png").stat().st_size > 0
 

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.gpu.run import main
+
+sys.exit(main())

@@ -11,7 +11,10 @@ recomputed and need no check.
 The tolerance is relative to the chunk's largest cached entry and follows the lowest precision the forward ran
 in (the embedding's dtype, the encoder's floating parameters, autocast on the embedding's device):
 
-    float64 1e-7 | float32 1e-4 (1e-3 on CUDA with TF32 allowed) | float16 1e-2 | bfloat16 5e-2
+    float64 1e-7 | float32 1e-4 (1e-3 on CUDA where TF32 is on) | float16 1e-2 | bfloat16 5e-2
+
+TF32 is on for an encoder when float32 matmuls allow it, or when cuDNN does (its default) and the encoder holds a
+convolution or an RNN (gradcache/tf32.py reads torch's current API, which reports the legacy flags too).
 
 A deterministic encoder repeats itself bit for bit on the same device with the same kernels; the room above
 that is for what legitimately differs between a forward without a graph (1) and one with it (3): another kernel
@@ -32,6 +35,7 @@ from torch import nn
 
 from gradcache.non_finite import NonFiniteRecomputationError
 from gradcache.autocast import AutocastState
+from gradcache.tf32 import tf32_in_use
 from gradcache.token_embeddings import Embedding, TokenEmbeddings
 
 TOLERANCES = {torch.float64: 1e-7, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -54,6 +58,7 @@ class RecomputeCheck:
 
     tolerance: float  # relative to the chunk's largest cached entry
     given: bool  # the user's own tolerance (check_recompute=0.05): used as is, whatever the dtypes
+    tf32: bool = False  # the encoder's float32 forward on CUDA may run in TF32 (`tf32_in_use`)
 
     @classmethod
     def for_encoder(cls, encoder: nn.Module, setting: bool | float) -> RecomputeCheck | None:
@@ -62,8 +67,9 @@ class RecomputeCheck:
             return None
         if setting is not True:
             return cls(float(setting), given=True)
-        tolerances = [_tolerance(p.dtype, p.device.type) for p in encoder.parameters() if p.is_floating_point()]
-        return cls(max(tolerances, default=0.0), given=False)
+        tf32 = tf32_in_use(encoder)
+        tolerances = [_tolerance(p.dtype, p.device.type, tf32) for p in encoder.parameters() if p.is_floating_point()]
+        return cls(max(tolerances, default=0.0), given=False, tf32=tf32)
 
     def __call__(
         self, recomputed: Embedding, cached: Embedding, autocast_state: AutocastState, name: str, chunk: str,
@@ -73,7 +79,7 @@ class RecomputeCheck:
             recomputed, cached = _where_scored(recomputed, cached, name, chunk)
         tolerance = self.tolerance
         if not self.given:
-            tolerance = max(tolerance, _forward_tolerance(recomputed, autocast_state))
+            tolerance = max(tolerance, _forward_tolerance(recomputed, autocast_state, self.tf32))
         with torch.no_grad():
             new, old = recomputed.detach(), cached.detach()
             if new.shape != old.shape:
@@ -131,25 +137,19 @@ def _where_scored(
             cached.values.masked_fill(~cached.mask[..., None], 0))
 
 
-def _tolerance(dtype: torch.dtype, device_type: str) -> float:
-    if dtype == torch.float32 and device_type == "cuda" and _tf32_allowed():
+def _tolerance(dtype: torch.dtype, device_type: str, tf32: bool) -> float:
+    if dtype == torch.float32 and device_type == "cuda" and tf32:
         return TF32_TOLERANCE
     return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
 
 
-def _tf32_allowed() -> bool:
-    return torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32 or (
-        torch.get_float32_matmul_precision() != "highest"
-    )
-
-
-def _forward_tolerance(embedding: torch.Tensor, autocast_state: AutocastState) -> float:
+def _forward_tolerance(embedding: torch.Tensor, autocast_state: AutocastState, tf32: bool) -> float:
     """The tolerance of the embedding's dtype, or of the autocast dtype on its device where autocast was on."""
     device_type = embedding.device.type
-    tolerance = _tolerance(embedding.dtype, device_type)
+    tolerance = _tolerance(embedding.dtype, device_type, tf32)
     for kind, enabled, dtype in autocast_state.devices:
         if kind == device_type and enabled:
-            tolerance = max(tolerance, _tolerance(dtype, device_type))
+            tolerance = max(tolerance, _tolerance(dtype, device_type, tf32))
     return tolerance
 
 

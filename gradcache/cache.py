@@ -42,7 +42,7 @@ from gradcache.distributed import (
 from gradcache.graph_memory import GraphBudget, saved_bytes
 from gradcache.inputs import check_embedding_count, encode, tensors_of, trim_padding
 from gradcache.autocast import AutocastState, autocast_context, autocast_off_everywhere, upcast
-from gradcache.random_state import NoDraws, RandomState
+from gradcache.random_state import NoDraws, RandomState, cuda_devices_of
 from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
 from gradcache.strategy import LossFn, Strategy, check_output_learns
 from gradcache.token_chunks import cut, split_to_count, token_plan
@@ -167,10 +167,11 @@ class GradCache(Strategy):
         for i, input_chunks in enumerate(chunks):
             encoder = self.encoder_for(i)
             own_sync = holds_its_own_sync(encoder)
+            devices = cuda_devices_of([encoder]) if learning[i] else frozenset()  # its GPUs draw its dropout
             pieces, states, graphs = [], [], []  # pieces[k][j]: chunk k's embedding j
             for k, chunk in enumerate(input_chunks):
                 name = f"input {i}"
-                state = RandomState.capture(tensors_of(chunk)) if learning[i] else None
+                state = RandomState.capture(tensors_of(chunk), devices) if learning[i] else None
                 if learning[i] and not (own_sync and last[id(encoder)] == (i, k)) and budget.worth_trying(i, chunk):
                     left_out = [*encoder.parameters(), *encoder.buffers(), *tensors_of(chunk)]
                     with torch.enable_grad(), gradient_sync(encoder, False, self.options["fsdp_reduce"]):

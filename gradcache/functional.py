@@ -33,7 +33,7 @@ from torch import nn
 from gradcache.autocast import AutocastState
 from gradcache.batchnorm import running_stats_frozen
 from gradcache.inputs import tensors_of
-from gradcache.random_state import RandomState
+from gradcache.random_state import RandomState, cuda_devices_of
 from gradcache.recompute_check import RecomputeCheck
 
 __all__ = ["cached", "cat_input_tensor"]
@@ -72,12 +72,13 @@ def cached(func: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]) -> Call
     @functools.wraps(func)
     def first_pass(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
         tensors = [t for value in (*args, *kwargs.values()) for t in tensors_of(value)]
-        random_state, autocast_state = RandomState.capture(tensors), AutocastState.capture()
+        modules = [value for value in (*args, *kwargs.values()) if isinstance(value, nn.Module)]
+        random_state = RandomState.capture(tensors, cuda_devices_of(modules))
+        autocast_state = AutocastState.capture()
         with torch.no_grad():
             reps = _reps(func(*args, **kwargs), func)
         random_state = random_state.kept_if_drawn()
         leaves = tuple(rep.detach().requires_grad_() for rep in reps)
-        modules = [value for value in (*args, *kwargs.values()) if isinstance(value, nn.Module)]
         spent = False
 
         def closure(*given: Any) -> None:

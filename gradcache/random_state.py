@@ -3,24 +3,38 @@ chunk whose first pass drew no random number (no dropout) keeps no state and rep
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
-def _cuda_devices(tensors: Iterable[torch.Tensor]) -> list[int]:
-    """The CUDA devices a chunk's computation may draw random numbers on: its tensors' and the current one."""
+def cuda_devices_of(modules: Iterable[nn.Module]) -> frozenset[int]:
+    """The CUDA devices the modules' parameters and buffers live on: an encoder on cuda:1 fed CPU tensors (raw
+    text tokenised inside forward), or a model spread over GPUs (device_map="auto"), draws its dropout there.
+    Found once per encoder and step, not per chunk."""
     if not torch.cuda.is_initialized():  # no CUDA generator has drawn (is_available probes the driver each call)
+        return frozenset()
+    return frozenset(t.device.index for m in modules for t in itertools.chain(m.parameters(), m.buffers())
+                     if t.is_cuda)
+
+
+def _cuda_devices(tensors: Iterable[torch.Tensor], devices: Iterable[int]) -> list[int]:
+    """The CUDA devices a chunk's computation may draw random numbers on: its tensors', its encoder's
+    (`devices`: `cuda_devices_of`) and the current one."""
+    if not torch.cuda.is_initialized():
         return []
-    devices = {t.device.index for t in tensors if t.is_cuda}
-    devices.add(torch.cuda.current_device())
-    return sorted(devices)
+    found = {t.device.index for t in tensors if t.is_cuda} | set(devices)
+    found.add(torch.cuda.current_device())
+    return sorted(found)
 
 
 @dataclass(frozen=True)
 class RandomState:
-    """The CPU generator state and the states of the CUDA generators a chunk may use.
+    """The CPU generator state and the states of the CUDA generators a chunk may use: those of its tensors' GPUs,
+    its encoder's (`capture(devices=cuda_devices_of([encoder]))`) and the current one.
 
     `capture` before the first forward of a chunk, `kept_if_drawn` after it, `replay` around its re-forward.
     Replaying restores the global state afterwards, so the caller's random stream is where the first pass left it.
@@ -30,8 +44,8 @@ class RandomState:
     cuda: tuple[tuple[int, torch.Tensor], ...]
 
     @classmethod
-    def capture(cls, tensors: Iterable[torch.Tensor] = ()) -> RandomState:
-        devices = _cuda_devices(tensors)
+    def capture(cls, tensors: Iterable[torch.Tensor] = (), devices: Iterable[int] = ()) -> RandomState:
+        devices = _cuda_devices(tensors, devices)
         return cls(
             cpu=torch.get_rng_state(),
             cuda=tuple((d, torch.cuda.get_rng_state(d)) for d in devices),

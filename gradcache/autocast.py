@@ -42,6 +42,13 @@ class AutocastState:
             yield
 
 
+def compute_device_type(parameter: torch.Tensor) -> str:
+    """The device type `parameter` computes on, which autocast must name: its own, or for a DTensor (FSDP2) its
+    mesh's, since FSDP2's CPU offload keeps the shards on the CPU while the forward runs on the GPU."""
+    mesh = getattr(parameter, "device_mesh", None)
+    return mesh.device_type if mesh is not None else parameter.device.type
+
+
 def autocast_context(dtype: torch.dtype | None, device_type: str) -> contextlib.AbstractContextManager:
     """`torch.autocast(device_type, dtype)` when a dtype is given, else leave the caller's state alone."""
     if dtype is None:

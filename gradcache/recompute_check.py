@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from gradcache.non_finite import NonFiniteRecomputationError
-from gradcache.autocast import AutocastState
+from gradcache.autocast import AutocastState, compute_device_type
 from gradcache.tf32 import tf32_in_use
 from gradcache.token_embeddings import Embedding, TokenEmbeddings
 
@@ -68,7 +68,8 @@ class RecomputeCheck:
         if setting is not True:
             return cls(float(setting), given=True)
         tf32 = tf32_in_use(encoder)
-        tolerances = [_tolerance(p.dtype, p.device.type, tf32) for p in encoder.parameters() if p.is_floating_point()]
+        tolerances = [_tolerance(p.dtype, compute_device_type(p), tf32) for p in encoder.parameters()
+                      if p.is_floating_point()]
         return cls(max(tolerances, default=0.0), given=False, tf32=tf32)
 
     def __call__(

@@ -13,7 +13,7 @@ from gradcache.distributed import all_gather_embedding
 from gradcache.inputs import GetEmbedding, SplitFn, batch_length, encode, split, trim_padding
 from gradcache.non_finite import NonFiniteLossError
 from gradcache.options import Options, Unpack, checked
-from gradcache.autocast import autocast_context, autocast_off_everywhere, upcast
+from gradcache.autocast import autocast_context, autocast_off_everywhere, compute_device_type, upcast
 from gradcache.token_chunks import has_token_mask
 from gradcache.token_embeddings import Embedding, values_of, with_values
 
@@ -109,9 +109,11 @@ class Strategy:
         return split(value, self.chunk_size_for(index), self.split_fn_for(index), f"input {index}")
 
     def device_type(self) -> str:
+        """The device type the encoders compute on (autocast's), from their first parameter
+        (`compute_device_type`: a CPU-offloaded FSDP2 shard computes on its mesh's GPU)."""
         for encoder in self.all_encoders():
             for parameter in encoder.parameters():
-                return parameter.device.type
+                return compute_device_type(parameter)
         return "cpu"
 
     def require_grad_enabled(self) -> None:

@@ -63,3 +63,20 @@ def test_autocast_dtype_option_matches_full_batch_under_the_same_autocast():
     # bf16 rounding differs with the matmul shapes: loose, but far tighter than a wrong gradient
     assert torch.allclose(got_loss, want_loss, rtol=2e-2)
     assert_grads_close(grads_of(encoder), want, 5e-2)
+
+
+class OffloadedShards(nn.Module):
+    """Parameters as FSDP2 with CPU offload holds them: DTensor shards on the CPU whose mesh computes on CUDA."""
+
+    def parameters(self, recurse: bool = True):
+        mesh = type("Mesh", (), {"device_type": "cuda"})()
+        return iter([type("Shard", (), {"device": torch.device("cpu"), "device_mesh": mesh})()])
+
+
+def test_autocast_names_the_device_an_offloaded_shard_computes_on():
+    """FSDP2's --cpu-offload keeps the shards on the CPU: autocast on the CPU would leave the GPU forward in fp32
+    (issue 39 item 4). The device type comes from the shard's mesh; a plain parameter's from its own device."""
+    made = [GradCache(OffloadedShards(), NTXent(), 2, autocast_dtype=torch.bfloat16),
+            FullBatch(OffloadedShards(), NTXent(), autocast_dtype=torch.bfloat16)]
+    assert [strategy.device_type() for strategy in made] == ["cuda", "cuda"]
+    assert GradCache(nn.Linear(2, 2), NTXent(), 2).device_type() == "cpu"

@@ -175,9 +175,9 @@ class GradCache(Strategy):
                 if learning[i] and not (own_sync and last[id(encoder)] == (i, k)) and budget.worth_trying(i, chunk):
                     left_out = [*encoder.parameters(), *encoder.buffers(), *tensors_of(chunk)]
                     with torch.enable_grad(), gradient_sync(encoder, False, self.options["fsdp_reduce"]):
-                        with saved_bytes(left_out) as graph:
+                        with saved_bytes(left_out, budget.held) as graph:
                             outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
-                    if budget.settle(i, chunk, graph.total) and any(values_of(e).requires_grad for e in outputs):
+                    if budget.settle(i, chunk, graph) and any(values_of(e).requires_grad for e in outputs):
                         graphs.append(outputs)
                 else:
                     budget.close(i)  # kept chunks are a prefix of each input's

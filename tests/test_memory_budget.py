@@ -173,3 +173,52 @@ def test_bf16_autocast_every_budget_matches_full_batch(budget):
     handle.remove()
     assert set(dtypes) == {torch.bfloat16}
     assert_grads_close(grads_of(image, text, loss), want, 5e-2)
+
+
+def _kept_chunks(encoder: Counting, views, chunk: int, budget: int, dtype: torch.dtype | None) -> int:
+    """Chunks phase (1) kept: those phase (3) did not encode again."""
+    encoder.calls = 0
+    GradCache(encoder, NTXent(temperature=0.3), chunk, memory_budget=budget, autocast_dtype=dtype).step(*views)
+    chunks = sum(-(-len(v) // chunk) for v in views)
+    return 2 * chunks - encoder.calls
+
+
+def test_autocasts_copy_of_a_weight_serves_every_kept_chunk_and_the_decision_keeps_to_the_dtype():
+    """Wide layers over few rows: autocast's bf16 copy of each weight (one for every chunk of the step, its weight
+    cache) is far larger than a chunk's activations. A budget that holds every chunk's float32 graph must hold
+    every chunk's bf16 one (issue 39 item 6: the copy was counted once per chunk, so it kept none)."""
+    torch.manual_seed(2)
+    encoder = Counting(nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(),
+                                     nn.Linear(256, 16)))
+    views = tuple(torch.randn(2, 8, 64))
+    every_fp32_graph = sum(graph_bytes(encoder.inner, c) for v in views for c in v.split(2))
+    assert _kept_chunks(encoder, views, 2, every_fp32_graph, None) == 8
+    assert _kept_chunks(encoder, views, 2, every_fp32_graph, torch.bfloat16) == 8
+    weights_in_bf16 = sum(p.numel() * 2 for p in encoder.parameters() if p.dim() == 2)
+    assert weights_in_bf16 > every_fp32_graph  # counted even once, the copy alone would keep no chunk
+
+
+def test_a_storage_a_kept_graph_holds_is_counted_once():
+    """A tensor every chunk's graph saves (a table the encoder builds once and reuses) is paid by the first kept
+    chunk alone: the ledger's second chunk counts only its own."""
+    table = torch.randn(64, 64).tanh()  # not a parameter: saved by every chunk's matmul
+
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.linear(x) @ table
+
+    from gradcache.graph_memory import GraphBudget
+
+    encoder, chunks = Shared(), torch.randn(2, 3, 64)
+    budget = GraphBudget(10**9)
+    sizes = []
+    for chunk in chunks:
+        with torch.enable_grad(), saved_bytes([*encoder.parameters(), chunk], budget.held) as graph:
+            encoder(chunk)
+        assert budget.settle(0, chunk, graph)
+        sizes.append(graph.total)
+    assert sizes[0] - sizes[1] == table.numel() * 4

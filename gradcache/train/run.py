@@ -30,6 +30,7 @@ from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.checkpoints.meta import CheckpointMeta
 from gradcache.train.compilation import compile_encoders, compile_errors, compile_failed
 from gradcache.train.config import RunConfig
+from gradcache.train.data.images.augment import to_model_input
 from gradcache.train.data.splits import Splits
 from gradcache.train.errors import TrainingDiverged, UsageError
 from gradcache.train.modes import Mode, mode_of
@@ -241,11 +242,15 @@ def any_rank(flags: list[bool]) -> list[bool]:
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
-    """A batch on `device`; from pinned memory (the loaders pin for CUDA) the copy does not block the host."""
+    """A batch on `device`; from pinned memory (the loaders pin for CUDA) the copy does not block the host.
+    Images that come as uint8 (clip's; SimCLR's views are float, made by float augmentations) cross as bytes, a
+    quarter of float32's, and are normalised on the device (`to_model_input`)."""
     if isinstance(value, dict):
         return {k: v.to(device, non_blocking=True) for k, v in value.items()}
     if is_texts(value):  # raw text pairs (--kind cross-encoder): its encoder tokenises them onto its device
         return value
+    if value.dtype == torch.uint8:
+        return to_model_input(value.to(device, non_blocking=True))
     return value.to(device, non_blocking=True)
 
 

@@ -22,7 +22,7 @@ def embed_image_outputs(encode: Callable[[torch.Tensor], tuple[torch.Tensor, ...
                         device: torch.device, batch_size: int = 512) -> list[np.ndarray]:
     """Each of the k outputs of `encode` (a tuple of (B, D_j) tensors) as (N, D_j) float32 L2-normalised
     embeddings of uint8 (N, 3, H, W) images: several embeddings (features and projection) from one pass."""
-    chunks = [[output.float() for output in encode(to_model_input(images[i:i + batch_size]).to(device))]
+    chunks = [[output.float() for output in encode(to_model_input(images[i:i + batch_size].to(device)))]  # bytes cross
               for i in range(0, len(images), batch_size)]  # per batch, k (B, D_j)
     return [F.normalize(torch.cat(outputs), dim=1).cpu().numpy() for outputs in zip(*chunks)]
 

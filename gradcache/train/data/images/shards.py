@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 
-from gradcache.train.data.images.augment import to_model_input
 from gradcache.train.data.images.lazy import DECODE_ERRORS, decode_image
 from gradcache.train.data.images.sets import DataSplits, ImageSet
 from gradcache.train.data.streams import SEED_STRIDE, Damaged, StreamBatches, stream_loader
@@ -299,7 +298,7 @@ class ShardBatches(StreamBatches):
         except (*DECODE_ERRORS, UnicodeDecodeError) as error:
             return Damaged(f"{sample.shard}:{sample.key} ({error})")
         if self.tokenizer is not None:
-            return to_model_input(image), caption
+            return image, caption  # uint8: normalised on the device (run.py)
         generator = torch.default_generator
         outer = generator.get_state()
         generator.manual_seed((self.seed * SEED_STRIDE + epoch) * 10_000_019 + position)

@@ -15,7 +15,6 @@ import torch
 from torch.utils.data import Dataset
 
 from gradcache.train.data.bad_data import BadShare, CountedBatches
-from gradcache.train.data.images.augment import to_model_input
 from gradcache.train.data.images.lazy import LazyImageSet
 from gradcache.train.data.images.sets import ImageSet
 from gradcache.train.data.order import StepSampler, epoch_seed, step_loader
@@ -51,7 +50,7 @@ class AugmentedPairs(Dataset):
         drawn.read += read
         drawn.failed.extend(failed)
         if self.captions:
-            return to_model_input(image), self.images.captions[index]
+            return image, self.images.captions[index]  # uint8: normalised on the device (run.py)
         # Seed and restore only the CPU generator that torchvision's transforms draw from: torch.manual_seed and
         # fork_rng also visit every accelerator backend, which cost a quarter of the augmentation time.
         generator = torch.default_generator

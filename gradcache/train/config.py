@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 16
+CONFIG_VERSION = 17
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -145,6 +145,8 @@ class RunConfig:
     fsdp_reduce: str = option("chunk", added=2)
     cpu_offload: bool = option(False, run_local=True, added=2)  # where the shards live: a resume may change it
     deepspeed: str | None = option(None, added=13, path=True)  # a DeepSpeed JSON config: ZeRO engine (parallel/deepspeed.py)
+    # the --deepspeed file's contents when the run started, kept so a resume trains under them (parallel/deepspeed.py)
+    deepspeed_settings: dict | None = option(None, added=17)
     # each sample's generator is seeded by about seed x 10^13 (data/order.py, data/streams.py): 64 bits hold that
     seed: int = option(0, at_least=-900_000, at_most=1_800_000, why="each sample's generator seed, about seed x "
                        "10^13, must fit in 64 bits")

@@ -36,6 +36,7 @@ from gradcache.train.data.splits import Splits
 from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.matryoshka_dims import check_dims
 from gradcache.train.modes import mode_of
+from gradcache.train.parallel.deepspeed import run_settings
 from gradcache.train.parallel.placement import local_rank
 from gradcache.train.run_folder.layout import RUN_FILES
 from gradcache.train.run_folder.lock import (
@@ -100,6 +101,7 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
     mode = mode_of(config)
     if config.steps is None and config.epochs is None:
         config = dataclasses.replace(config, epochs=mode.default_epochs)
+    config = run_settings(config)  # the --deepspeed file's contents, kept in the run; a resume compares them
     check_options(config)
     output = Path(config.output_dir)
     if given.resume is None and any((output / name).exists() for name in RUN_FILES):
@@ -360,8 +362,8 @@ def _check_deepspeed(config: RunConfig) -> None:
         raise UsageError('--deepspeed needs deepspeed: pip install -e ".[deepspeed]"')
     from gradcache.train.parallel.deepspeed import check_program_config, deepspeed_config
 
-    check_program_config(deepspeed_config(config.deepspeed, config.batch_size, distributed.world_size()),
-                         config.deepspeed)
+    check_program_config(deepspeed_config(config.deepspeed, config.batch_size, distributed.world_size(),
+                                          config.deepspeed_settings), config.deepspeed)
 
 
 def _dashed(name: str) -> str:

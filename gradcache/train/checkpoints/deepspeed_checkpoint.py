@@ -12,10 +12,8 @@ parameters alone, so its optimizer partitions hold their state alone, and the mo
 the frozen ones."""
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from gradcache.train.checkpoints.model_state import load_saved_state
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.checkpoints.safe_unpickling import screen_pickle
 from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
+from gradcache.train.parallel.deepspeed_output import deepspeed_output_to_stderr
 
 TAG = "state"  # DeepSpeed's subfolder of the checkpoint's files
 FILES_KEY, LOSS_KEY, MODULE_KEY = "files", "loss", "engine_module"  # extra.pt's entries beside the meta
@@ -93,10 +92,10 @@ class DeepSpeedCheckpoint(RunCheckpoint):
             raise CheckpointError(f"{self.path} is a --deepspeed checkpoint: a run resumes it on a DeepSpeed engine "
                                   "(--resume keeps the run's --deepspeed)")
         self.screen()  # before DeepSpeed's pickle reads a file
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
         extra = self._extra()
-        with contextlib.redirect_stdout(sys.stderr):  # its progress lines: stdout is `gradcache eval`'s JSON
+        with deepspeed_output_to_stderr():  # its import's and progress lines: stdout is `gradcache eval`'s JSON
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
             state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=TAG)
         module = trained.get_submodule(extra[MODULE_KEY])
         try:

@@ -20,13 +20,15 @@ import torch
 
 from gradcache.train.checkpoints.atomic import _refused  # the one reading of torch's refusal message
 from gradcache.train.errors import CheckpointError
+from gradcache.train.parallel.deepspeed_output import deepspeed_output_to_stderr
 
 
 def deepspeed_globals() -> list[type]:
     """The DeepSpeed classes a checkpoint of the program's runs holds, beside tensors and plain values."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler  # DeepSpeed is imported for --deepspeed runs only
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
+    with deepspeed_output_to_stderr():  # DeepSpeed, imported for --deepspeed runs only, logs as it is imported
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
 
     return [LossScaler, ZeroStageEnum, fragment_address]
 

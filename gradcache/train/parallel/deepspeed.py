@@ -11,7 +11,10 @@ refused before anything is built (`check_program_config`), and the engine again 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import json
+import sys
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,17 +28,17 @@ from gradcache import distributed
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, UsageError
+from gradcache.train.parallel.deepspeed_output import deepspeed_output_to_stderr
 from gradcache.train.parallel.placement import Placement, device_of, one_process_group
 
 AUTO = "auto"
 
 
-def deepspeed_config(path: str | Path, global_batch: int, world_size: int) -> dict[str, Any]:
-    """The config in `path`, its batch keys set from `global_batch` over `world_size` ranks.
+def read_deepspeed_file(path: str | Path) -> dict[str, Any]:
+    """The JSON object in the --deepspeed file `path`, as written.
 
     Raises:
-        UsageError: a missing or unreadable file, not a JSON object, a global batch that does not split evenly over
-            the ranks, a batch key contradicting `--batch-size`, or an "auto" outside the batch keys.
+        UsageError: a missing or unreadable file, not valid JSON, or not a JSON object.
     """
     path = Path(path)
     try:
@@ -50,6 +53,20 @@ def deepspeed_config(path: str | Path, global_batch: int, world_size: int) -> di
                          f"{error.colno}).") from None
     if not isinstance(config, dict):
         raise UsageError(f"--deepspeed {path}: the config must be a JSON object, got {type(config).__name__}.")
+    return config
+
+
+def deepspeed_config(path: str | Path, global_batch: int, world_size: int,
+                     settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config in `path` (or `settings`: the contents the run stored, `run_settings`), its batch keys set
+    from `global_batch` over `world_size` ranks.
+
+    Raises:
+        UsageError: a missing or unreadable file, not a JSON object, a global batch that does not split evenly over
+            the ranks, a batch key contradicting `--batch-size`, or an "auto" outside the batch keys.
+    """
+    path = Path(path)
+    config = copy.deepcopy(settings) if settings is not None else read_deepspeed_file(path)
     if global_batch % world_size:
         raise UsageError(f"--batch-size {global_batch} does not split over {world_size} ranks; under --deepspeed "
                          "every rank takes the same share (train_micro_batch_size_per_gpu): give a multiple of "
@@ -116,6 +133,111 @@ def check_program_config(config: dict[str, Any], path: str | Path) -> None:
         raise UsageError(f"--deepspeed {path}: gradient_clipping is {clipping!r}; the program does not clip "
                          "gradients in any placement, so a DeepSpeed run would train otherwise than the same run "
                          "under DDP: set gradient_clipping to 0 or leave it out.")
+    _check_supported(config, SUPPORTED, "", path, stage)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _offload(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) <= {"device", "pin_memory"} \
+        and value.get("device", "none") in ("cpu", "none") and isinstance(value.get("pin_memory", False), bool)
+
+
+_OFF = (lambda value: value == {"enabled": False}, '{"enabled": false}: the program decides precision (--precision)')
+_FLAG = (lambda value: isinstance(value, bool), "true or false")
+_SIZE = (_positive_int, "a positive integer (elements)")
+# The keys of a --deepspeed config the program supports, each honoured as DeepSpeed documents it (tested in
+# tests/train/parallel/test_deepspeed_keys.py) and what it may hold; a nested dict is its block's own table. Any
+# other key is refused at start naming it: it would change what trains (managed_gradient_accumulation, elasticity,
+# amp, quantised ZeRO, tensor or sequence parallelism, progressive layer drop), run what the program already runs
+# (its checkpoints: checkpoint.load_universal, a decoupled checkpoint.writer), or is untested here.
+SUPPORTED: dict[str, Any] = {
+    "train_batch_size": (lambda value: True, "filled from --batch-size"),
+    "train_micro_batch_size_per_gpu": (lambda value: True, "filled from --batch-size"),
+    "gradient_accumulation_steps": (lambda value: True, "1: GradCache replaces DeepSpeed's accumulation"),
+    "gradient_clipping": (lambda value: True, "0"),
+    "fp16": _OFF, "bf16": _OFF, "torch_autocast": _OFF,
+    "steps_per_print": (_positive_int, "a positive integer (steps between DeepSpeed's log lines, on stderr)"),
+    "zero_force_ds_cpu_optimizer": (_FLAG[0], "true or false (false: offload_optimizer with the program's "
+                                               "optimizer)"),
+    "zero_optimization": {
+        "stage": (lambda value: value in (1, 2, 3), "1, 2 or 3"),
+        "overlap_comm": _FLAG, "contiguous_gradients": _FLAG, "reduce_scatter": _FLAG,
+        "allgather_partitions": _FLAG,
+        "reduce_bucket_size": _SIZE, "allgather_bucket_size": _SIZE, "stage3_prefetch_bucket_size": _SIZE,
+        "stage3_max_live_parameters": _SIZE, "stage3_max_reuse_distance": _SIZE, "sub_group_size": _SIZE,
+        "stage3_param_persistence_threshold": (_count, "a non-negative integer (elements)"),
+        "offload_optimizer": (_offload, '{"device": "cpu" or "none", "pin_memory": true or false}'),
+        "offload_param": (_offload, '{"device": "cpu" or "none", "pin_memory": true or false}, with stage 3'),
+    },
+}
+
+
+def _check_supported(config: dict[str, Any], table: dict[str, Any], where: str, path: str | Path,
+                     stage: int) -> None:
+    """UsageError naming the first key of `config` outside `table` or holding what `table` does not allow."""
+    for key, value in config.items():
+        name = f"{where}{key}"
+        rule = table.get(key)
+        if rule is None:
+            supported = ", ".join(f"{where}{k}" for k in table)
+            raise UsageError(f"--deepspeed {path}: {name} is not a key this program supports ({supported}); it "
+                             "would change what trains, or run what the program runs itself, or is untested "
+                             "with GradCache: remove it.")
+        if isinstance(rule, dict):
+            if not isinstance(value, dict):
+                raise UsageError(f"--deepspeed {path}: {name} must be a JSON object, got {value!r}.")
+            _check_supported(value, rule, f"{name}.", path, stage)
+            continue
+        allowed, says = rule
+        if not allowed(value):
+            raise UsageError(f"--deepspeed {path}: {name} is {json.dumps(value)}; it must be {says}.")
+        if name == "zero_optimization.offload_param" and value.get("device", "none") != "none" and stage != 3:
+            raise UsageError(f"--deepspeed {path}: zero_optimization.offload_param needs stage 3 (stage {stage} "
+                             "keeps whole parameters on every rank): use stage 3, or offload_optimizer.")
+
+
+def run_settings(config: RunConfig) -> RunConfig:
+    """`config` with the contents of its --deepspeed file kept in the run (`deepspeed_settings`), so that a
+    resume trains under the file the run started with: a new run reads the file; a resume whose file is gone
+    uses the kept contents (said on stderr), one whose file now says otherwise is refused.
+
+    Raises:
+        UsageError: the file no longer holds what the run trained under, naming the keys that differ.
+    """
+    if config.deepspeed is None:
+        return config
+    kept = config.deepspeed_settings
+    if kept is None:  # a new run, or one from before the contents were kept: the file as it is now
+        return dataclasses.replace(config, deepspeed_settings=read_deepspeed_file(config.deepspeed))
+    if not Path(config.deepspeed).exists():
+        if distributed.rank() == 0:
+            print(f"gradcache train: --deepspeed {config.deepspeed} is gone; the run resumes under the settings it "
+                  "kept from it", file=sys.stderr)
+        return config
+    now = read_deepspeed_file(config.deepspeed)
+    if now != kept:
+        changed = sorted(_differences(kept, now))
+        raise UsageError(f"--deepspeed {config.deepspeed} has changed since the run started ({', '.join(changed)}): "
+                         f"the run trained under {json.dumps(kept, sort_keys=True)}, the file now holds "
+                         f"{json.dumps(now, sort_keys=True)}. Restore the file (or delete it: the run then resumes "
+                         "under the settings it kept), or start a new run for the new settings.")
+    return config
+
+
+def _differences(old: Any, new: Any, where: str = "") -> Iterator[str]:
+    """The dotted keys at which `old` and `new` differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            yield from _differences(old.get(key), new.get(key), f"{where}.{key}" if where else key)
+    elif old != new:
+        yield where or "the whole config"
 
 
 class DeepSpeedPlacement(Placement):
@@ -142,7 +264,8 @@ class DeepSpeedPlacement(Placement):
         """Without torchrun, a one-process gloo group (DeepSpeed needs one, and LOCAL_RANK: --device's GPU index),
         ended on the way out. On --device cpu DeepSpeed is told to use its CPU accelerator (DS_ACCELERATOR), before
         it is imported. The variables it sets are restored on the way out: a later run in the same process (an
-        HF Trainer reads LOCAL_RANK as a launch) starts from the environment it was given."""
+        HF Trainer reads LOCAL_RANK as a launch) starts from the environment it was given. DeepSpeed's prints and
+        log lines go to stderr meanwhile (`deepspeed_output_to_stderr`): stdout is the run's JSON summary alone."""
         settings = {}
         if torch.device(self.config.device).type == "cpu":
             settings["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR", "cpu")
@@ -150,7 +273,7 @@ class DeepSpeedPlacement(Placement):
             device = device_of(self.config.device)
             # the engine trains on cuda:LOCAL_RANK (its _set_distributed_vars)
             settings["LOCAL_RANK"] = str(device.index) if device.type == "cuda" else os.environ.get("LOCAL_RANK", "0")
-        with _environment(settings):
+        with _environment(settings), deepspeed_output_to_stderr():
             if distributed.is_distributed():
                 yield
                 return
@@ -177,7 +300,8 @@ class DeepSpeedPlacement(Placement):
             raise UsageError(f"--deepspeed wraps one trained encoder, but this run trains {len(distinct)} encoders "
                              f"and parameters outside them ({outside[:3]}); use DDP or --fsdp for it")
         (encoder,) = distinct.values()
-        config = deepspeed_config(self.config.deepspeed, self.config.batch_size, distributed.world_size())
+        config = deepspeed_config(self.config.deepspeed, self.config.batch_size, distributed.world_size(),
+                                  self.config.deepspeed_settings)
         check_program_config(config, self.config.deepspeed)
         _forget_world_group(unless_registered=True)
         self.engine, *_ = deepspeed.initialize(model=encoder, optimizer=optimizer, config=config)
@@ -245,8 +369,6 @@ def _forget_world_group(unless_registered: bool = False) -> None:
     notebook, a rank forked from a process that ran one) would otherwise hand DeepSpeed a destroyed group ("Group
     ... is not registered") and the first run's functions (a wrapper of torch.distributed's made since, a
     profiler's or a test's counter, never sees ZeRO-3's reduce-scatter)."""
-    import sys
-
     groups = sys.modules.get("deepspeed.utils.groups")  # not imported: nothing cached
     world = getattr(groups, "_WORLD_GROUP", None)
     registered = world is not None and dist.is_initialized() and world in dist.distributed_c10d._world.pg_map

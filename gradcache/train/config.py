@@ -99,6 +99,8 @@ class RunConfig:
     lora_dropout: float | None = option(None, modes=TEXT, at_least=0, below=1, why="a probability of dropping",
                                         added=11)
     lora_targets: list[str] | None = option(None, modes=TEXT, model=True, added=11)  # module names, as peft matches
+    # the base model folder's fingerprint when a LoRA run started, compared whenever its model is rebuilt
+    base_fingerprint: dict | None = option(None, modes=TEXT, added=17)  # modes/base_fingerprint.py
     # the kind of model text trains (modes/__init__.py's TEXT_KINDS): dense vectors, token vectors (late
     # interaction), sparse vocabulary rows (SPLADE), or a cross-encoder scoring each (query, passage) pair
     kind: str = option("dense", modes=TEXT, model=True, added=14)

@@ -90,10 +90,12 @@ ADDED_IN = {
     14: dict(kind="dense", document_regularizer_weight=3e-5, query_regularizer_weight=5e-5, token_dim=128,
             in_batch_negatives=4),
     15: dict(query_expansion=None, attend_to_expansion=False),
+    16: dict(compile=False, compile_backend="inductor"),
+    17: dict(deepspeed_settings=None, base_fingerprint=None),
 }
 
 
-@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14])
+@pytest.mark.parametrize("version", range(2, 17))
 def test_each_older_version_gets_the_values_its_run_trained_under(version):
     lacking = {name: value for added, names in ADDED_IN.items() if added > version for name, value in names.items()}
     changed = RunConfig(mode="text", max_length=64, queue_size=5, collective_timeout=9.0, max_bad_share=0.5,

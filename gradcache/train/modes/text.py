@@ -44,6 +44,7 @@ from gradcache.train.modes.text_folders import (
     text_model_folder,
     text_tokenizer,
 )
+from gradcache.train.modes.base_fingerprint import check_fingerprint, fingerprint
 from gradcache.train.modes.text_lengths import check_text_lengths
 from gradcache.train.modes.lora import (
     add_lora,
@@ -214,11 +215,17 @@ class Text(Mode):
     def resolve(self, config: RunConfig, data: TextSplits) -> RunConfig:
         """h, as the data has it: the loss and the chunk sizes read it from the configuration; streamed rows: the
         epoch length counted at start, recorded so that a resume does not count again; then the lengths checked
-        (`check_lengths`)."""
+        (`check_lengths`); a LoRA run's base folder fingerprinted when it starts and compared when it resumes
+        (modes/base_fingerprint.py)."""
         config = dataclasses.replace(config, negatives_per_query=data.train.negatives_per_query)
         if isinstance(data.train, StreamedRows) and config.train_num_samples is None:
             config = dataclasses.replace(config, train_num_samples=len(data.train))
         self.check_lengths(config, data)
+        if config.lora_rank is not None:  # the base a LoRA run trains on: recorded when it starts, then compared
+            folder = text_model_folder(config.model)
+            if config.base_fingerprint is None:  # a new run, or one from before fingerprints were recorded
+                return dataclasses.replace(config, base_fingerprint=fingerprint(folder))
+            check_fingerprint(config.base_fingerprint, folder, "--model")
         return config
 
     def check_lengths(self, config: RunConfig, data: TextSplits) -> None:
@@ -244,7 +251,9 @@ class Text(Mode):
         except ValueError as error:  # weights that do not load (checked in check_model, unless a resume builds first)
             raise UsageError(f"--model {config.model}: {error}") from error
         lora = lora_settings(config)
-        if lora is not None:  # each tower its own adapter
+        if lora is not None:  # each tower its own adapter, on the base the run started from
+            if config.base_fingerprint is not None:
+                check_fingerprint(config.base_fingerprint, folder, "--model")
             towers = [add_lora(tower, lora) for tower in towers]
         return BiEncoder(*towers)
 

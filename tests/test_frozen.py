@@ -34,7 +34,7 @@ def test_frozen_image_tower_is_encoded_once_and_gradients_match_full_batch(monke
     captured = []
     real_capture = gradcache.cache.RandomState.capture
     monkeypatch.setattr(gradcache.cache.RandomState, "capture",
-                        lambda tensors=(): captured.append(1) or real_capture(tensors))
+                        lambda tensors=(), devices=(): captured.append(1) or real_capture(tensors, devices))
     for strategy in ("gradcache", "cached", "budget"):
         zero(image, text, loss)
         image.calls, captured[:] = 0, []

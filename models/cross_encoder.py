@@ -10,6 +10,8 @@ from pathlib import Path
 from gradcache.models.checkpointing import hugging_face_checkpointing
 from gradcache.models.hf_tokenizer import TOKENIZER_FILES
 from gradcache.models.huggingface import check_weights
+from gradcache.models.model_positions import max_positions
+from gradcache.models.tokenizer_match import check_tokenizer_model
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 from gradcache.pair_scorer import PairScorer
 
@@ -19,6 +21,36 @@ def weights_folder(path: str | os.PathLike) -> Path:
     `Transformer` module path."""
     layout = read_sentence_transformer_folder(path)
     return Path(path) if layout is None else layout.model_path
+
+
+def pair_length(folder: str | os.PathLike) -> int:
+    """The most tokens per (query, passage) pair `CrossEncoder` truncates a folder's pairs at: its tokenizer's
+    `model_max_length` (tokenizer_config.json), at most the model's positions (config.json's
+    max_position_embeddings, models/model_positions.py); read as JSON, before anything loads.
+
+    Raises:
+        ValueError: a `model_max_length` that is not a whole number of at least 2 tokens (-1, a string, a list), or
+            no bound at all (no positions, and a `model_max_length` absent or transformers' "unset"), naming the
+            file and the key.
+    """
+    from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
+
+    from gradcache.models.sentence_transformers_folder import read_json_object
+
+    source = weights_folder(folder)
+    positions = max_positions(source)
+    path = source / "tokenizer_config.json"
+    length = read_json_object(path).get("model_max_length") if path.is_file() else None
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 2):
+        raise ValueError(f"{path}: model_max_length {length!r} is not a whole number of at least 2 tokens (two "
+                         f"special tokens), the most a pair keeps; set it to at most {positions or 512}, or give "
+                         "--max-length")
+    if length is None or length >= VERY_LARGE_INTEGER:  # transformers' "unset"
+        length = None
+    if positions is None and length is None:
+        raise ValueError(f"neither {source / 'config.json'} (max_position_embeddings) nor {path} (model_max_length) "
+                         "bounds the tokens of a pair; give --max-length")
+    return min(value for value in (length, positions) if value is not None)
 
 
 class HuggingFaceCrossEncoder(PairScorer):
@@ -37,7 +69,8 @@ class HuggingFaceCrossEncoder(PairScorer):
 
     Raises:
         ImportError: transformers is not installed.
-        ValueError: the folder holds no model or tokenizer that loads offline, or a head with more than one label.
+        ValueError: the folder holds no model or tokenizer that loads offline, a head with more than one label, or
+            the tokenizer of another model (`check_tokenizer_model`).
 
     Example:
         >>> scorer = HuggingFaceCrossEncoder("/data/tiny-bert", max_length=128)
@@ -65,6 +98,7 @@ class HuggingFaceCrossEncoder(PairScorer):
         except (OSError, RuntimeError, EOFError, ValueError, KeyError) as error:
             raise ValueError(f"{source} does not load as a one-label sequence classifier: "
                              f"{str(error).splitlines()[0]}") from error
+        check_tokenizer_model(tokenizer, source)  # another model's tokenizer class over the folder's vocabulary
         super().__init__(model, tokenizer, max_length=max_length)
         self.train()  # from_pretrained returns eval mode; the wrapper's mode governs the model from here on
 
@@ -73,5 +107,5 @@ class HuggingFaceCrossEncoder(PairScorer):
         hugging_face_checkpointing(self.model, enabled)
 
 
-__all__ = ["HuggingFaceCrossEncoder", "weights_folder"]
+__all__ = ["HuggingFaceCrossEncoder", "pair_length", "weights_folder"]
 

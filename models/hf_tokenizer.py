@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from gradcache.models.huggingface import config_validation_errors
 from gradcache.models.multi_vector_folder import is_multi_vector_folder, read_multi_vector_folder
 from gradcache.models.query_expansion import QueryExpansion
 from gradcache.models.sentence_transformers_folder import (
@@ -18,6 +19,7 @@ from gradcache.models.sentence_transformers_folder import (
     read_sentence_transformer_folder,
     transformer_config,
 )
+from gradcache.models.tokenizer_match import check_tokenizer_model, is_panic
 
 # A generous bound on the characters one token covers (English text averages about 4). The tokenizer reads a text
 # whole before it truncates it, so each text is first cut to max_length x this many characters: a row of hundreds
@@ -44,7 +46,8 @@ def end_with_eos(tokenizer: Any) -> None:
 
     Raises:
         ValueError: it has no padding token and no EOS token to pad with, or it must append EOS but is not a
-            fast tokenizer (no ``tokenizer.json`` post-processor to add it by).
+            fast tokenizer (no ``tokenizer.json`` post-processor to add it by), or its post-processor cannot be
+            followed by one (the tokenizers library panics: the tokenizer is left as it was).
     """
     eos = tokenizer.eos_token
     if tokenizer.pad_token is None:
@@ -71,6 +74,16 @@ def end_with_eos(tokenizer: Any) -> None:
     append = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
                                            special_tokens=[(eos, tokenizer.eos_token_id)])
     backend.post_processor = append if existing is None else processors.Sequence([existing, append])
+    try:  # the tokenizers library cannot follow every template by another: it panics at the first text
+        tokenizer("a")
+    except BaseException as error:
+        if not is_panic(error):
+            raise
+        backend.post_processor = existing
+        raise ValueError(f"the tokenizer {type(tokenizer).__name__} does not append its EOS token {eos!r}, and its "
+                         f"post-processor cannot be followed by one that does (the tokenizers library fails: "
+                         f"{error}); save a tokenizer that ends texts with its EOS token itself, or one without an "
+                         "EOS token") from error
 
 
 def tokenizer_folder(folder: Path) -> tuple[Path, bool]:
@@ -131,7 +144,8 @@ class HuggingFaceTokenizer:
         ImportError: ``transformers`` is not installed.
         FileNotFoundError: ``path`` is not a directory.
         ValueError: ``max_length`` below 2, or no tokenizer in the folder that loads without the network, or one
-            that ``end_with_eos`` cannot complete; an empty ``prompt`` (give None for no prompt); an ``expansion``
+            that ``end_with_eos`` cannot complete, or one of another model (``check_tokenizer_model``: a BERT
+            tokenizer in a Qwen2 folder); an empty ``prompt`` (give None for no prompt); an ``expansion``
             with a tokenizer that has neither a mask nor an EOS token.
 
     Example:
@@ -156,8 +170,13 @@ class HuggingFaceTokenizer:
                              "model's tokenizer there with tokenizer.save_pretrained(folder)")
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(os.fspath(folder), local_files_only=True)
+        except config_validation_errors() as error:  # transformers reads config.json to pick the class
+            cause = " ".join(str(error).split())  # a validation error spans lines: one line, for a one-line message
+            raise ValueError(f"the config.json of {folder} holds a value of the wrong type ({cause}); the folder "
+                             "was edited: restore the value, or save the model again") from error
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise ValueError(f"the tokenizer in {folder} does not load without the network: {error}") from error
+        check_tokenizer_model(self.tokenizer, folder)  # another model's class over the folder's vocabulary
         if lower_case:
             lower_case_texts(self.tokenizer)
         try:

@@ -52,7 +52,8 @@ def check_weights(folder: str | os.PathLike) -> None:
     """The folder's weights against its config.json, before any is loaded: `model.safetensors` (or the shards its
     `model.safetensors.index.json` lists) from their headers and a model built on the meta device, so a tampered
     config with huge sizes is refused before anything of its size is allocated and a corrupt header is refused
-    naming the file; `pytorch_model.bin` (or its shards) must hold tensors alone (ValueError)."""
+    naming the file, as is a config value of the wrong type; `pytorch_model.bin` (or its shards) must hold tensors
+    alone (ValueError)."""
     import transformers
 
     from gradcache.models.safetensors_header import tensor_shapes
@@ -68,8 +69,9 @@ def check_weights(folder: str | os.PathLike) -> None:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
         with torch.device("meta"):
             skeleton = transformers.AutoModel.from_config(config)
-    except (OSError, ValueError, TypeError, KeyError) as error:
-        raise ValueError(f"the config.json of {folder} does not build a model: {error}") from error
+    except (OSError, ValueError, TypeError, KeyError, *config_validation_errors()) as error:
+        cause = " ".join(str(error).split())  # a validation error spans lines: one line, for a one-line message
+        raise ValueError(f"the config.json of {folder} does not build a model: {cause}") from error
     prefix = f"{getattr(skeleton, 'base_model_prefix', '')}."
     expected = {name: tuple(tensor.shape) for name, tensor in skeleton.state_dict().items()}
     differ = [f"{name}: {expected[name.removeprefix(prefix)]} in config.json, {shape} in the weights"
@@ -79,6 +81,16 @@ def check_weights(folder: str | os.PathLike) -> None:
         weights = safetensors[0] if len(safetensors) == 1 else f"{folder}'s {len(safetensors)} weight shards"
         raise ValueError(f"{weights} does not hold the model its config.json describes ({len(differ)} tensors "
                          f"differ, e.g. {'; '.join(differ[:3])}); the folder was edited or mixed: save it again")
+
+
+def config_validation_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a config.json value of the wrong type (a string where a size belongs):
+    huggingface_hub's StrictDataclassError, an Exception that is no ValueError; none where it has no such type."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
 
 
 # transformers' weight files, in the order it prefers them: one file, or shards named by an index's weight_map

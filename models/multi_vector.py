@@ -15,6 +15,9 @@ from gradcache.models.multi_vector_folder import MultiVectorLayout, is_multi_vec
 from gradcache.token_embeddings import TokenEmbeddings
 
 DEFAULT_TOKEN_DIM = 128  # sentence-transformers' MultiVectorEncoder projects a bare transformer to 128
+# The widest token vector built: ColBERT's are 128 wide, and a projection of 2e9 features (a mistyped option)
+# would allocate hundreds of gigabytes before anything else fails.
+MAX_TOKEN_DIM = 65536
 
 
 class MultiVectorTextEncoder(nn.Module):
@@ -40,8 +43,10 @@ class MultiVectorTextEncoder(nn.Module):
         token_dim: D, the width of each token vector; None: a MultiVectorEncoder folder's own, else 128.
 
     Raises:
-        ValueError: ``token_dim`` below 1, or not the MultiVectorEncoder folder's; a folder that does not load
-            (as ``HuggingFaceEncoder``, or a MultiVectorEncoder folder of another layout).
+        ValueError: ``token_dim`` below 1 or above ``MAX_TOKEN_DIM``, or not the MultiVectorEncoder folder's; a
+            folder that does not load (as ``HuggingFaceEncoder``, or a MultiVectorEncoder folder of another layout,
+            or whose projection's ``in_features`` is not the model's hidden size): refused before the projection
+            is built.
         TypeError: ``token_dim`` not an int.
 
     Example:
@@ -53,8 +58,8 @@ class MultiVectorTextEncoder(nn.Module):
         super().__init__()
         if token_dim is not None and (isinstance(token_dim, bool) or not isinstance(token_dim, int)):
             raise TypeError(f"token_dim must be an int (the width of each token vector), got {token_dim!r}")
-        if token_dim is not None and token_dim < 1:
-            raise ValueError(f"token_dim={token_dim} must be at least 1; ColBERT projects to 128")
+        if token_dim is not None and not 1 <= token_dim <= MAX_TOKEN_DIM:
+            raise ValueError(f"token_dim={token_dim} must be from 1 to {MAX_TOKEN_DIM}; ColBERT projects to 128")
         layout = None
         if isinstance(path_or_model, (str, os.PathLike)) and is_multi_vector_folder(path_or_model):
             layout = read_multi_vector_folder(path_or_model)
@@ -68,6 +73,10 @@ class MultiVectorTextEncoder(nn.Module):
         self.model = loaded.model
         self.max_seq_length = loaded.max_seq_length if layout is None else layout.max_seq_length
         self.hidden_size = loaded.out_dim
+        if layout is not None and layout.hidden_size != loaded.out_dim:
+            raise ValueError(f"{layout.dense_weights} projects {layout.hidden_size} features, but the model in "
+                             f"{layout.model_path} has hidden size {loaded.out_dim}; the folder was edited or mixed: "
+                             "export the model again")
         self.projection = nn.Linear(loaded.out_dim, token_dim, bias=False)
         if layout is not None:
             self.projection.load_state_dict({"weight": _projection_weight(layout, (token_dim, loaded.out_dim))})

@@ -99,8 +99,59 @@ def _read_json(path: Path) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"cannot read {path}: {error}") from error
+
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object in `path`; ValueError naming the file when it is unreadable or holds another value."""
+    values = _read_json(path)
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(values).__name__}; restore the file "
+                         "sentence-transformers saved")
+    return values
+
+
+def read_modules(root: Path) -> list[dict]:
+    """`root/modules.json`'s modules in their `idx` order, each an object whose `type` and `path` are strings and
+    whose `idx` is a whole number; ValueError naming the file and the key otherwise (a tampered list)."""
+    path = root / "modules.json"
+    entries = _read_json(path)
+    if not isinstance(entries, list):
+        raise ValueError(f"{path} must hold a list of modules, got {type(entries).__name__}")
+    for place, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: module {place} is a {type(entry).__name__}, not an object with idx, type and "
+                             "path; restore the file sentence-transformers saved")
+        for key, kind, what in (("idx", int, "a whole number"), ("type", str, "a string"), ("path", str, "a string")):
+            value = entry.get(key, 0 if key == "idx" else "")
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ValueError(f"{path}: module {place}'s {key} {value!r} is not {what}; restore the file "
+                                 "sentence-transformers saved")
+    return sorted(entries, key=lambda entry: entry.get("idx", 0))
+
+
+def read_prompts(root: Path) -> dict[str, str]:
+    """The `prompts` of `root/config_sentence_transformers.json` (empty when the file or the key is absent);
+    ValueError naming the file and the key for a file that is not an object or prompts that are not texts."""
+    path = root / "config_sentence_transformers.json"
+    if not path.is_file():
+        return {}
+    prompts = read_json_object(path).get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(text, str) for text in prompts.values()):
+        raise ValueError(f"{path}: prompts {prompts!r} must map prompt names to texts, e.g. "
+                         '{"query": "query: ", "document": ""}; fix the key')
+    return prompts
+
+
+def read_max_seq_length(path: Path | None, values: dict, model_path: Path) -> int | None:
+    """`max_seq_length` of a `sentence_bert_config.json` (`values`, read from `path`): None when absent, else a
+    whole number from 2 to the model's positions (models/model_positions.py); ValueError naming the file and the
+    key otherwise, before any text is tokenised to that length."""
+    from gradcache.models.model_positions import check_tokens
+
+    value = values.get("max_seq_length")
+    return None if value is None else check_tokens(value, f"{path}: max_seq_length", model_path)
 
 
 def _warn_unknown(path: Path, values: dict, known: set[str]) -> None:
@@ -117,10 +168,7 @@ def transformer_config(model_path: Path, root: Path) -> tuple[Path | None, dict]
     (None, {}) when there is none."""
     for path in (model_path / TRANSFORMER_CONFIG, root / TRANSFORMER_CONFIG):
         if path.is_file():
-            values = _read_json(path)
-            if not isinstance(values, dict):
-                raise ValueError(f"{path} must hold a JSON object, got {type(values).__name__}")
-            return path, values
+            return path, read_json_object(path)
     return None, {}
 
 
@@ -146,13 +194,11 @@ def _splade_settings(module_path: Path) -> tuple[str, str]:
     """A SpladePooling module's (pooling_strategy, activation_function), the defaults where its config.json is
     absent (as sentence-transformers builds it); ValueError naming the file and key for another value."""
     path = module_path / "config.json"
-    values = _read_json(path) if path.is_file() else {}
-    if not isinstance(values, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(values).__name__}")
+    values = read_json_object(path) if path.is_file() else {}
     settings = []
     for key, choices in (("pooling_strategy", SPLADE_POOLING_STRATEGIES), ("activation_function", SPLADE_ACTIVATIONS)):
         value = values.get(key, choices[0])
-        if value not in choices:
+        if not isinstance(value, str) or value not in choices:
             raise ValueError(f"{path}: {key} {value!r} is not one of {', '.join(map(repr, choices))}, the values "
                              "sentence-transformers' SpladePooling accepts; fix the key")
         settings.append(value)
@@ -160,10 +206,15 @@ def _splade_settings(module_path: Path) -> tuple[str, str]:
     return settings[0], settings[1]
 
 
-def _pooling_mode(config: dict) -> str:
+def _pooling_mode(path: Path, config: dict) -> str:
+    """The Pooling config's mode(s) joined by "+"; ValueError naming `path` for a pooling_mode that is neither a
+    name nor a list of names."""
     if "pooling_mode" in config:
         modes = config["pooling_mode"]
-        modes = [modes] if isinstance(modes, str) else list(modes)
+        modes = [modes] if isinstance(modes, str) else modes
+        if not isinstance(modes, list) or not modes or not all(isinstance(mode, str) for mode in modes):
+            raise ValueError(f"{path}: pooling_mode {config['pooling_mode']!r} is neither a mode's name (\"mean\", "
+                             "\"cls\" ...) nor a list of them; fix the key")
     else:
         modes = [name for key, name in _LEGACY_KEYS.items() if config.get(key, False)] or ["mean"]
     return "+".join(_OUR_NAMES.get(mode, mode) for mode in modes)
@@ -197,12 +248,9 @@ def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransfo
     root = Path(path)
     if not (root / "modules.json").is_file():
         return None
-    entries = _read_json(root / "modules.json")
-    if not isinstance(entries, list):
-        raise ValueError(f"{root / 'modules.json'} must hold a list of modules, got {type(entries).__name__}")
     model_path, pooling, normalize, include_prompt = root, None, False, True
     splade = (SPLADE_POOLING_STRATEGIES[0], SPLADE_ACTIVATIONS[0])
-    for entry in sorted(entries, key=lambda item: item.get("idx", 0)):
+    for entry in read_modules(root):
         kind = _module_kind(entry)
         module_path = _inside(root, entry.get("path", ""))
         if kind in ("Transformer", "MLMTransformer"):  # the latter: older SparseEncoder folders' fill-mask module
@@ -210,24 +258,28 @@ def read_sentence_transformer_folder(path: str | os.PathLike) -> SentenceTransfo
         elif kind == "SpladePooling":  # a SparseEncoder (SPLADE) folder: gradcache.models.splade encodes it
             pooling, splade = SPLADE_POOLING, _splade_settings(module_path)
         elif kind == "Pooling":
-            settings = _read_json(module_path / "config.json")
+            settings = read_json_object(module_path / "config.json")
             _warn_unknown(module_path / "config.json", settings, POOLING_KEYS)
-            pooling, include_prompt = _pooling_mode(settings), bool(settings.get("include_prompt", True))
+            include_prompt = settings.get("include_prompt", True)
+            if not isinstance(include_prompt, bool):
+                raise ValueError(f"{module_path / 'config.json'}: include_prompt {include_prompt!r} must be true or "
+                                 "false")
+            pooling = _pooling_mode(module_path / "config.json", settings)
         elif kind == "Normalize":
             normalize = True
         else:
             raise ValueError(
-                f"{root / 'modules.json'} lists a {kind!r} module, which HuggingFaceEncoder does not apply "
-                "(it applies Transformer, Pooling and Normalize); build the model yourself and pass the nn.Module"
+                f"{root / 'modules.json'} lists a {kind!r} module (type {entry.get('type')!r}), which this "
+                "program does not apply (it applies Transformer, Pooling, SpladePooling and Normalize); remove it "
+                "from modules.json if the folder was edited, or build the model yourself and pass the nn.Module"
             )
     settings_path, settings = transformer_config(model_path, root)
     _check_transformer_config(settings_path, settings)
-    prompts = {}
-    if (root / "config_sentence_transformers.json").is_file():
-        prompts = _read_json(root / "config_sentence_transformers.json").get("prompts") or {}
+    prompts = read_prompts(root)
     passage_name = next((name for name in PASSAGE_PROMPT_NAMES if prompts.get(name)), None)
     return SentenceTransformerLayout(model_path=model_path, pooling=pooling, normalize=normalize,
-                                     max_seq_length=settings.get("max_seq_length"), include_prompt=include_prompt,
+                                     max_seq_length=read_max_seq_length(settings_path, settings, model_path),
+                                     include_prompt=include_prompt,
                                      query_prompt=prompts.get(QUERY_PROMPT_NAME) or None,
                                      passage_prompt=None if passage_name is None else prompts[passage_name],
                                      do_lower_case=lower_cases(settings_path, settings),

@@ -107,7 +107,9 @@ class RunConfig:
     # --kind sparse: SPLADE's FLOPS weights lambda_d, lambda_q (sentence-transformers' SpladeLoss examples' values)
     document_regularizer_weight: float = option(3e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
     query_regularizer_weight: float = option(5e-5, modes=TEXT, at_least=0, why="it weighs a penalty", added=14)
-    token_dim: int = option(128, modes=TEXT, model=True, at_least=1, added=14)  # --kind multi-vector: D per token
+    # --kind multi-vector: D per token, at most models/multi_vector.py's MAX_TOKEN_DIM (a mistyped 2e9 would allocate
+    # a (2e9, hidden) projection)
+    token_dim: int = option(128, modes=TEXT, model=True, at_least=1, at_most=65536, why="ColBERT uses 128", added=14)
     # --kind multi-vector: ColBERT's query expansion (models/query_expansion.py): every query this many tokens, the
     # padding replaced by [MASK] and scored, and attended too with attend_to_expansion; None: off (or --model's own)
     query_expansion: int | None = option(None, modes=TEXT, at_least=2, why="two special tokens", added=15)

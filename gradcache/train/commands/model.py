@@ -167,6 +167,8 @@ def _from_run(path: Path, device: torch.device, max_length: int | None, pooling:
         raise UsageError(f"--query-prompt and --passage-prompt apply to a model folder; the run {path} prompts as it "
                          "was trained (drop them)")
     config, model, meta = load_run(path, str(device))
+    if config.mode == "text":
+        _check_max_length(str(path), max_length, text_model_folder(config.model, "MODEL"))
     common = {"source": f"run {path} (step {meta.step})", "module": model, "device": device, "config": config,
               "meta": meta}
     if config.kind == "cross-encoder":  # a PairScorer: pairs, tokenised by it, to logits
@@ -204,13 +206,14 @@ def _from_text_folder(name: str, folder: Path, device: torch.device, max_length:
         quiet_transformers()
     except ImportError as error:
         raise UsageError(str(error)) from error
+    _check_max_length(name, max_length, folder)
     try:
+        layout = read_sentence_transformer_folder(folder)
+        # the length the folder says it was trained with (sentence-transformers' max_seq_length), else train's
+        length = max_length or (layout and layout.max_seq_length) or RunConfig.max_length
+        tokenizer = HuggingFaceTokenizer(folder, length)  # before the weights: a tokenizer of another model is refused
         encoder = HuggingFaceEncoder(folder, pooling=pooling)
         passage = None if passage_folder is None else HuggingFaceEncoder(passage_folder, pooling=pooling)
-        # the length the folder says it was trained with (sentence-transformers' max_seq_length), else train's
-        length = max_length or encoder.max_seq_length or RunConfig.max_length
-        tokenizer = HuggingFaceTokenizer(folder, length)
-        layout = read_sentence_transformer_folder(folder)
     except (ValueError, OSError) as error:
         raise UsageError(f"MODEL {name}: {error}") from error
     query_prompt, passage_prompt = prompts
@@ -234,6 +237,7 @@ def _from_sparse_folder(name: str, folder: Path, device: torch.device, max_lengt
     if pooling is not None:
         raise UsageError(f"--pooling {pooling} applies to a dense model folder; MODEL {name} is a SparseEncoder "
                          "folder, which pools as SPLADE (drop --pooling)")
+    _check_max_length(name, max_length, folder)
     try:
         quiet_transformers()
         layout = read_sentence_transformer_folder(folder)
@@ -262,6 +266,7 @@ def _from_multi_vector_folder(name: str, folder: Path, device: torch.device, max
     if pooling is not None:
         raise UsageError(f"--pooling {pooling}: MODEL {name} is a multi-vector model, which pools nothing (drop "
                          "--pooling)")
+    _check_max_length(name, max_length, folder)
     try:
         quiet_transformers()
         layout = read_multi_vector_folder(folder)
@@ -279,6 +284,21 @@ def _from_multi_vector_folder(name: str, folder: Path, device: torch.device, max
                        tokenizer=tokenizer, encode_query=model.encode_query, encode_passage=model.encode_passage,
                        query_prompt=layout.query_prompt if query_prompt is None else query_prompt,
                        passage_prompt=layout.passage_prompt if passage_prompt is None else passage_prompt)
+
+
+def _check_max_length(name: str, max_length: int | None, folder: Path) -> None:
+    """`--max-length` at most the positions of MODEL's model (the config.json of `folder`'s transformer,
+    models/model_positions.py), else UsageError naming it, the bound and the fix, before anything is tokenised to
+    it; None (the folder's own length) passes."""
+    from gradcache.models.hf_tokenizer import tokenizer_folder
+    from gradcache.models.model_positions import check_tokens
+
+    if max_length is None:
+        return
+    try:
+        check_tokens(max_length, "--max-length", tokenizer_folder(folder)[0])
+    except ValueError as error:
+        raise UsageError(f"MODEL {name}: {error}") from error
 
 
 def load_model(name: str, device: str = "cpu", max_length: int | None = None,
@@ -358,30 +378,33 @@ def _load_model(name: str, device: str, max_length: int | None, pooling: str | N
 def _from_cross_encoder(name: str, folder: Path, device: torch.device, max_length: int | None,
                         pooling: str | None, prompts: tuple[str | None, str | None]) -> LoadedModel:
     """A sentence-transformers CrossEncoder folder (a `--kind cross-encoder` export): its logits, truncated as
-    `CrossEncoder` truncates (the tokenizer's model_max_length, at most the model's positions), and its activation
-    (Sigmoid or Identity, from config_sentence_transformers.json)."""
-    import json
-
-    from gradcache.models.cross_encoder import HuggingFaceCrossEncoder
+    `CrossEncoder` truncates (the tokenizer's model_max_length, at most the model's positions: `pair_length`; a
+    --max-length within those positions), and its activation (Sigmoid or Identity, from
+    config_sentence_transformers.json), each value checked before the model loads."""
+    from gradcache.models.cross_encoder import HuggingFaceCrossEncoder, pair_length
+    from gradcache.models.sentence_transformers_folder import read_json_object
     from gradcache.train.export.cross_encoder import SIGMOID
 
     if pooling is not None or prompts != (None, None):
         raise UsageError(f"MODEL {name} is a cross-encoder folder: it reads each (query, passage) pair whole, without "
                          "pooling or prompts (drop --pooling, --query-prompt and --passage-prompt)")
-    settings = json.loads((folder / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    path = folder / "config_sentence_transformers.json"
     activations = {SIGMOID: torch.sigmoid, "torch.nn.modules.linear.Identity": lambda scores: scores}
-    activation = settings.get("activation_fn", SIGMOID)
-    if activation not in activations:
-        raise UsageError(f"MODEL {name}: its activation_fn {activation!r} is neither Sigmoid nor Identity, the two "
-                         "these commands apply; score it with sentence_transformers.CrossEncoder")
+    try:
+        activation = read_json_object(path).get("activation_fn", SIGMOID)
+    except ValueError as error:
+        raise UsageError(f"MODEL {name}: {error}") from error
+    if not isinstance(activation, str) or activation not in activations:
+        raise UsageError(f"MODEL {name}: {path}: activation_fn {activation!r} is neither {SIGMOID!r} nor "
+                         "'torch.nn.modules.linear.Identity', the two these commands apply; fix the key, or score it "
+                         "with sentence_transformers.CrossEncoder")
+    _check_max_length(name, max_length, folder)
     try:
         quiet_transformers()
-        scorer = HuggingFaceCrossEncoder(folder, max_length or 2)
+        length = max_length or pair_length(folder)  # before the model loads: a tampered length is refused first
+        scorer = HuggingFaceCrossEncoder(folder, length)
     except (ImportError, ValueError, OSError) as error:
         raise UsageError(f"MODEL {name}: {error}") from error
-    positions = getattr(scorer.model.config, "max_position_embeddings", None)
-    length = scorer.tokenizer.model_max_length
-    scorer.max_length = max_length or (min(length, positions) if positions not in (None, -1) else length)
     scorer = scorer.to(device).eval()
     return LoadedModel("cross-encoder", source=f"cross-encoder folder {folder}", module=scorer, device=device,
                        score_pairs=scorer, activation=activations[activation])

@@ -34,6 +34,7 @@ from gradcache.train.eval.reranking import evaluate_reranking
 from gradcache.train.export.cross_encoder import write_cross_encoder_folder
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.text import Text
+from gradcache.train.modes.folder_kinds import check_folder_kind
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, text_model_folder
 from gradcache.train.modes.text_lengths import check_pair_lengths
 
@@ -74,6 +75,7 @@ class CrossEncoderText(Text):
 
     def check_model(self, config: RunConfig) -> None:
         """The model folder and its tokenizer load offline and belong together (weights not loaded)."""
+        check_folder_kind(self.kind, config.model)
         check_text_folder("--model", config.model, None, config.max_length)
 
     def embedding_width(self, config: RunConfig) -> int:

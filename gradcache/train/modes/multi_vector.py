@@ -33,7 +33,9 @@ from gradcache.train.eval.maxsim import evaluate_maxsim_retrieval
 from gradcache.train.export.multi_vector import write_multi_vector_folder
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.text import Text
+from gradcache.train.modes.folder_kinds import check_folder_kind
 from gradcache.train.modes.text_folders import (
+    check_positions,
     check_text_folder,
     query_expansion,
     quiet_transformers,
@@ -86,9 +88,11 @@ class MultiVector(Text):
 
     def check_model(self, config: RunConfig) -> None:
         """The folder (a MultiVectorEncoder's too) and its tokenizer load offline and belong together; with
-        --query-expansion, a tokenizer that can expand. What else Text.check_model checks (pooling, LoRA targets,
-        the guide) this kind refuses."""
+        --query-expansion, a length within the model's positions and a tokenizer that can expand. What else
+        Text.check_model checks (pooling, LoRA targets, the guide) this kind refuses."""
+        check_folder_kind(self.kind, config.model)
         check_text_folder("--model", config.model, None, config.max_length)
+        check_positions("--query-expansion", config.query_expansion, "--model", config.model)
         if config.query_expansion is not None:
             side_tokenizers(config)
 

@@ -29,6 +29,7 @@ from gradcache.train.eval.sparse_retrieval import evaluate_sparse_retrieval
 from gradcache.train.export.sparse_encoder import write_sparse_encoder_folder
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.text import Text
+from gradcache.train.modes.folder_kinds import check_folder_kind
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, side_tokenizers, text_model_folder
 
 LOSS_PARTS = ("base_loss", "document_regularizer_loss", "query_regularizer_loss")  # SpladeLoss.parts
@@ -106,6 +107,7 @@ class SparseText(Text):
     def check_model(self, config: RunConfig) -> None:
         """The folder (a Hugging Face or a sentence-transformers folder, a SparseEncoder one included) and its
         tokenizer load offline and belong together, and its configuration has a masked-language-model class."""
+        check_folder_kind(self.kind, config.model)
         check_text_folder("--model", config.model, SPLADE_POOLING, config.max_length)
         import transformers
 

@@ -37,6 +37,7 @@ from gradcache.train.export.sentence_transformers import (
     write_sentence_transformers_folder,
 )
 from gradcache.train.modes.base import Mode, OptionGroups
+from gradcache.train.modes.folder_kinds import check_folder_kind
 from gradcache.train.modes.text_folders import (
     check_text_folder,
     quiet_transformers,
@@ -183,6 +184,7 @@ class Text(Mode):
     def check_model(self, config: RunConfig) -> None:
         """The model folder (and the guide's) and its tokenizer load offline, and belong together; read from each
         folder's config.json and tokenizer files, without loading the weights (the run builds the model once)."""
+        check_folder_kind(self.kind, config.model)
         check_text_folder("--model", config.model, config.pooling, config.max_length)
         check_lora_targets(config, text_model_folder(config.model))
         pooling = config.pooling or _folder_pooling(text_model_folder(config.model))
@@ -190,6 +192,7 @@ class Text(Mode):
             raise UsageError(f"--exclude-prompt-from-pooling applies to mean pooling; --model {config.model} pools "
                              f"by {pooling!r}: add --pooling mean, or drop the flag")
         if config.guide is not None:
+            check_folder_kind(self.kind, config.guide, "--guide")
             check_text_folder("--guide", config.guide, None, config.max_length)
 
     def embedding_width(self, config: RunConfig) -> int:

@@ -3,7 +3,7 @@ finding and checking, with its library errors turned into `UsageError` naming th
 
 - `text_model_folder(name, option)`: the packaged all-MiniLM-L6-v2, or a local folder.
 - `check_text_folder(option, name, pooling, max_length)`: the folder and its tokenizer load offline and belong
-  together.
+  together, and `--max-length` fits the model's positions (`check_positions`, `--query-expansion`'s too).
 - `text_tokenizer(config, model)` and `side_tokenizers(config)`: `--model`'s tokenizer, truncating at
   `--max-length`, and the query's and passage's (each text after its side's prompt; queries expanded as
   `query_expansion(config)` says).
@@ -39,13 +39,30 @@ def text_model_folder(name: str, option: str = "--model") -> Path:
 
 
 def check_text_folder(option: str, name: str, pooling: str | None, max_length: int) -> None:
-    """`option`'s model folder and its tokenizer load offline and belong together (UsageError naming `option`)."""
+    """`option`'s model folder and its tokenizer load offline and belong together (UsageError naming `option`), and
+    `--max-length` is within the positions its model embeds (`check_positions`)."""
     folder = text_model_folder(name, option)
     quiet_transformers()
     try:
         huggingface_folder.check_model_folder(folder, pooling, max_length)
     except (ValueError, OSError) as error:
         raise UsageError(f"{option} {name}: {error}") from error
+    check_positions("--max-length", max_length, option, name)
+
+
+def check_positions(length_option: str, length: int | None, option: str, name: str) -> None:
+    """`length_option`'s `length` (tokens per text: `--max-length`, `--query-expansion`) at most the positions the
+    model of `option`'s folder `name` embeds (its config.json's max_position_embeddings), else UsageError naming
+    both options, the bound and the fix; nothing is tokenised to that length first. None: nothing to check."""
+    from gradcache.models.hf_tokenizer import tokenizer_folder
+    from gradcache.models.model_positions import check_tokens
+
+    if length is None:
+        return
+    try:
+        check_tokens(length, length_option, tokenizer_folder(text_model_folder(name, option))[0])
+    except ValueError as error:
+        raise UsageError(f"{error} (the model of {option} {name})") from error
 
 
 def text_tokenizer(config: RunConfig, model: str | None = None) -> HuggingFaceTokenizer:

@@ -20,6 +20,7 @@ def _in_process(module: str, point: dict, time_budget_s: float | None, env: dict
     return bench.run_one_point(point)
 
 
+@pytest.mark.slow
 def test_sweep_measures_one_loss_on_both_sides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_csv) -> None:
     monkeypatch.setattr(bench, "run_point", _in_process)
     bench.main(["--sizes", "3", *TINY, "--output-dir", str(tmp_path)])

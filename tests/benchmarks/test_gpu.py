@@ -36,6 +36,7 @@ def test_a_cap_below_every_plan_skips_every_case_with_its_plan(tmp_path: Path, c
     assert all(c.name in printed for c in plan)
 
 
+@pytest.mark.slow
 def test_a_case_that_raises_or_runs_out_of_memory_is_recorded_and_the_next_runs(tmp_path: Path, monkeypatch) -> None:
     written = []
 
@@ -79,6 +80,7 @@ def fake_cuda(monkeypatch):
     return peak
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("peak, status", [(1100, "ok"), (1101, "failed")])
 def test_a_measured_peak_above_the_plan_by_more_than_a_tenth_fails(fake_cuda, peak, status) -> None:
     fake_cuda["bytes"] = peak + 100  # above the 100 bytes allocated at the case's start

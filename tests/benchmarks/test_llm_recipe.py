@@ -31,6 +31,7 @@ def _in_process(module: str, point: dict, time_budget_s: float | None, env: dict
     return bench.run_one_point(point)
 
 
+@pytest.mark.slow
 def test_sweep_measures_and_times_every_strategy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "run_point", _in_process)
     rows = bench.main(["--batches", "6", *TINY, "--output-dir", str(tmp_path)])

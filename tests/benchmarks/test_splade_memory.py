@@ -20,6 +20,7 @@ def _in_process(module: str, point: dict, time_budget_s: float | None, env: dict
     return bench.run_one_point(point)
 
 
+@pytest.mark.slow
 def test_sweep_measures_one_loss_three_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_csv) -> None:
     """Three modes, one loss; with --rounds, one more point per N up to --rounds-up-to times the modes in turn:
     its medians and the sparse / peer ratio land in that N's rows, and N = 7 keeps its memory point's time."""

@@ -57,6 +57,7 @@ def test_gradcache_over_the_towers_equals_full_batch(parts):
     assert_grads_close(grads_of(*modules), want, 1e-4)
 
 
+@pytest.mark.slow
 def test_a_local_checkpoint_is_loaded_and_bad_names_are_refused(tmp_path):
     torch.manual_seed(2)
     model = open_clip.create_model(SMALLEST, pretrained=None, force_image_size=SIZE)

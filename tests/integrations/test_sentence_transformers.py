@@ -50,6 +50,7 @@ def test_equals_multiple_negatives_ranking_loss(bert_folder, columns, temperatur
     assert_close(got, want)
 
 
+@pytest.mark.slow
 def test_packaged_minilm_equals_multiple_negatives_ranking_loss():
     from sentence_transformers import SentenceTransformer
 

@@ -144,6 +144,7 @@ def test_a_default_step_with_dropout_equals_cached_mnrl(dropout_folder, matryosh
         assert_close(other, want, 1e-3)
 
 
+@pytest.mark.slow
 def test_a_default_step_with_dropout_on_packaged_minilm_equals_cached_mnrl(minilm):
     model = copy.deepcopy(minilm).double().train()  # float64: its loss here is ~2e-3, float32 would blur it
     batch = features(model, ("anchor", "positive"), rows=4)

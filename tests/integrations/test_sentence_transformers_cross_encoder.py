@@ -98,6 +98,7 @@ def test_prompt_reaches_every_chunk(folders):
     assert got.item() == pytest.approx(want.item(), rel=1e-10)
 
 
+@pytest.mark.slow
 def test_one_trainer_step_equals_the_peers(folders, tmp_path):
     """CrossEncoderTrainer, dropout on, one step from the same seed: the same parameters afterwards."""
     datasets = pytest.importorskip("datasets")

@@ -146,6 +146,7 @@ def test_query_expansion_positions_are_scored_and_survive_trimming(bert_folder):
     assert_close(got, want, 1e-6)
 
 
+@pytest.mark.slow
 def test_a_trainer_step_equals_the_peers_step(bert_folder, tmp_path):
     from sentence_transformers import MultiVectorEncoderTrainer, MultiVectorEncoderTrainingArguments
 

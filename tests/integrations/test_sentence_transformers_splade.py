@@ -140,6 +140,7 @@ def train(folder, tmp, ours: bool):
     return trainer, grab
 
 
+@pytest.mark.slow
 def test_trainer_steps_equal_the_peers(folder, tmp_path):
     peer, peer_grads = train(folder, tmp_path, ours=False)
     ours, our_grads = train(folder, tmp_path, ours=True)

@@ -81,6 +81,7 @@ def folder(tmp_path_factory):
     return str(folder)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options, rel", [
     ({}, 1e-5),
     # each micro-batch its own negatives, as MNRL's

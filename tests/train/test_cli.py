@@ -56,6 +56,7 @@ def test_smoke_every_mode_strategy_and_precision(tmp_path, tiny_args, mode, stra
         assert metrics["step0"]["knn_top1"] == metrics["knn_top1_random_init"]
 
 
+@pytest.mark.slow
 def test_the_log_says_how_long_each_step_waited_for_its_batch(tmp_path, tiny_args, monkeypatch):
     """data_wait_s is the wait for the batch alone: a loader that sleeps 0.3 s before each batch shows it, within
     the step's own time (1 / samples_per_s of the batch), and metrics.json's data_wait_share is its share."""
@@ -91,6 +92,7 @@ def test_gradcache_and_full_batch_train_the_same_model(tmp_path, tiny_args):
         torch.testing.assert_close(cached[name], full[name], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["simclr", "clip"])
 def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_args, killed_after_step, mode):
     args = ["--steps", "4", "--checkpoint-every", "2", "--train-size", "48"]  # 3 steps per epoch: crosses one
@@ -108,6 +110,7 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, tiny_args
                        resumed["loss"].get("logit_scale", torch.zeros(())))
 
 
+@pytest.mark.slow
 def test_a_resume_keeps_the_runs_workers_unless_given(tmp_path, tiny_args):
     """Streamed data's order depends on the worker count, so --workers stays the run's (0 here, the default is 1)
     unless the resume gives it anew."""
@@ -173,6 +176,7 @@ def _learning_rates(folder):
         return [float(row["lr"]) for row in csv.DictReader(handle)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("longer", [["--steps", "5"], ["--epochs", "2"]])
 def test_resume_with_more_steps_continues_on_a_recomputed_schedule(tmp_path, tiny_args, capsys, longer):
     """A finished 2-step run resumed with --steps 5 (or --epochs 2: 8 steps of 16 out of 64 images) trains the

@@ -66,6 +66,7 @@ def assert_same_run(got, want, tolerance=1e-5):
         assert torch.allclose(got_state[name], value, rtol=tolerance, atol=tolerance * 1e-1), name
 
 
+@pytest.mark.slow
 def test_a_compiled_run_trains_the_eager_model(tmp_path, dropout_bert, eager_text):
     """aot_eager, dropout 0.1, the recompute check on (the default): a mask the replay missed would raise there,
     and one the compiled graph drew otherwise than eager would change the losses."""
@@ -122,6 +123,7 @@ def failing_backend():
     _BACKENDS.pop(name, None)
 
 
+@pytest.mark.slow
 def test_a_backend_that_fails_at_the_first_step_exits_2_naming_the_cause(tmp_path, tiny_bert, failing_backend,
                                                                           capsys):
     code = main(text_args(tiny_bert, tmp_path, "--compile", "--compile-backend", failing_backend))

@@ -54,6 +54,7 @@ def test_every_mode_default_is_a_config_field():
         assert set(mode.defaults) <= names, mode.name
 
 
+@pytest.mark.slow
 def test_a_version_1_checkpoint_resumes(tmp_path, tiny_args, killed_after_step):
     """A run cut after step 3 (checkpoint at step 2), its checkpoint rewritten as version 1 wrote it, resumes
     into the weights of the uninterrupted run."""

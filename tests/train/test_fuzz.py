@@ -32,6 +32,7 @@ def _documented(error: BaseException) -> bool:
     return errors.exit_status_of(error) is not None
 
 
+@pytest.mark.slow
 @FUZZ
 @given(content=CONTENT, suffix=st.sampled_from(SUFFIXES), compressed=st.booleans())
 def test_text_readers_accept_or_refuse_with_a_status(tmp_path_factory, content, suffix, compressed):

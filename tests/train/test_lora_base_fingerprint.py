@@ -26,6 +26,7 @@ def _perturb(folder) -> None:
                            for name, w in weights.items()}, str(path), metadata={"format": "pt"})
 
 
+@pytest.mark.slow
 def test_a_changed_base_is_refused_by_resume_eval_and_export(tiny_bert, tmp_path, capsys):
     base = tmp_path / "base"
     shutil.copytree(tiny_bert, base)

@@ -45,6 +45,7 @@ def tiny_architecture(tmp_path_factory) -> str:
     return path.stem
 
 
+@pytest.mark.slow
 def test_an_open_clip_run_trains_evaluates_and_is_read_back_by_eval(tmp_path, capsys, tiny_architecture):
     run = [*RUN[:3], f"open_clip:{tiny_architecture}", *RUN[4:]]
     assert main([*run, "--output-dir", str(tmp_path / "run")]) == 0
@@ -169,6 +170,7 @@ def test_a_pretrained_siglip_checkpoint_gives_its_temperature_and_bias(tmp_path)
     assert not hasattr(model, "temperature")  # the loss holds it, nowhere else
 
 
+@pytest.mark.slow
 def test_a_siglip_run_learns_its_bias_and_eval_reads_it_back(tmp_path, capsys):
     assert main([*SIGLIP_RUN, "--output-dir", str(tmp_path / "run")]) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())

@@ -38,6 +38,7 @@ def test_a_text_run_and_its_resume_each_build_the_model_once(tmp_path, tiny_bert
     assert len(builds) == 1  # the resumed run's own; the checkpoint is checked against it when it loads
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_does_not_fit_the_model_is_refused_on_resume(tmp_path, tiny_bert, capsys):
     out = tmp_path / "run"
     assert main(text_args(tiny_bert, out)) == 0

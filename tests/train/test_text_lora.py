@@ -57,6 +57,7 @@ class _Stderr:
         return self.buffer.getvalue()
 
 
+@pytest.mark.slow
 def test_only_the_adapter_is_optimised_and_saved(lora_run):
     folder, stderr, built = lora_run
     optimised = [built["names"][id(p)] for group in built["optimizer"].param_groups for p in group["params"]]
@@ -109,6 +110,7 @@ def test_the_model_folder_holds_the_merged_model_and_the_adapter(lora_run, tiny_
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # merging rounds W + (alpha / r) B A once
 
 
+@pytest.mark.slow
 def test_gradcache_export_writes_the_adapter_of_the_checkpoint(lora_run, tmp_path):
     folder, _, _ = lora_run
     assert main(["export", str(folder), "--output", str(tmp_path / "again")]) == 0

@@ -22,6 +22,7 @@ def _losses(folder):
         return [(int(row["step"]), row["loss"]) for row in csv.DictReader(handle)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("towers", [[], ["--separate-towers"]], ids=["shared", "separate"])
 @pytest.mark.parametrize("hard", ["0", "2"])
 def test_towers_and_hard_negatives(tmp_path, tiny_bert, towers, hard, capsys):
@@ -116,6 +117,7 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, dropout_b
     assert final[0]["mrr@10"] == final[1]["mrr@10"] and final[0]["mrr@10_initial"] == final[1]["mrr@10_initial"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["jsonl", pytest.param("datasets", marks=pytest.mark.slow)])
 def test_a_resume_reads_the_saved_row_index_not_the_data(tmp_path, dropout_bert, killed_after_step, monkeypatch,
                                                          source):
@@ -223,6 +225,7 @@ def test_bad_data_exits_2_and_writes_nothing(tmp_path, tiny_bert, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [["--precision", "bf16", "--grad-checkpointing", "--tile-size", "4"],
                                      ["--fsdp", "--separate-towers"]], ids=["bf16-checkpointing-tiles", "fsdp"])
 def test_precision_checkpointing_tiles_and_sharding(tmp_path, tiny_bert, options):

@@ -60,6 +60,7 @@ def test_a_damaged_shard_falls_back_to_the_previous_sharded_checkpoint(tmp_path,
     assert f"the newest checkpoint {saved.path} is unusable" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_truncated_newest_checkpoint_falls_back_with_a_warning_and_resumes_with_the_same_losses(
         tmp_path, tiny_args, capsys):
     run = tmp_path / "run"
@@ -159,6 +160,7 @@ def _third_save_on_a_full_disk(how, monkeypatch):
     return saves
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["write", "torch"])
 def test_torch_wrapping_a_full_disk_ends_the_run_with_74_and_keeps_both_checkpoints(how, tmp_path, tiny_args, capsys,
                                                                                     monkeypatch):

@@ -85,6 +85,7 @@ def _recompute_sums(checkpoint: Path) -> None:
     save_checkpoint({**extra, FILES_KEY: files_sha256(checkpoint / TAG)}, checkpoint / EXTRA_FILE)
 
 
+@pytest.mark.slow
 def test_a_payload_in_real_state_dicts_with_the_sums_recomputed_is_refused_on_resume(runs, tmp_path, capsys):
     """(d): refused without running, the run resumes from previous.ds, as past any damaged newest checkpoint;
     so the clean previous.ds resumes too: the weights-only read allows what DeepSpeed writes (the one essential
@@ -277,6 +278,7 @@ def _extra_fails(monkeypatch, save, save_dir):
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fail", [_unexpected_pos, _copy_fails, _extra_fails], ids=["unexpected-pos", "copy", "extra"])
 def test_a_full_disk_while_writing_last_ds_exits_74_with_the_real_size_and_fallback(runs, tmp_path, capsys,
                                                                                    monkeypatch, fail):

@@ -27,6 +27,7 @@ def test_text_rows_in_input_order_and_normalised(tmp_path, tiny_bert):
     np.testing.assert_allclose(embeddings, Reference(tiny_bert)(TEXTS), atol=2e-6)
 
 
+@pytest.mark.slow
 def test_a_table_column_of_a_run_to_a_faiss_index(tmp_path, text_run, tiny_bert):
     faiss = pytest.importorskip("faiss")
     with open(tmp_path / "rows.jsonl", "w") as handle:
@@ -79,6 +80,7 @@ def _png(pixels: np.ndarray) -> bytes:
 
 
 
+@pytest.mark.slow
 def test_shards_embed_as_the_same_images_in_a_folder_in_shard_then_member_order(tmp_path, tiny_args, capsys):
     assert main(tiny_args("simclr", tmp_path / "run")) == 0
     generator = np.random.default_rng(1)

@@ -35,6 +35,7 @@ def _check(got, want, rows, passages):
     assert got["queries"] == len(rows) and got["corpus_size"] == len(passages)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", ["run", "exported"])
 def test_a_run_folder_on_another_file(capsys, tmp_path, text_run, tiny_bert, pairs_file, folder):
     model = text_run if folder == "run" else text_run / "model"  # RUN/model: the sentence-transformers export

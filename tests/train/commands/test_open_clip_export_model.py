@@ -14,6 +14,7 @@ open_clip = pytest.importorskip("open_clip")
 from tests.train.test_open_clip_mode import RUN, tiny_architecture  # noqa: F401  (the one-block architecture)
 
 
+@pytest.mark.slow
 def test_encode_and_zero_shot_of_the_export_equal_the_run_folders(tmp_path, capsys, tiny_architecture):  # noqa: F811
     run = tmp_path / "run"
     assert main([*RUN[:3], f"open_clip:{tiny_architecture}", *RUN[4:], "--output-dir", str(run)]) == 0

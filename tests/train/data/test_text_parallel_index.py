@@ -144,6 +144,7 @@ def test_a_corpus_is_inherited_by_the_workers(tmp_path, monkeypatch):
                                        corpus=corpus))
 
 
+@pytest.mark.slow
 def test_the_first_bad_line_in_file_order_raises_the_serial_error(tmp_path, monkeypatch):
     lines = _lines(_rows(300))
     second, third = _line_at(lines, 0.4), _line_at(lines, 0.8)  # in the second and the third of 3 ranges

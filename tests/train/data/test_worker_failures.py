@@ -118,6 +118,7 @@ def _worker(ready: str) -> None:
     time.sleep(60)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "sigwaitinfo"), reason="the sender of a signal is known on Linux only")
 def test_a_worker_ignores_a_stop_signal_from_others_and_obeys_its_main_process(tmp_path):
     worker = multiprocessing.get_context("fork").Process(target=_worker, args=(str(tmp_path / "ready"),))

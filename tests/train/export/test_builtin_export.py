@@ -20,6 +20,7 @@ def _images(size, count=5):
     return torch.rand(count, 3, size, size, generator=torch.Generator().manual_seed(0)) * 2 - 1  # in [-1, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset, norm, image_size", [("resnet18", "group", 16), ("resnet18", "batch", 16),
                                                       ("resnet18", "group", 72), ("convnet", "group", 16)])
 def test_simclr_from_pretrained_and_torchvision(tmp_path, preset, norm, image_size):

@@ -31,6 +31,7 @@ def _weights_equal(exported, checkpoint):
     return all(torch.equal(weights[key], model[key]) for key in model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", ["last", "previous", "previous.pt"])
 def test_export_of_any_checkpoint(run, tmp_path, checkpoint, capsys):
     path = str(run / checkpoint) if checkpoint.endswith(".pt") else checkpoint

@@ -14,6 +14,7 @@ from tests.train.test_open_clip_mode import ARCHITECTURE
 open_clip = pytest.importorskip("open_clip")
 
 
+@pytest.mark.slow
 def test_open_clip_loads_the_export_strictly_and_embeds_as_trained(tmp_path):
     """Exported as a run ends (export_model), at a temperature that is not the architecture's initial one."""
     config = RunConfig(mode="clip", model=f"open_clip:{ARCHITECTURE}", image_size=32)

@@ -35,6 +35,7 @@ def _program(config, encode):
         return encode(**tokens)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base", ["plain", "sentence-transformers"])
 def test_shared_tower_loads_in_sentence_transformers_and_transformers(tmp_path, tiny_bert, st_bert, base):
     model_folder = tiny_bert if base == "plain" else st_bert
@@ -62,6 +63,7 @@ def test_shared_tower_loads_in_sentence_transformers_and_transformers(tmp_path, 
     torch.testing.assert_close(F.normalize(pooled, dim=-1) if base != "plain" else pooled, want)
 
 
+@pytest.mark.slow
 def test_separate_towers_are_two_folders_each_its_own_side(tmp_path, tiny_bert):
     assert main(text_args(tiny_bert, tmp_path / "run", "--separate-towers")) == 0
     exported = tmp_path / "run" / "model"

@@ -118,6 +118,7 @@ def test_a_step_equals_the_full_batch_reference(tiny_bert, strategy, chunk, budg
         torch.testing.assert_close(got[name].grad, parameter.grad, rtol=1e-8, atol=1e-12, msg=name)
 
 
+@pytest.mark.slow
 def test_the_programs_first_loss_is_the_reference(tmp_path, tiny_bert):
     """The run's logged loss at step 1 is the brute-force loss of its initial model (seeded as the run seeds it)
     on its first batch."""
@@ -142,6 +143,7 @@ def _losses(folder):
         return [(int(row["step"]), row["loss"]) for row in csv.DictReader(handle)]
 
 
+@pytest.mark.slow
 def test_resume_equals_an_uninterrupted_run(tmp_path, dropout_bert, killed_after_step):
     """Killed after step 3 (the checkpoint at step 2), resumed: the same losses, weights and scores, dropout on."""
     argv = ["train", "text", *KIND, *TINY["text"], "--model", str(dropout_bert), "--negatives-per-query", "1",
@@ -169,6 +171,7 @@ def test_candidates_follow_the_seeded_rule(tiny_bert):
         assert len(texts) == len(own) + min(RERANK_OTHERS, len(pool) - len(own))
 
 
+@pytest.mark.slow
 def test_metrics_equal_a_brute_force_ranking(tiny_bert):
     """Each query's candidates scored together, ranked by counting (ties against the positive), metrics from the
     ranks by their formulas."""
@@ -213,6 +216,7 @@ def _predicted(folder):
     return loaded.predict(PAIRS, batch_size=2)
 
 
+@pytest.mark.slow
 def test_the_export_predicts_the_runs_scores(trained):
     """sentence-transformers' CrossEncoder loads RUN/model offline; its predict is Sigmoid of the run's scores."""
     from gradcache.train.commands.model import load_run
@@ -247,6 +251,7 @@ def test_encode_refuses_what_a_cross_encoder_cannot_write(tmp_path, trained, cap
     assert "--pair-keys" in capsys.readouterr().err and not list(tmp_path.glob("x.*"))
 
 
+@pytest.mark.slow
 def test_eval_of_the_run_and_of_its_export(tmp_path, trained, capsys):
     """`gradcache eval RUN` repeats the run's final metrics; RUN and RUN/model score a rows file alike."""
     assert main(["eval", str(trained)]) == 0
@@ -320,6 +325,7 @@ def test_two_processes_match_one_process(tmp_path, tiny_bert):
     assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_bf16_checkpointing_workers_and_naive_run(tmp_path, tiny_bert):
     """The run's other options reach the cross-encoder: autocast, activation checkpointing, a loader worker
     (which pickles the collate), naive accumulation over whole groups."""

@@ -101,6 +101,7 @@ def _losses(folder):
         return [(int(row["step"]), row["loss"]) for row in csv.DictReader(handle)]
 
 
+@pytest.mark.slow
 def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, dropout_bert, killed_after_step):
     """Killed after step 3 (the checkpoint holds step 2), resumed: the losses, weights and scores of one whole
     run, dropout on."""

@@ -74,6 +74,7 @@ def test_maxsim_ranking_equals_loops_over_tokens(monkeypatch):
     assert 0 < got["recall@10"] < 100  # neither trivial nor empty
 
 
+@pytest.mark.slow
 def test_the_runs_metrics_are_maxsim_ranks_of_each_text_alone(run):
     config, model, _ = load_run(run)
     data = mode_of(config).load_data(config)

@@ -125,6 +125,7 @@ def run(request, tmp_path_factory, tiny_bert):
     return folder, request.param
 
 
+@pytest.mark.slow
 def test_the_export_writes_the_expansion_as_multi_vector_encoder_saves_it(run, tiny_bert, tmp_path):
     from sentence_transformers import MultiVectorEncoder
 
@@ -164,6 +165,7 @@ def test_encode_query_of_the_export_equals_the_run_and_gradcache_encode(run, tmp
         torch.testing.assert_close(mine, peer_tokens, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_folder_that_expands_trains_with_its_expansion_unless_given(run, tmp_path, capsys):
     folder, attend = run
     assert read_multi_vector_folder(folder / "model").query_expansion == QueryExpansion(LENGTH, attend)

@@ -106,6 +106,7 @@ def test_gradcache_and_one_full_batch_train_the_same_model(tmp_path, tiny_splade
     assert _losses(tmp_path / "gradcache")[-1][1] == f"{metrics['final_loss']:.6f}"
 
 
+@pytest.mark.slow
 def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, killed_after_step):
     """With dropout on, killed after step 3 of 3 (the checkpoint holds step 2), resumed: the same losses, weights
     and scores as one whole run."""

@@ -100,6 +100,7 @@ def alone(tokenizer, texts, prompt, encode):
         return torch.cat([encode(**tokenizer([text], prompt=prompt)) for text in texts]).numpy()
 
 
+@pytest.mark.slow
 def test_the_runs_metrics_equal_its_rows_ranked_here_and_the_export_loads_in_sparse_encoder(sparse_run,
                                                                                          monkeypatch):
     metrics = json.loads((sparse_run / "metrics.json").read_text())

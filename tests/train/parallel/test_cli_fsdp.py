@@ -167,6 +167,7 @@ def test_8bit_adamw_without_a_kernel_for_the_device_exits_2(tmp_path, capsys, mo
     assert "no 8-bit AdamW for device 'cpu'" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_checkpoint_kinds_do_not_cross(tmp_path, capsys):
     """A last.pt given to --fsdp, and a last.dcp of another model, are refused before anything is written."""
     assert main(_train("simclr", tmp_path / "plain")) == 0

@@ -97,24 +97,22 @@ def _train(folder: Path, model: Path, *extra: str) -> list[str]:
             "--output-dir", str(folder / "run"), *extra]
 
 
-def tampered_multi_vector(file: str, change: Callable[[Any], Any], *extra: str) -> Callable[[Path, Path], list[str]]:
-    """A case: the multi-vector export with `file` (relative to it) changed by `change`, encoded."""
-    def build(folder: Path, exports: Path) -> list[str]:
-        model = _copy(exports, MULTI_VECTOR, folder)
-        _edit(model / file, change)
-        return _encode(folder, model, *extra)
+def tampered(kind: str, command: Callable[..., list[str]]) -> Callable[..., Callable[[Path, Path], list[str]]]:
+    """Cases of one export: `tampered(kind, command)(file, change, *extra)` copies the export of `kind`, changes its
+    `file` (relative to it) by `change`, and meets it with `command(folder, model, *extra)`."""
+    def case(file: str, change: Callable[[Any], Any], *extra: str) -> Callable[[Path, Path], list[str]]:
+        def build(folder: Path, exports: Path) -> list[str]:
+            model = _copy(exports, kind, folder)
+            _edit(model / file, change)
+            return command(folder, model, *extra)
 
-    return build
+        return build
+
+    return case
 
 
-def tampered_cross_encoder(file: str, change: Callable[[Any], Any], *extra: str) -> Callable[[Path, Path], list[str]]:
-    """A case: the cross-encoder export with `file` changed by `change`, evaluated (its pairs reranked)."""
-    def build(folder: Path, exports: Path) -> list[str]:
-        model = _copy(exports, CROSS_ENCODER, folder)
-        _edit(model / file, change)
-        return _eval(folder, model, *extra)
-
-    return build
+tampered_multi_vector = tampered(MULTI_VECTOR, _encode)  # the multi-vector export, encoded
+tampered_cross_encoder = tampered(CROSS_ENCODER, _eval)  # the cross-encoder export, its pairs reranked
 
 
 def trained_from(kind: str, *extra: str) -> Callable[[Path, Path], list[str]]:

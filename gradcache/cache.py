@@ -143,7 +143,8 @@ class GradCache(Strategy):
     def _split_all(self, inputs: tuple[Any, ...]) -> tuple[list[list[Any]], list[torch.Tensor | None]]:
         """Each input's chunks (by rows, or by tokens over its rows sorted by length) and, for token chunks,
         the order of its sorted rows. Under FSDP2 token-chunked inputs are cut into as many chunks on every rank."""
-        plans = {i: token_plan(v, self.chunk_tokens_for(i), self.chunk_size_for(i))
+        layouts = {i: self.vision_layout(i, v) for i, v in enumerate(inputs) if self.chunk_tokens_for(i) is not None}
+        plans = {i: token_plan(v, self.chunk_tokens_for(i), self.chunk_size_for(i), layouts[i], self.trims_leading(i, v))
                  for i, v in enumerate(inputs) if self.chunk_tokens_for(i) is not None}
         encoders = [self.encoder_for(i) for i in range(len(inputs))]
         if plans:
@@ -153,11 +154,12 @@ class GradCache(Strategy):
         for i, value in enumerate(inputs):
             if i in plans:
                 order, sizes = plans[i]
-                chunks.append(cut(value, order, sizes))
+                chunks.append(cut(value, order, sizes, layouts[i], self.trims_leading(i, value)))
                 orders.append(order)
             else:
                 pieces = self.split(i, value)
-                chunks.append([trim_padding(c) for c in pieces] if self.options["trim_padding"] else pieces)
+                leading = self.trims_leading(i, value)
+                chunks.append([trim_padding(c, leading) for c in pieces] if self.options["trim_padding"] else pieces)
                 orders.append(None)
         check_same_chunk_counts(encoders, [len(c) for c in chunks])
         return chunks, orders

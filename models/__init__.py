@@ -18,6 +18,8 @@ from gradcache.models.resnet import ResNetEncoder
 from gradcache.models.simclr import SimCLRModel
 from gradcache.models.text import TextEncoder
 from gradcache.models.tokenizer import ByteTokenizer
+from gradcache.models.vision_language import VisionLanguageEncoder, language_model_lora_targets
+from gradcache.models.vision_language_collator import VisionLanguageCollator, VisionLanguageInput
 from gradcache.models.vit import ViTEncoder
 
 __all__ = [
@@ -39,7 +41,11 @@ __all__ = [
     "TextEncoder",
     "ViTConfig",
     "ViTEncoder",
+    "VisionLanguageCollator",
+    "VisionLanguageEncoder",
+    "VisionLanguageInput",
     "build_image_encoder",
     "from_pretrained",
+    "language_model_lora_targets",
     "read_pretrained_config",
 ]

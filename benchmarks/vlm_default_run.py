@@ -14,6 +14,11 @@ The budget is this process's CPU time on one thread (`time.process_time`), so a 
 trains as many steps as an idle one: 180 CPU-seconds on one thread stands for at most 3 minutes on 2 idle cores
 (a second thread only adds). On a busy 2-core machine a second torch thread made each step 50 times slower.
 Not a test; wall times on a shared machine are not figures.
+
+Seen once per seed (defaults: batch 64 in chunks of 32, 256 held-out shapes; about 800 steps in the budget, on a
+2-core machine shared with other work, so the CPU seconds hold and the wall times do not), held-out recall@1
+untrained -> trained, image to text / text to image: seed 0: 0.0 -> 56.3 / 0.8 -> 58.6; seed 1: 0.4 -> 57.0 /
+0.0 -> 59.8; seed 2: 0.0 -> 49.6 / 1.2 -> 57.0.
 """
 from __future__ import annotations
 

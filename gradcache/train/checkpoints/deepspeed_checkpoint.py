@@ -27,10 +27,10 @@ from gradcache.train.checkpoints.atomic import (
 )
 from gradcache.train.checkpoints.checksum import files_sha256
 from gradcache.train.checkpoints.model_state import load_saved_state
-from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
+from gradcache.train.checkpoints.interface import RunCheckpoint
 from gradcache.train.checkpoints.safe_unpickling import screen_pickle
 from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
-from gradcache.train.parallel.deepspeed_output import deepspeed_output_to_stderr
+from gradcache.train.deepspeed_output import deepspeed_output_to_stderr
 
 TAG = "state"  # DeepSpeed's subfolder of the checkpoint's files
 FILES_KEY, LOSS_KEY, MODULE_KEY = "files", "loss", "engine_module"  # extra.pt's entries beside the meta

@@ -20,7 +20,7 @@ import torch
 
 from gradcache.train.checkpoints.atomic import _refused  # the one reading of torch's refusal message
 from gradcache.train.errors import CheckpointError
-from gradcache.train.parallel.deepspeed_output import deepspeed_output_to_stderr
+from gradcache.train.deepspeed_output import deepspeed_output_to_stderr
 
 
 def deepspeed_globals() -> list[type]:

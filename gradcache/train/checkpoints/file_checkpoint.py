@@ -12,12 +12,15 @@ from gradcache import distributed
 from gradcache.train.checkpoints.atomic import load_checkpoint, save_checkpoint
 from gradcache.train.checkpoints.interface import RunCheckpoint
 from gradcache.train.checkpoints.model_state import load_saved_state, saved_state
+from gradcache.train.checkpoints.regular_files import open_regular
 from gradcache.train.errors import CheckpointError
 
 
 class FileCheckpoint(RunCheckpoint):
     """`last.pt`. It keeps only its `meta` in memory (read by `check` or `meta`); the tensors of the modules and
-    the optimizer are read from the file when they are loaded, so a resume does not hold them from its checks on."""
+    the optimizer are read from the file when they are loaded, so a resume does not hold them from its checks on.
+    The file is opened once, at the first read, and every read after goes through that descriptor: a file renamed
+    over `last.pt` after its check is never the one loaded (checkpoints/regular_files.py)."""
 
     name, previous_name, sharded = "last.pt", "previous.pt", False
 
@@ -42,10 +45,15 @@ class FileCheckpoint(RunCheckpoint):
             save_checkpoint({**meta, "model": saved_state(trained["model"]), "loss": trained["loss"].state_dict(),
                              "optimizer": optimizer.state_dict()}, self.path, previous=self.previous_path)
         self.__dict__.pop("_meta", None)
+        handle = self.__dict__.pop("_handle", None)  # the file it read is now previous.pt
+        if handle is not None:
+            handle.close()
 
     def _read(self) -> dict[str, Any]:
         """The whole checkpoint, checked; its meta kept, its tensors left to the caller."""
-        state = load_checkpoint(self.path)
+        if "_handle" not in self.__dict__:
+            self._handle = open_regular(self.path / self.name if self.path.is_dir() else self.path)
+        state = load_checkpoint(self.path, self._handle)
         self._meta = {k: v for k, v in state.items() if k not in TENSOR_ENTRIES}
         return state
 

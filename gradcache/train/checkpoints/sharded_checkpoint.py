@@ -12,19 +12,18 @@ from gradcache.train.errors import CheckpointError
 
 
 class ShardedCheckpoint(RunCheckpoint):
+    """`last.dcp`. Its files are read once, by its first check, into a private copy that its load then reads
+    (checkpoints/sharded.py, `ScreenedShards`); the load removes the copy."""
+
     name, previous_name, sharded = "last.dcp", "previous.dcp", True
 
     def check(self) -> None:
-        from gradcache.train.checkpoints.sharded import (
-            check_sharded_files,  # torch.distributed.checkpoint: only for these runs
-        )
-
-        check_sharded_files(self.path)
+        self._screened()
 
     def meta(self) -> dict[str, Any]:
         from gradcache.train.checkpoints.sharded import sharded_extra
 
-        meta = sharded_extra(self.path)
+        meta = sharded_extra(self.path, self._screened())
         if "args" not in meta:
             raise CheckpointError(f"{self.path} is a sharded checkpoint without the run's options; it was not "
                                   "written by gradcache train")
@@ -33,12 +32,24 @@ class ShardedCheckpoint(RunCheckpoint):
     def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
         from gradcache.train.checkpoints.sharded import load_sharded, load_sharded_model
 
+        screened = self.__dict__.pop("_checked", None)  # removed by the load
         if optimizer is None:
-            load_sharded_model(self.path, trained)
+            load_sharded_model(self.path, trained, screened)
         else:
-            load_sharded(self.path, trained, optimizer)
+            load_sharded(self.path, trained, optimizer, screened)
 
     def save(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
         from gradcache.train.checkpoints.sharded import save_sharded
 
         save_sharded(self.path, trained, optimizer, extra=meta, previous=self.previous_path)  # every rank writes
+        checked = self.__dict__.pop("_checked", None)
+        if checked is not None:
+            checked.close()
+
+    def _screened(self) -> Any:
+        """The checkpoint's files as its first check read them (`ScreenedShards`)."""
+        if "_checked" not in self.__dict__:
+            from gradcache.train.checkpoints.sharded import ScreenedShards  # torch.distributed.checkpoint: these runs
+
+            self._checked = ScreenedShards(self.path)
+        return self._checked

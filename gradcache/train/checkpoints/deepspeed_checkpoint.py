@@ -66,7 +66,8 @@ class DeepSpeedCheckpoint(RunCheckpoint):
         copy = PrivateCopy(self.path)
         try:
             copy.add(self.path, [EXTRA_FILE])
-            extra = read_checked(copy.folder / EXTRA_FILE)
+            with open(copy.folder / EXTRA_FILE, "rb") as handle:  # named as the run's file in errors
+                extra = read_checked(self.path / EXTRA_FILE, handle)
             listed = self._listed(extra)
             inside = [name[len(TAG) + 1:] for name in present if name.startswith(f"{TAG}/")]
             unlisted = [f"{TAG}/{name}" for name in inside if name not in listed]

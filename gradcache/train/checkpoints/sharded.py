@@ -114,7 +114,8 @@ class ScreenedShards:
         self.copy = PrivateCopy(self.folder)
         try:
             self.copy.add(self.folder, [EXTRA_FILE])
-            self.extra = read_checked(self.copy.folder / EXTRA_FILE)
+            with open(self.copy.folder / EXTRA_FILE, "rb") as handle:  # named as the run's file in errors
+                self.extra = read_checked(self.folder / EXTRA_FILE, handle)
             expected = self.extra.get(FILES_KEY)
             if expected is not None and not (isinstance(expected, dict) and all(
                     isinstance(name, str) and "/" not in name and name not in (".", "..", EXTRA_FILE)

@@ -432,3 +432,28 @@ def test_a_link_in_last_ds_is_refused_naming_it(runs, tmp_path, capsys, what):
     assert status == errors.USAGE
     lines = [line for line in err.splitlines() if line.strip() and "warning" not in line.lower()]
     assert lines[-1].startswith("gradcache: ") and str(linked) in lines[-1] and "symbolic link" in lines[-1], err
+
+
+@pytest.mark.parametrize("graph", ["nested pairs", "holding itself"])
+def test_a_list_bomb_in_extra_pt_ends_at_once_falling_back_or_exiting_2(runs, tmp_path, capsys, graph):
+    """The 450-byte `[a, a]` x64 list (2**64 leaves to a walk that follows every reference) and a list holding
+    itself, in last.ds's extra.pt signed by the current method: previous.ds is evaluated with a warning; without
+    it, exit 2 in one line naming extra.pt; within 60 s, no traceback."""
+    import time
+
+    from tests.train.checkpoints.test_hostile_checksums import _holding_itself, _nested_pairs, _signed
+
+    run = _copy(runs, tmp_path)
+    extra = read_checked(run / "last.ds" / EXTRA_FILE)
+    bomb = _nested_pairs(64) if graph == "nested pairs" else _holding_itself()
+    torch.save(_signed({**extra, "junk": bomb}, 2), run / "last.ds" / EXTRA_FILE)
+    capsys.readouterr()
+    start = time.monotonic()
+    assert _main(["eval", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "falling back to the previous one" in err and "extra.pt" in err and "Traceback" not in err
+    shutil.rmtree(run / "previous.ds")
+    assert _main(["eval", str(run)]) == errors.USAGE
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(run / "last.ds" / EXTRA_FILE) in lines[0], lines
+    assert time.monotonic() - start < 60

@@ -33,7 +33,10 @@ class FileCheckpoint(RunCheckpoint):
         return self._meta
 
     def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
-        state = self._read()
+        try:
+            state = self._read()
+        finally:
+            self._release()  # read: nothing more is read from the file
         _check_holds(self.path, state, trained)  # before any tensor is copied
         load_saved_state(trained["model"], state["model"])
         trained["loss"].load_state_dict(state["loss"])
@@ -45,7 +48,11 @@ class FileCheckpoint(RunCheckpoint):
             save_checkpoint({**meta, "model": saved_state(trained["model"]), "loss": trained["loss"].state_dict(),
                              "optimizer": optimizer.state_dict()}, self.path, previous=self.previous_path)
         self.__dict__.pop("_meta", None)
-        handle = self.__dict__.pop("_handle", None)  # the file it read is now previous.pt
+        self._release()  # the file it read is now previous.pt
+
+    def _release(self) -> None:
+        """Close the file the reads went through (the next read opens `path` anew)."""
+        handle = self.__dict__.pop("_handle", None)
         if handle is not None:
             handle.close()
 
@@ -53,7 +60,11 @@ class FileCheckpoint(RunCheckpoint):
         """The whole checkpoint, checked; its meta kept, its tensors left to the caller."""
         if "_handle" not in self.__dict__:
             self._handle = open_regular(self.path / self.name if self.path.is_dir() else self.path)
-        state = load_checkpoint(self.path, self._handle)
+        try:
+            state = load_checkpoint(self.path, self._handle)
+        except BaseException:
+            self._release()  # a bad checkpoint is not read again
+            raise
         self._meta = {k: v for k, v in state.items() if k not in TENSOR_ENTRIES}
         return state
 

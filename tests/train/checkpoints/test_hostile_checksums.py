@@ -213,6 +213,18 @@ def test_a_checkpoint_signed_by_the_version_1_method_still_loads(run, tmp_path, 
     assert status == 2 and "fails its checksum" in err
 
 
+def test_version_2_hashes_a_stride_0_view_by_its_storage_without_a_copy(monkeypatch):
+    """`zeros(1).expand(2**28)` and `(2**40)`: no contiguous copy is asked for (a guard fails one), the work is
+    the 4 bytes of storage; the shape and strides still count."""
+    def refuse(self, *args, **kwargs):
+        raise AssertionError(f"a contiguous copy of {tuple(self.shape)}")
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", refuse)
+    start = time.monotonic()
+    digests = {content_sha256({"t": torch.zeros(1).expand(size)}) for size in (2**28, 2**40, 2)}
+    assert len(digests) == 3 and time.monotonic() - start < 1.0
+
+
 def test_version_2_feeds_a_shared_object_once_and_tells_sharing_apart():
     """The same values shared or not hash apart (the sharing is part of what a load rebuilds), each stable; a
     tensor's storage, strides and offset count: a view of another part of the same storage differs."""

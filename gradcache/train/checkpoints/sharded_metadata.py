@@ -60,8 +60,9 @@ def read_metadata(data: bytes, checkpoint: str, files: set[str]) -> dcp_metadata
     try:
         metadata = _Unpickler(io.BytesIO(data)).load()
     except Exception as error:  # pickle raises many types for damaged bytes
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise CheckpointError(f"sharded checkpoint {checkpoint!r}: {METADATA_FILE} is not the metadata "
-                              f"torch.distributed.checkpoint writes ({str(error).splitlines()[0][:200] if str(error) else type(error).__name__}); "
+                              f"torch.distributed.checkpoint writes ({reason}); "
                               "the file was altered or not written by gradcache train. It was refused without running "
                               "any of it; resume from another checkpoint (previous.dcp) or start afresh") from None
     fault = _fault(metadata, files)

@@ -270,3 +270,18 @@ def test_videos_split_by_their_grid_with_their_seconds_and_pixels_alone_are_rows
     assert torch.equal(chunks[2]["pixel_values_videos"], batch["pixel_values_videos"][8:])
     assert vision_layout({"pixel_values": torch.randn(3, 3, 4, 4)}, "input 0") is None  # a ViT's batch: rows
     assert len(split({"pixel_values": torch.randn(3, 3, 4, 4)}, 2)) == 2
+
+
+def test_chunk_tokens_counts_each_rows_vision_patches_beside_its_tokens():
+    """Four rows of 4 tokens; rows 0 and 1 hold an image of 16 patches each. At 39 tokens the two image rows
+    cannot share a chunk (2 x 4 + 32 = 40); the second takes both text-only rows (3 x 4 + 16 = 28)."""
+    from gradcache.token_chunks import token_plan
+
+    types = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
+    batch = {"input_ids": types + 5, "attention_mask": torch.ones(4, 4, dtype=torch.long), "mm_token_type_ids": types,
+             "pixel_values": torch.randn(32, 6), "image_grid_thw": torch.tensor([[1, 4, 4], [1, 4, 4]])}
+    layout = vision_layout(batch, "input 0")
+    assert layout.patches == [16, 16, 0, 0]
+    order, sizes = token_plan(batch, 39, 8, layout)
+    assert order.tolist() == [0, 1, 2, 3] and sizes == [1, 3]
+    assert token_plan(batch, 39, 8)[1] == [4]  # tokens alone: 4 rows x 4 fit

@@ -259,10 +259,10 @@ def test_ready_made_chunks_and_full_batch_drop_pixels_of_text_only_idefics3_chun
 
 def test_videos_split_by_their_grid_with_their_seconds_and_pixels_alone_are_rows():
     """Qwen2.5-VL's videos: `pixel_values_videos` by `video_grid_thw`, `second_per_grid_ts` one per video."""
-    types = torch.tensor([[0, 2, 2, 0], [0, 0, 0, 0], [2, 2, 2, 2]])  # video tokens: 2, 0, 4 (merge 4: 8, 0, 16 patches)
+    types = torch.tensor([[0, 2, 2, 0], [0, 0, 0, 0], [2, 2, 2, 2]])  # video tokens 2, 0, 4: 8, 0, 16 patches
     batch = {"input_ids": types + 5, "attention_mask": torch.ones(3, 4), "mm_token_type_ids": types,
-             "pixel_values_videos": torch.arange(24.0).unsqueeze(1), "video_grid_thw": torch.tensor([[2, 2, 2], [1, 4, 4]]),
-             "second_per_grid_ts": [0.5, 1.0]}
+             "pixel_values_videos": torch.arange(24.0).unsqueeze(1),
+             "video_grid_thw": torch.tensor([[2, 2, 2], [1, 4, 4]]), "second_per_grid_ts": [0.5, 1.0]}
     chunks = split(batch, 1)
     assert [c["pixel_values_videos"].shape[0] if "pixel_values_videos" in c else 0 for c in chunks] == [8, 0, 16]
     assert chunks[0]["second_per_grid_ts"] == [0.5] and chunks[2]["second_per_grid_ts"] == [1.0]

@@ -81,7 +81,7 @@ class VisionLayout:
     patches: list[int] | None = None
 
     def kept_keys(self, value: Mapping[str, Any], index: list[int]) -> set[str]:
-        """The keys of `value` that rows `index` leave out: the groups none of them owns an entry of."""
+        """The keys of `value` a chunk of rows `index` holds: all but the groups none of those rows owns."""
         dropped = set()
         for group in self.groups:
             owned = any(self.spans[group[0]][r][1] > self.spans[group[0]][r][0] for r in index) \
@@ -92,6 +92,7 @@ class VisionLayout:
 
 
 def has_vision_keys(value: Any) -> bool:
+    """Whether an input is a mapping holding a key of a VLM processor's image side."""
     return isinstance(value, Mapping) and any(k in value for k in VISION_KEYS if k not in COUNT_KEYS)
 
 

@@ -153,8 +153,10 @@ class GradCache(Strategy):
                 orders.append(order)
             else:
                 pieces = self.split(i, value)
-                leading = self.trims_leading(i, value)
-                chunks.append([trim_padding(c, leading) for c in pieces] if self.options["trim_padding"] else pieces)
+                if self.options["trim_padding"]:
+                    leading = self.trims_leading(i, value)
+                    pieces = [trim_padding(c, leading) for c in pieces]
+                chunks.append(pieces)
                 orders.append(None)
         check_same_chunk_counts(encoders, [len(c) for c in chunks])
         return chunks, orders

@@ -228,11 +228,14 @@ def test_trimming_cuts_token_axis_keys_by_role_never_tiles_as_wide_as_the_mask()
     assert trimmed["pixel_values"].shape == (2, 3, 3, 8, 8) and trimmed["pixel_attention_mask"].shape[1] == 3
 
 
-def test_left_padding_is_measured_by_the_mask_and_trimmed_where_positions_come_from_it():
-    """Qwen2-VL takes positions from the mask: leading padding is dropped exactly; chunk_tokens sorts by it."""
-    model, processor = tiny_qwen2_vl(seed=1, padding_side="left")
+@pytest.mark.parametrize("family", ["qwen", "idefics"])
+def test_left_padding_is_measured_by_the_mask_and_trimmed_where_positions_come_from_it(family):
+    """Qwen2-VL takes positions from the mask: leading padding is dropped exactly, and chunk_tokens sorts by the
+    mask. Idefics3's Llama counts positions from column 0: its left-padded chunks keep their width, exactly."""
+    build, make = (tiny_qwen2_vl, qwen2_vl_batch) if family == "qwen" else (tiny_idefics3, idefics3_batch)
+    model, processor = build(seed=1, padding_side="left")
     encoder = VisionLanguageEncoder(model)
-    inputs = qwen2_vl_batch(processor, ROWS, seed=0), qwen2_vl_batch(processor, ROWS, seed=2)
+    inputs = make(processor, ROWS, seed=0), make(processor, ROWS, seed=2)
     assert inputs[0]["attention_mask"][:, 0].eq(0).any()  # left-padded
     want_loss, want = reference(encoder, inputs)
     widths = []
@@ -244,8 +247,11 @@ def test_left_padding_is_measured_by_the_mask_and_trimmed_where_positions_come_f
         hook.remove()
     assert torch.allclose(got_loss, want_loss, rtol=1e-5)
     assert_close(got, want)
-    full = inputs[0]["attention_mask"].shape[1]
-    assert min(widths) < full  # leading padding dropped
+    full = {value["attention_mask"].shape[1] for value in inputs}
+    if family == "qwen":
+        assert min(widths) < min(full)  # leading padding dropped
+    else:
+        assert set(widths) <= full  # positions from column 0: nothing leading dropped
 
 
 def test_ready_made_chunks_and_full_batch_drop_pixels_of_text_only_idefics3_chunks(idefics):

@@ -66,6 +66,10 @@ class Options(TypedDict, total=False):
         a tolerance for the precision the forward ran in (see `gradcache.recompute_check`), a float for that
         relative tolerance, False to turn it off for an encoder known to be nondeterministic. Costs one
         reduction and one host sync per re-encoded chunk. FullBatch and NaiveAccumulation recompute nothing.
+    image_token_id, video_token_id: the id of the token a VLM's processor repeats for each image (video) position,
+        for a batch whose rows' images are told by counting them (gradcache/vision_inputs.py) where neither the
+        batch (`num_images_per_sample`, `mm_token_type_ids`) nor the encoder's config (`image_token_id`,
+        `image_token_index`) says it. Default None.
     sparse_cache: GradCache and CachedLoss keep phase (1)'s (B, V) embeddings by their non-zeros and phase (2)'s
         gradient only there, so the cache costs memory in proportion to the non-zeros (SPLADE's rows). Exact
         for rows that are 0 only where a clamp at zero (relu, SPLADE's max-pooled log(1 + relu(.))) sends
@@ -93,6 +97,8 @@ class Options(TypedDict, total=False):
     check_recompute: bool | float
     sparse_cache: bool
     reuse_outputs: Sequence[nn.Module] | None
+    image_token_id: int | None
+    video_token_id: int | None
 
 
 DEFAULTS: Options = {
@@ -108,6 +114,8 @@ DEFAULTS: Options = {
     "check_recompute": True,
     "sparse_cache": False,
     "reuse_outputs": None,
+    "image_token_id": None,
+    "video_token_id": None,
 }
 
 
@@ -134,6 +142,9 @@ def checked(options: dict[str, Any]) -> Options:
     check_chunk_tokens(full["chunk_tokens"])
     _check_recompute(full["check_recompute"])
     check_reuse_outputs(full["reuse_outputs"])
+    for name in ("image_token_id", "video_token_id"):
+        if full[name] is not None:
+            _check_count(name, full[name], 0, "a token id of the tokenizer, or None")
     if full["sparse_cache"] and full["chunk_tokens"] is not None:
         raise ValueError(
             f"sparse_cache=True is not available with chunk_tokens={full['chunk_tokens']!r}: the sparse cache keeps "

@@ -10,8 +10,8 @@ tower is frozen on every side, the language model learns. The batch: N (anchor, 
 text only, image only, image + text and two images + text (each column shifted), images of 112 x 112 to 224 x
 112 pixels (64 to 128 patches, 16 to 32 image tokens), one batch's `preprocess` per column. The loss: MNRL at
 scale 20 (ours: InfoNCE at temperature 0.05 over the normalised embeddings, the same loss). A step is the loss's
-forward and backward, not the optimizer. Ours splits each column with a `split_fn` that follows
-`num_images_per_sample` (`split_features`), so both sides cut the same mini-batches.
+forward and backward, not the optimizer. Ours splits each column by itself (no `split_fn`: each chunk holds its
+rows' images, told by `num_images_per_sample`), in the same mini-batches of rows as the peer.
 
 Exactness: at ``--check-size`` (16) every side's gradient on every trainable parameter against one full-batch
 backward (FullBatch), relative to the largest entry (accumulation is not a large batch: its error is reported,
@@ -172,29 +172,6 @@ def batch(model, n: int, seed: int = 0) -> list[dict[str, Any]]:
     return columns
 
 
-def split_features(features: dict[str, Any], chunk_size: int) -> list[dict[str, Any]]:
-    """A column's features in chunks of rows, each with its rows' images (`num_images_per_sample`), their grid
-    rows and patches; the per-batch `modality` in every chunk."""
-    rows = features["input_ids"].shape[0]
-    images = features.get("num_images_per_sample", torch.zeros(rows, dtype=torch.long)).tolist()
-    grid = features.get("image_grid_thw")
-    patches = grid.prod(-1).tolist() if grid is not None else []
-    image_starts = [sum(images[:r]) for r in range(rows + 1)]
-    patch_starts = [sum(patches[:i]) for i in range(len(patches) + 1)]
-    chunks = []
-    for start in range(0, rows, chunk_size):
-        stop = min(start + chunk_size, rows)
-        first, last = image_starts[start], image_starts[stop]
-        chunk = {k: v[start:stop] for k, v in features.items()
-                 if isinstance(v, torch.Tensor) and k not in ("pixel_values", "image_grid_thw")}
-        chunk.update({k: v for k, v in features.items() if not isinstance(v, torch.Tensor)})
-        if last > first:
-            chunk["pixel_values"] = features["pixel_values"][patch_starts[first]:patch_starts[last]]
-            chunk["image_grid_thw"] = grid[first:last]
-        chunks.append(chunk)
-    return chunks
-
-
 class Embedder(torch.nn.Module):
     """The SentenceTransformer as an encoder of one column's features: (B, D) normalised embeddings."""
 
@@ -211,7 +188,6 @@ def build_step(side: str, model, chunk: int):
     from gradcache import FullBatch, GradCache, NaiveAccumulation
     from gradcache.losses import InfoNCE
 
-    options = {"split_fn": split_features}
     if side == "st_cached":
         from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
@@ -225,12 +201,12 @@ def build_step(side: str, model, chunk: int):
         return peer
     encoder, info_nce = Embedder(model), InfoNCE(temperature=0.05)
     if side == "full_batch":
-        strategy = FullBatch(encoder, info_nce, **options)  # split_fn: the batch is a VLM layout it knows
+        strategy = FullBatch(encoder, info_nce)
     elif side == "accumulation":
-        strategy = NaiveAccumulation(encoder, info_nce, chunk, **options)
+        strategy = NaiveAccumulation(encoder, info_nce, chunk)
     else:
         reused = {"reuse_outputs": [tower(model)]} if side == "gradcache_reuse" else {}
-        strategy = GradCache(encoder, info_nce, chunk, **options, **reused)
+        strategy = GradCache(encoder, info_nce, chunk, **reused)
     return lambda features: strategy.step(*features)
 
 

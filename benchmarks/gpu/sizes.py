@@ -89,7 +89,7 @@ GPU = Sizes(
     lora_rounds=3,
     program_scale=4,
     vlm=VlmSize(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vision_width=1280,
-                vision_depth=32, vision_heads=16, n=64, chunk=16, chunk_tokens=4096, image_side=448,
+                vision_depth=32, vision_heads=16, n=64, chunk=16, chunk_tokens=16384, image_side=448,
                 text_tokens=32),  # Qwen2-VL-2B's shape; 1,024 patches (256 tokens) an image
 )
 

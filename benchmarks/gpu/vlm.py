@@ -2,11 +2,12 @@
 size: language model 1,536 x 28, vision tower 1,280 x 32; no download), in bf16: peft LoRA on every linear layer
 of the language model (dropout 0.1, attention dropout 0.1), the vision tower frozen, the language model's
 activation checkpointing, last-token pooling, InfoNCE. N rows a side cycling text only, image only, image + text,
-two images + text; token-budgeted chunks (rows sorted by length, at most `chunk_tokens` padded tokens each,
-image tokens included, built by the section's `split_fn` as `chunk_tokens` builds them). One GradCache step with the tower reused (`reuse_outputs`) against one without: the
+two images + text, laid out as Qwen2-VL's processor lays them out; `chunk_tokens` (rows sorted by length, their
+images with them, vision patches counted beside the tokens). One GradCache step with the tower reused (`reuse_outputs`) against one without: the
 LoRA gradients compared, both timed."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,14 +59,14 @@ def vision_parameters(size: VlmSize) -> int:
 def plan_bytes(size: VlmSize, reused: bool) -> int:
     """bf16 weights; LoRA's float32 weights, gradients and Adam-free copies; one chunk's checkpointed language
     layers (each layer's input, twice over for an allowance) and one layer in backward (60 h + 12 intermediate
-    bytes a token, as the lora section); the tower's forward over one chunk's patches (16 x width bytes a patch);
+    bytes a token, as the lora section); the tower's forward over one chunk's patches (16 x width bytes a patch;
+    `chunk_tokens` bounds a chunk's tokens and patches together);
     with `reused`, every re-encoded chunk's kept tower outputs (hidden states before and after the merger, bf16);
     the caches and the loss."""
     weights = 2 * (layer_parameters(size) + size.vocab * size.hidden + vision_parameters(size))
     adapters = 3 * 4 * size.layers * size.rank * (4 * 2 * size.hidden + 3 * (size.hidden + size.intermediate))
     chunk = size.chunk_tokens * (size.layers * 4 * size.hidden + 60 * size.hidden + 12 * size.intermediate)
-    chunk_patches = min(size.chunk_tokens // tokens_per_image(size), 2 * size.chunk) * patches_per_image(size)
-    tower = chunk_patches * 16 * size.vision_width
+    tower = size.chunk_tokens * 16 * size.vision_width  # chunk_tokens counts a chunk's patches beside its tokens
     patches = 2 * images_per_side(size) * patches_per_image(size)
     kept = patches * 2 * (size.vision_width + size.hidden // MERGE**2) if reused else 0
     inputs = patches * TEMPORAL * PATCH**2 * 3 * 4 + 2 * size.n * max(row_lengths(size)) * 8 * 3
@@ -134,57 +135,30 @@ def tower(encoder: LastToken) -> torch.nn.Module:
     return encoder.model.base_model.model.visual
 
 
-def batch(size: VlmSize, device: torch.device, seed: int) -> list[dict[str, torch.Tensor]]:
-    """One side's rows as Qwen2-VL's processor lays them out, each row with its images: input_ids (1, L) with
-    vision_start, image tokens, vision_end per image; mm_token_type_ids; pixel_values (patches, 1,176);
-    image_grid_thw (images, 3)."""
+def batch(size: VlmSize, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
+    """One side's rows as Qwen2-VL's processor lays them out: input_ids (N, L) right-padded, each image as
+    vision_start, its image tokens, vision_end; attention_mask; mm_token_type_ids (1 at image tokens);
+    pixel_values (patches, 1,176) in row order, bf16; image_grid_thw (images, 3)."""
     g = torch.Generator().manual_seed(seed)
     grid = size.image_side // PATCH
-    rows = []
+    rows, images = [], 0
     for k in range(size.n):
-        images, text = (0, 1, 1, 2)[k % 4], 0 if k % 4 == 1 else size.text_tokens
+        count, text = (0, 1, 1, 2)[k % 4], 0 if k % 4 == 1 else size.text_tokens
         ids = []
-        for _ in range(images):
+        for _ in range(count):
             ids += [SPECIAL["vision_start"], *[SPECIAL["image"]] * (grid * grid // MERGE**2), SPECIAL["vision_end"]]
-        ids += torch.randint(len(SPECIAL), size.vocab, (text,), generator=g).tolist()
-        row = {"input_ids": torch.tensor([ids])}
-        if images:
-            row["pixel_values"] = torch.randn(images * grid * grid, 3 * TEMPORAL * PATCH**2, generator=g)
-            row["image_grid_thw"] = torch.tensor([[1, grid, grid]] * images)
-        rows.append(row)
-    return rows
-
-
-def token_chunks(rows: list[dict[str, torch.Tensor]], chunk_tokens: int, chunk: int,
-                 device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """The rows sorted by length in chunks of at most `chunk_tokens` padded tokens and `chunk` rows, each
-    right-padded to its longest row, its images in row order: what `chunk_tokens` builds (given here as the
-    `split_fn` of a list of rows). Both sides' rows have the same lengths, so sorting keeps the pairs together."""
-    order = sorted(range(len(rows)), key=lambda r: rows[r]["input_ids"].shape[1])
-    groups, current = [], []
-    for r in order:
-        longest = rows[r]["input_ids"].shape[1]  # sorted: the newest row is the longest
-        if current and ((len(current) + 1) * longest > chunk_tokens or len(current) == chunk):
-            groups.append(current)
-            current = []
-        current.append(r)
-    groups.append(current)
-    return [_joined([rows[r] for r in group], device) for group in groups]
-
-
-def _joined(rows: list[dict[str, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
-    longest = max(row["input_ids"].shape[1] for row in rows)
-    ids = torch.full((len(rows), longest), SPECIAL["pad"])
-    mask = torch.zeros(len(rows), longest, dtype=torch.long)
-    for b, row in enumerate(rows):
-        length = row["input_ids"].shape[1]
-        ids[b, :length], mask[b, :length] = row["input_ids"][0], 1
-    joined = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == SPECIAL["image"]).long()}
-    with_images = [row for row in rows if "pixel_values" in row]
-    if with_images:
-        joined["pixel_values"] = torch.cat([row["pixel_values"] for row in with_images]).to(torch.bfloat16)
-        joined["image_grid_thw"] = torch.cat([row["image_grid_thw"] for row in with_images])
-    return {key: value.to(device) for key, value in joined.items()}
+        rows.append(ids + torch.randint(len(SPECIAL), size.vocab, (text,), generator=g).tolist())
+        images += count
+    longest = max(len(ids) for ids in rows)
+    input_ids = torch.full((size.n, longest), SPECIAL["pad"])
+    attention_mask = torch.zeros(size.n, longest, dtype=torch.long)
+    for b, ids in enumerate(rows):
+        input_ids[b, :len(ids)], attention_mask[b, :len(ids)] = torch.tensor(ids), 1
+    found = {"input_ids": input_ids, "attention_mask": attention_mask,
+             "mm_token_type_ids": (input_ids == SPECIAL["image"]).long(),
+             "pixel_values": torch.randn(images * grid * grid, 3 * TEMPORAL * PATCH**2, generator=g).to(torch.bfloat16),
+             "image_grid_thw": torch.tensor([[1, grid, grid]] * images)}
+    return {key: value.to(device) for key, value in found.items()}
 
 
 def _lora_gradients(encoder: torch.nn.Module) -> list[torch.Tensor]:
@@ -196,9 +170,8 @@ def _reuse_vs_rerun(size: VlmSize) -> Callable[[torch.device], dict[str, Any]]:
         encoder = build_encoder(size, device)
         inputs = [batch(size, device, seed) for seed in (0, 1)]
         loss = losses.InfoNCE(temperature=TEMPERATURE)
-        options = {"split_fn": lambda rows, chunk: token_chunks(rows, size.chunk_tokens, chunk, device),
-                   "autocast_dtype": torch.bfloat16}
-        warm = [side[:4] for side in inputs]  # the first calls' kernels, timed on neither side
+        options = {"chunk_tokens": size.chunk_tokens, "trim_padding": True, "autocast_dtype": torch.bfloat16}
+        warm = [batch(dataclasses.replace(size, n=4), device, 2) for _ in range(2)]  # first calls' kernels, untimed
         GradCache(encoder, loss, size.chunk, **options).step(*warm)
         found, seconds = {}, {}
         for name in ("rerun", "reuse"):

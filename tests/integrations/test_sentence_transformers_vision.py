@@ -1,7 +1,8 @@
 """sentence-transformers' multimodal models through the adapters (issue 46 item 3): a SentenceTransformer on a tiny
 Qwen2-VL (Transformer with its processor, last-token Pooling, Normalize) fed text, image and image + text rows
 (`modality` and `num_images_per_sample` from its preprocess), GradCacheLoss against MultipleNegativesRankingLoss
-over the whole batch, value and every parameter's gradient, with no split_fn."""
+over the whole batch, value and every parameter's gradient, with no split_fn; the GIST loss with a Qwen2-VL guide
+against GISTEmbedLoss; a Qwen2-VL MultiVectorEncoder against the peer's uncached multi-vector loss."""
 from __future__ import annotations
 
 import copy
@@ -16,7 +17,9 @@ from sentence_transformers.sentence_transformer.losses import (  # noqa: E402
     GISTEmbedLoss, MultipleNegativesRankingLoss,
 )
 
-from gradcache.integrations.sentence_transformers import GradCacheGISTLoss, GradCacheLoss  # noqa: E402
+from gradcache.integrations.sentence_transformers import (  # noqa: E402
+    GradCacheGISTLoss, GradCacheLoss, GradCacheMultiVectorLoss,
+)
 from gradcache.losses import InfoNCE  # noqa: E402
 from tests.vlm_models import images, write_tiny_qwen2_vl  # noqa: E402
 
@@ -93,5 +96,22 @@ def test_gist_loss_with_a_vision_guide_equals_gist_embed_loss(qwen_folder):
     features = mixed_columns(model)
     want_loss, want = loss_and_grads(model, GISTEmbedLoss(model, guide, temperature=0.05), features)
     got_loss, got = loss_and_grads(model, GradCacheGISTLoss(model, guide, temperature=0.05, chunk_size=2), features)
+    assert torch.allclose(got_loss, want_loss, rtol=1e-5)
+    assert_close(got, want)
+
+
+def test_multi_vector_loss_on_a_qwen2_vl_multi_vector_encoder_equals_the_peers_loss(qwen_folder):
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.losses.merged_forward import column_merging_disabled
+    from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
+
+    torch.manual_seed(0)  # the Dense projection is initialised at random
+    model = MultiVectorEncoder(str(qwen_folder), device="cpu")  # Transformer, Dense, MultiVectorMask, Normalize
+    anchors, positives = mixed_columns(model)
+    features = [{**anchors, "task": "query"}, {**positives, "task": "document"}]
+    assert features[0]["num_images_per_sample"].sum() > 0
+    with column_merging_disabled():  # one forward per column, as GradCache encodes them
+        want_loss, want = loss_and_grads(model, MultiVectorMultipleNegativesRankingLoss(model), features)
+    got_loss, got = loss_and_grads(model, GradCacheMultiVectorLoss(model, chunk_size=2), features)
     assert torch.allclose(got_loss, want_loss, rtol=1e-5)
     assert_close(got, want)

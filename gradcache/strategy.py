@@ -43,7 +43,7 @@ class Strategy:
             accepted and ignored otherwise (FullBatch), so the strategies swap in one line.
         **options: the keyword options, spelled once in `gradcache.options.Options` (get_embedding, split_fn,
             trim_padding, autocast_dtype, scaler, gather, fsdp_reduce, memory_budget, chunk_tokens,
-            check_recompute); checked before anything runs. A strategy that `pairs_chunks_across_inputs` refuses
+            check_recompute, sparse_cache, reuse_outputs); checked before anything runs. A strategy that `pairs_chunks_across_inputs` refuses
             chunk_tokens.
     """
 

@@ -10,8 +10,8 @@ tower is frozen on every side, the language model learns. The batch: N (anchor, 
 text only, image only, image + text and two images + text (each column shifted), images of 112 x 112 to 224 x
 112 pixels (64 to 128 patches, 16 to 32 image tokens), one batch's `preprocess` per column. The loss: MNRL at
 scale 20 (ours: InfoNCE at temperature 0.05 over the normalised embeddings, the same loss). A step is the loss's
-forward and backward, not the optimizer. Ours splits each column with a `split_fn` that follows
-`num_images_per_sample` (`split_features`), so both sides cut the same mini-batches.
+forward and backward, not the optimizer. Ours splits each column by itself (no `split_fn`: each chunk holds its
+rows' images, told by `num_images_per_sample`), in the same mini-batches of rows as the peer.
 
 Exactness: at ``--check-size`` (16) every side's gradient on every trainable parameter against one full-batch
 backward (FullBatch), relative to the largest entry (accumulation is not a large batch: its error is reported,
@@ -20,7 +20,7 @@ not required). Memory: each (side, N) point in a fresh process (``fresh_process.
 ``torch.cuda.max_memory_allocated``). Time: per N, every side in one process, round robin over ``--rounds``
 rounds (``round_robin.py``), medians and per-round ratios to the peer.
 
-    python -m benchmarks.vlm_memory                                   # N = 64 to 512; exactness, memory, time
+    python -m benchmarks.vlm_memory                 # memory at N = 64 to 512, time at 64 and 256; exactness
     python -m benchmarks.vlm_memory --sizes 64,128 --time-sizes 64 --rounds 9
     python -m benchmarks.vlm_memory --device cuda --sizes 512,2048
 """
@@ -65,7 +65,7 @@ IMAGE_SIZES = [(112, 112), (224, 112), (112, 168), (168, 112)]  # (width, height
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.add_argument("--sizes", default="64,128,256,512", help="comma-separated N of the memory points")
-    parser.add_argument("--time-sizes", default="64,256,512", help="comma-separated N timed round robin ('' none)")
+    parser.add_argument("--time-sizes", default="64,256", help="comma-separated N timed round robin ('' none)")
     parser.add_argument("--check-size", type=int, default=16, help="N of the exactness check (0: none)")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
     parser.add_argument("--chunk", type=int, default=16, help="our chunk_size and their mini_batch_size")
@@ -172,29 +172,6 @@ def batch(model, n: int, seed: int = 0) -> list[dict[str, Any]]:
     return columns
 
 
-def split_features(features: dict[str, Any], chunk_size: int) -> list[dict[str, Any]]:
-    """A column's features in chunks of rows, each with its rows' images (`num_images_per_sample`), their grid
-    rows and patches; the per-batch `modality` in every chunk."""
-    rows = features["input_ids"].shape[0]
-    images = features.get("num_images_per_sample", torch.zeros(rows, dtype=torch.long)).tolist()
-    grid = features.get("image_grid_thw")
-    patches = grid.prod(-1).tolist() if grid is not None else []
-    image_starts = [sum(images[:r]) for r in range(rows + 1)]
-    patch_starts = [sum(patches[:i]) for i in range(len(patches) + 1)]
-    chunks = []
-    for start in range(0, rows, chunk_size):
-        stop = min(start + chunk_size, rows)
-        first, last = image_starts[start], image_starts[stop]
-        chunk = {k: v[start:stop] for k, v in features.items()
-                 if isinstance(v, torch.Tensor) and k not in ("pixel_values", "image_grid_thw")}
-        chunk.update({k: v for k, v in features.items() if not isinstance(v, torch.Tensor)})
-        if last > first:
-            chunk["pixel_values"] = features["pixel_values"][patch_starts[first]:patch_starts[last]]
-            chunk["image_grid_thw"] = grid[first:last]
-        chunks.append(chunk)
-    return chunks
-
-
 class Embedder(torch.nn.Module):
     """The SentenceTransformer as an encoder of one column's features: (B, D) normalised embeddings."""
 
@@ -211,7 +188,6 @@ def build_step(side: str, model, chunk: int):
     from gradcache import FullBatch, GradCache, NaiveAccumulation
     from gradcache.losses import InfoNCE
 
-    options = {"split_fn": split_features}
     if side == "st_cached":
         from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
@@ -225,12 +201,12 @@ def build_step(side: str, model, chunk: int):
         return peer
     encoder, info_nce = Embedder(model), InfoNCE(temperature=0.05)
     if side == "full_batch":
-        strategy = FullBatch(encoder, info_nce, **options)  # split_fn: the batch is a VLM layout it knows
+        strategy = FullBatch(encoder, info_nce)
     elif side == "accumulation":
-        strategy = NaiveAccumulation(encoder, info_nce, chunk, **options)
+        strategy = NaiveAccumulation(encoder, info_nce, chunk)
     else:
         reused = {"reuse_outputs": [tower(model)]} if side == "gradcache_reuse" else {}
-        strategy = GradCache(encoder, info_nce, chunk, **options, **reused)
+        strategy = GradCache(encoder, info_nce, chunk, **reused)
     return lambda features: strategy.step(*features)
 
 

@@ -143,9 +143,10 @@ class GradCache(Strategy):
     def _split_all(self, inputs: tuple[Any, ...]) -> tuple[list[list[Any]], list[torch.Tensor | None]]:
         """Each input's chunks (by rows, or by tokens over its rows sorted by length) and, for token chunks,
         the order of its sorted rows. Under FSDP2 token-chunked inputs are cut into as many chunks on every rank."""
-        layouts = {i: self.vision_layout(i, v) for i, v in enumerate(inputs) if self.chunk_tokens_for(i) is not None}
-        plans = {i: token_plan(v, self.chunk_tokens_for(i), self.chunk_size_for(i), layouts[i], self.trims_leading(i, v))
-                 for i, v in enumerate(inputs) if self.chunk_tokens_for(i) is not None}
+        tokened = [i for i in range(len(inputs)) if self.chunk_tokens_for(i) is not None]
+        layouts = {i: self.vision_layout(i, inputs[i]) for i in tokened}  # a VLM batch's rows own their images
+        plans = {i: token_plan(inputs[i], self.chunk_tokens_for(i), self.chunk_size_for(i), layouts[i],
+                               self.trims_leading(i, inputs[i])) for i in tokened}
         encoders = [self.encoder_for(i) for i in range(len(inputs))]
         if plans:
             counts = agreed_under_fsdp(encoders, [len(sizes) for _, sizes in plans.values()], largest=True)
@@ -158,8 +159,10 @@ class GradCache(Strategy):
                 orders.append(order)
             else:
                 pieces = self.split(i, value)
-                leading = self.trims_leading(i, value)
-                chunks.append([trim_padding(c, leading) for c in pieces] if self.options["trim_padding"] else pieces)
+                if self.options["trim_padding"]:
+                    leading = self.trims_leading(i, value)
+                    pieces = [trim_padding(c, leading) for c in pieces]
+                chunks.append(pieces)
                 orders.append(None)
         check_same_chunk_counts(encoders, [len(c) for c in chunks])
         return chunks, orders

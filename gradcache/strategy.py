@@ -11,7 +11,9 @@ from torch import nn
 from gradcache.chunks import Chunks
 from gradcache.deepspeed_engine import check_deepspeed_engine
 from gradcache.distributed import all_gather_embedding
-from gradcache.inputs import GetEmbedding, SplitFn, batch_length, encode, layout_of, own_images, split, trim_padding
+from gradcache.inputs import (
+    GetEmbedding, SplitFn, batch_length, encode, is_pair, layout_of, own_images, split, trim_padding,
+)
 from gradcache.non_finite import NonFiniteLossError
 from gradcache.options import Options, Unpack, checked
 from gradcache.autocast import autocast_context, autocast_off_everywhere, compute_device_type, upcast
@@ -127,7 +129,7 @@ class Strategy:
     def trims_leading(self, index: int, value: Any) -> bool:
         """Whether trimming input `index` may drop leading padding too: exact where its encoder takes positions
         from the mask (Qwen2-VL) or the input carries its `position_ids`, cut alike."""
-        keywords = value[1] if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping) else value
+        keywords = value[1] if is_pair(value) else value
         if isinstance(keywords, Mapping) and isinstance(keywords.get("position_ids"), torch.Tensor) and (
                 keywords["position_ids"].dim() == 2):
             return True

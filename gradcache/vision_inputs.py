@@ -46,13 +46,14 @@ PER_IMAGE_KEYS = ("pixel_values", "image_sizes", "image_position_ids")  # one en
 SAMPLE_FIRST_MARKERS = ("pixel_attention_mask", "aspect_ratio_ids")  # a processor that pads images per row
 SAMPLE_FIRST_KEYS = ("pixel_values", "pixel_attention_mask", "aspect_ratio_ids", "aspect_ratio_mask")
 COUNT_KEYS = ("num_images_per_sample", "num_videos_per_sample")
+PER_VIDEO_SECONDS = "second_per_grid_ts"  # Qwen2.5-VL: each video's seconds per temporal patch
 # Token-axis keys by role (dim 1): trimming cuts these, and never a vision key that merely has the mask's width.
 TOKEN_AXIS_KEYS = frozenset({
     "input_ids", "attention_mask", "token_type_ids", TYPE_IDS, "position_ids", "query_expansion_positions",
     "special_tokens_mask", "labels", "inputs_embeds", "cross_attention_mask", "offset_mapping",
 })
 VISION_KEYS = frozenset({*PER_IMAGE_KEYS, *SAMPLE_FIRST_KEYS, *COUNT_KEYS, "pixel_values_videos",
-                         "image_grid_thw", "video_grid_thw"})
+                         "image_grid_thw", "video_grid_thw", PER_VIDEO_SECONDS})
 POSITIONS_FROM_MASK = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})  # rope index from the mask
 
 
@@ -80,7 +81,7 @@ class VisionLayout:
     patches: list[int] | None = None
 
     def kept_keys(self, value: Mapping[str, Any], index: list[int]) -> set[str]:
-        """The keys of `value` that rows `index` leave out: the groups none of them owns an entry of."""
+        """The keys of `value` a chunk of rows `index` holds: all but the groups none of those rows owns."""
         dropped = set()
         for group in self.groups:
             owned = any(self.spans[group[0]][r][1] > self.spans[group[0]][r][0] for r in index) \
@@ -91,6 +92,7 @@ class VisionLayout:
 
 
 def has_vision_keys(value: Any) -> bool:
+    """Whether an input is a mapping holding a key of a VLM processor's image side."""
     return isinstance(value, Mapping) and any(k in value for k in VISION_KEYS if k not in COUNT_KEYS)
 
 
@@ -141,7 +143,9 @@ def vision_layout(value: Mapping[str, Any], name: str, hints: VisionHints = Visi
     """
     if not has_vision_keys(value):
         return None
-    rows = _rows(value, name)
+    rows = _rows(value)
+    if rows is None:  # pixels alone (a ViT's batch): plain rows
+        return None
     layout = VisionLayout(rows)
     if "image_grid_thw" in value or "video_grid_thw" in value:
         for pixels, grid, count, kind, _ in GRID_KINDS:
@@ -159,14 +163,11 @@ def vision_layout(value: Mapping[str, Any], name: str, hints: VisionHints = Visi
     return _per_image(value, layout, hints, name)
 
 
-def _rows(value: Mapping[str, Any], name: str) -> int:
+def _rows(value: Mapping[str, Any]) -> int | None:
     for key in ROWS_KEYS:
         if isinstance(value.get(key), torch.Tensor) and value[key].dim() >= 1:
             return value[key].shape[0]
-    raise ValueError(
-        f"{name} holds vision keys ({_keys(value)}) but no input_ids or attention_mask to tell its rows; pass the "
-        "processor's whole output, or give split_fn=lambda value, chunk_size: [...] to split it yourself."
-    )
+    return None
 
 
 def _keys(value: Mapping[str, Any]) -> str:
@@ -217,7 +218,12 @@ def _grid(value, layout: VisionLayout, pixels: str, grid: str, count: str, kind:
     first = [sum(per_row[:r]) for r in range(layout.rows + 1)]
     layout.spans[grid] = [(first[r], first[r + 1]) for r in range(layout.rows)]
     layout.spans[pixels] = [(starts[first[r]], starts[first[r + 1]]) for r in range(layout.rows)]
-    layout.groups.append((pixels, grid))
+    group = (pixels, grid)
+    per_video = value.get(PER_VIDEO_SECONDS)
+    if kind == 2 and per_video is not None and len(per_video) == len(patches):  # Qwen2.5-VL: one per video
+        layout.spans[PER_VIDEO_SECONDS] = layout.spans[grid]
+        group = (pixels, grid, PER_VIDEO_SECONDS)
+    layout.groups.append(group)
     row_patches = [starts[first[r + 1]] - starts[first[r]] for r in range(layout.rows)]
     layout.patches = row_patches if layout.patches is None else [a + b for a, b in zip(layout.patches, row_patches)]
 
@@ -305,8 +311,10 @@ def take(value: Mapping[str, Any], layout: VisionLayout, index: list[int],
             spans = [layout.spans[key][r] for r in index]
             if contiguous:
                 chunk[key] = entry[spans[0][0] : spans[-1][1]]
-            else:
-                chunk[key] = torch.cat([entry[s:e] for s, e in spans]) if spans else entry[:0]
+            elif isinstance(entry, torch.Tensor):
+                chunk[key] = torch.cat([entry[s:e] for s, e in spans])
+            else:  # a list or tuple of one entry per item (second_per_grid_ts)
+                chunk[key] = type(entry)(item for s, e in spans for item in entry[s:e])
         elif isinstance(entry, torch.Tensor) and entry.dim() >= 1 and entry.shape[0] == layout.rows:
             chunk[key] = entry[index[0] : index[0] + len(index)] if contiguous else entry.index_select(
                 0, torch.tensor(index, device=entry.device))

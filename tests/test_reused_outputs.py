@@ -215,29 +215,6 @@ def test_the_functional_form_refuses_a_trainable_module_and_learning_inputs():
 
 
 # --- a tiny Qwen2-VL, its vision tower frozen ----------------------------------------------------------------
-def split_qwen2_vl(batch: dict, chunk_size: int, image_token_id: int) -> list[dict]:
-    """Rows in chunks, each with its images' patches and grid rows (a Qwen2-VL batch's layout)."""
-    tokens_per_image = (batch["image_grid_thw"].prod(-1) // 4).tolist()  # merge 2 x 2
-    per_row = (batch["input_ids"] == image_token_id).sum(1).tolist()
-    images, patches, image, patch = [], [], 0, 0  # each row's image and patch ranges
-    for count in per_row:
-        first_image, first_patch = image, patch
-        while count:
-            count -= tokens_per_image[image]
-            patch += int(batch["image_grid_thw"][image].prod())
-            image += 1
-        images.append((first_image, image)), patches.append((first_patch, patch))
-    chunks = []
-    for start in range(0, len(per_row), chunk_size):
-        stop = min(start + chunk_size, len(per_row))
-        chunk = {k: batch[k][start:stop] for k in ("input_ids", "attention_mask", "mm_token_type_ids") if k in batch}
-        if images[start][0] != images[stop - 1][1]:
-            chunk["pixel_values"] = batch["pixel_values"][patches[start][0]:patches[stop - 1][1]]
-            chunk["image_grid_thw"] = batch["image_grid_thw"][images[start][0]:images[stop - 1][1]]
-        chunks.append(chunk)
-    return chunks
-
-
 @pytest.fixture(scope="module")
 def qwen2_vl():
     pytest.importorskip("transformers")
@@ -247,25 +224,29 @@ def qwen2_vl():
     model.train().visual.requires_grad_(False)  # the language model learns, the tower is frozen
     # Dropout inside the tower too: its draws must be skipped and advanced in phase (3).
     model.visual.blocks[0].register_forward_hook(lambda module, args, output: F.dropout(output, 0.2, True))
-    calls = []
-    model.visual.patch_embed.register_forward_pre_hook(lambda module, args: calls.append(1))  # the tower computes
+    calls = []  # one entry per computation of the tower (its hooks run around a reused call too; this one not)
+    model.visual.patch_embed.register_forward_pre_hook(lambda module, args: calls.append(1))
     queries, documents = qwen2_vl_batch(processor, 6, seed=0), qwen2_vl_batch(processor, 6, seed=1)
-    return VisionLanguageEncoder(model), calls, (queries, documents), model.config.image_token_id
+    return VisionLanguageEncoder(model), calls, (queries, documents)
 
 
-@pytest.mark.slow  # a few seconds on 2 cores: 72 forwards of a Qwen2-VL
+@pytest.mark.slow  # a few seconds on 2 cores: about 70 forwards of a Qwen2-VL
 @pytest.mark.parametrize("door", ["GradCache", "CachedLoss"])
-def test_a_qwen2_vl_tower_reused_runs_once_per_chunk_with_images_and_changes_no_gradient(qwen2_vl, door):
-    encoder, calls, inputs, image_token = qwen2_vl
-    split = lambda value, size: split_qwen2_vl(value, size, image_token)  # noqa: E731
-    with_images = sum(1 for x in inputs for chunk in split(x, 1) if "pixel_values" in chunk)
-    assert 0 < with_images < chunk_count(6, 1)  # some chunks hold no image
+@pytest.mark.parametrize("chunking", [{"chunk_size": 1}, {"chunk_size": 6, "chunk_tokens": 40}],
+                         ids=["rows", "chunk_tokens"])
+def test_a_qwen2_vl_tower_reused_runs_once_per_chunk_with_images_and_changes_no_gradient(qwen2_vl, door, chunking):
+    """The processor's batch split by the library (no split_fn): the tower computes once per chunk holding
+    images, where it computed twice, and every gradient is the same."""
+    encoder, calls, inputs = qwen2_vl
+    chunk_size, options = chunking["chunk_size"], {k: v for k, v in chunking.items() if k != "chunk_size"}
     calls.clear()
-    want = run(door, encoder, inputs, 1, split_fn=split)
-    assert len(calls) == 2 * with_images
+    want = run(door, encoder, inputs, chunk_size, **options)
+    twice = len(calls)
     calls.clear()
-    got = run(door, encoder, inputs, 1, split_fn=split, reuse_outputs=[encoder.model.visual])
-    assert len(calls) == with_images  # the tower's computation in phase (1) only
+    got = run(door, encoder, inputs, chunk_size, reuse_outputs=[encoder.model.visual], **options)
+    assert 0 < len(calls) and 2 * len(calls) == twice  # the tower's computation in phase (1) only
+    if chunk_size == 1:  # one chunk per row: the rows holding images, text-only rows never calling the tower
+        assert len(calls) == sum(int(x["mm_token_type_ids"].any(1).sum()) for x in inputs) < chunk_count(6, 1)
     assert torch.equal(got.pop("next draw"), want.pop("next draw"))
     assert_grads_close(got, want, rel=1e-6)
     assert all(p.grad is None for p in encoder.model.visual.parameters())

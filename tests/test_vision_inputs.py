@@ -104,7 +104,13 @@ def test_cached_loss_and_memory_budget_equal_the_full_batch(family, request):
     loss.backward()
     assert torch.allclose(loss.detach(), want_loss, rtol=1e-5)
     assert_close(gradients(encoder), want)
-    _, got = run(GradCache, encoder, inputs, 2, memory_budget=200_000)  # some chunks kept, some re-encoded
+    calls = []
+    hook = encoder.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:  # 4 chunks: some kept with their graphs (encoded once), some re-encoded
+        _, got = run(GradCache, encoder, inputs, 2, memory_budget=800_000 if family == "qwen" else 1_600_000)
+    finally:
+        hook.remove()
+    assert 4 < len(calls) < 8
     assert_close(got, want)
 
 
@@ -222,11 +228,14 @@ def test_trimming_cuts_token_axis_keys_by_role_never_tiles_as_wide_as_the_mask()
     assert trimmed["pixel_values"].shape == (2, 3, 3, 8, 8) and trimmed["pixel_attention_mask"].shape[1] == 3
 
 
-def test_left_padding_is_measured_by_the_mask_and_trimmed_where_positions_come_from_it():
-    """Qwen2-VL takes positions from the mask: leading padding is dropped exactly; chunk_tokens sorts by it."""
-    model, processor = tiny_qwen2_vl(seed=1, padding_side="left")
+@pytest.mark.parametrize("family", ["qwen", "idefics"])
+def test_left_padding_is_measured_by_the_mask_and_trimmed_where_positions_come_from_it(family):
+    """Qwen2-VL takes positions from the mask: leading padding is dropped exactly, and chunk_tokens sorts by the
+    mask. Idefics3's Llama counts positions from column 0: its left-padded chunks keep their width, exactly."""
+    build, make = (tiny_qwen2_vl, qwen2_vl_batch) if family == "qwen" else (tiny_idefics3, idefics3_batch)
+    model, processor = build(seed=1, padding_side="left")
     encoder = VisionLanguageEncoder(model)
-    inputs = qwen2_vl_batch(processor, ROWS, seed=0), qwen2_vl_batch(processor, ROWS, seed=2)
+    inputs = make(processor, ROWS, seed=0), make(processor, ROWS, seed=2)
     assert inputs[0]["attention_mask"][:, 0].eq(0).any()  # left-padded
     want_loss, want = reference(encoder, inputs)
     widths = []
@@ -238,8 +247,11 @@ def test_left_padding_is_measured_by_the_mask_and_trimmed_where_positions_come_f
         hook.remove()
     assert torch.allclose(got_loss, want_loss, rtol=1e-5)
     assert_close(got, want)
-    full = inputs[0]["attention_mask"].shape[1]
-    assert min(widths) < full  # leading padding dropped
+    full = {value["attention_mask"].shape[1] for value in inputs}
+    if family == "qwen":
+        assert min(widths) < min(full)  # leading padding dropped
+    else:
+        assert set(widths) <= full  # positions from column 0: nothing leading dropped
 
 
 def test_ready_made_chunks_and_full_batch_drop_pixels_of_text_only_idefics3_chunks(idefics):
@@ -255,3 +267,33 @@ def test_ready_made_chunks_and_full_batch_drop_pixels_of_text_only_idefics3_chun
         got_loss, got = run(strategy_class, encoder, padded, 2)
         assert torch.allclose(got_loss, want_loss, rtol=1e-5)
         assert_close(got, want)
+
+
+def test_videos_split_by_their_grid_with_their_seconds_and_pixels_alone_are_rows():
+    """Qwen2.5-VL's videos: `pixel_values_videos` by `video_grid_thw`, `second_per_grid_ts` one per video."""
+    types = torch.tensor([[0, 2, 2, 0], [0, 0, 0, 0], [2, 2, 2, 2]])  # video tokens 2, 0, 4: 8, 0, 16 patches
+    batch = {"input_ids": types + 5, "attention_mask": torch.ones(3, 4), "mm_token_type_ids": types,
+             "pixel_values_videos": torch.arange(24.0).unsqueeze(1),
+             "video_grid_thw": torch.tensor([[2, 2, 2], [1, 4, 4]]), "second_per_grid_ts": [0.5, 1.0]}
+    chunks = split(batch, 1)
+    assert [c["pixel_values_videos"].shape[0] if "pixel_values_videos" in c else 0 for c in chunks] == [8, 0, 16]
+    assert chunks[0]["second_per_grid_ts"] == [0.5] and chunks[2]["second_per_grid_ts"] == [1.0]
+    assert "second_per_grid_ts" not in chunks[1] and "video_grid_thw" not in chunks[1]
+    assert torch.equal(chunks[2]["pixel_values_videos"], batch["pixel_values_videos"][8:])
+    assert vision_layout({"pixel_values": torch.randn(3, 3, 4, 4)}, "input 0") is None  # a ViT's batch: rows
+    assert len(split({"pixel_values": torch.randn(3, 3, 4, 4)}, 2)) == 2
+
+
+def test_chunk_tokens_counts_each_rows_vision_patches_beside_its_tokens():
+    """Four rows of 4 tokens; rows 0 and 1 hold an image of 16 patches each. At 39 tokens the two image rows
+    cannot share a chunk (2 x 4 + 32 = 40); the second takes both text-only rows (3 x 4 + 16 = 28)."""
+    from gradcache.token_chunks import token_plan
+
+    types = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
+    batch = {"input_ids": types + 5, "attention_mask": torch.ones(4, 4, dtype=torch.long), "mm_token_type_ids": types,
+             "pixel_values": torch.randn(32, 6), "image_grid_thw": torch.tensor([[1, 4, 4], [1, 4, 4]])}
+    layout = vision_layout(batch, "input 0")
+    assert layout.patches == [16, 16, 0, 0]
+    order, sizes = token_plan(batch, 39, 8, layout)
+    assert order.tolist() == [0, 1, 2, 3] and sizes == [1, 3]
+    assert token_plan(batch, 39, 8)[1] == [4]  # tokens alone: 4 rows x 4 fit

@@ -25,6 +25,14 @@ TEXTS = ["a cat", "the red photo of a dog", "a dog sits on the mat", "blue tree"
 
 QWEN_SPECIAL = ["<|pad|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+# Messages as Qwen2-VL's template renders them, without the roles: each image as QWEN_IMAGE, each text as it is,
+# space-separated (the word-level tokenizer splits on spaces). sentence-transformers renders every input
+# (text, image, image + text) through it and counts each row's images (num_images_per_sample).
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['content'] is string %}{{ message['content'] }} {% else %}"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' %}" + QWEN_IMAGE + " "
+    "{% elif content['type'] == 'text' %}{{ content['text'] }} {% endif %}{% endfor %}{% endif %}{% endfor %}"
+)
 IDEFICS_SPECIAL = ["<pad>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"]
 IDEFICS_IMAGE = "<image>"
 
@@ -64,7 +72,7 @@ def tiny_qwen2_vl(seed: int = 0, padding_side: str = "right", dropout: float = 0
     tokenizer, vocab = _tokenizer(QWEN_SPECIAL, "<|pad|>", "<|endoftext|>", padding_side)
     pixels = dict(min_pixels=56 * 56, max_pixels=84 * 112)
     processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**pixels), tokenizer=tokenizer,
-                                 video_processor=Qwen2VLVideoProcessor(**pixels), chat_template=None)
+                                 video_processor=Qwen2VLVideoProcessor(**pixels), chat_template=QWEN_CHAT_TEMPLATE)
     config = Qwen2VLConfig(
         text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                          num_key_value_heads=1, vocab_size=len(vocab), max_position_embeddings=256,

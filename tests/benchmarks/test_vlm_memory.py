@@ -48,15 +48,3 @@ def test_bad_flags_are_named_before_any_work(tmp_path: Path) -> None:
         bench.main(["--chunk", "0", "--output-dir", str(tmp_path)])
     assert not (tmp_path / "vlm_memory.csv").exists()
 
-
-def test_the_split_follows_num_images_per_sample() -> None:
-    import torch
-
-    features = {"input_ids": torch.arange(8).reshape(4, 2), "num_images_per_sample": torch.tensor([0, 2, 1, 0]),
-                "image_grid_thw": torch.tensor([[1, 2, 2], [1, 2, 4], [1, 4, 4]]),
-                "pixel_values": torch.arange(28).reshape(28, 1), "modality": "message"}
-    first, second = bench.split_features(features, 2)
-    assert first["pixel_values"].flatten().tolist() == list(range(12)) and first["image_grid_thw"].shape[0] == 2
-    assert second["pixel_values"].flatten().tolist() == list(range(12, 28)) and second["modality"] == "message"
-    only_text = bench.split_features({**features, "num_images_per_sample": torch.tensor([0, 0, 3, 0])}, 2)[0]
-    assert "pixel_values" not in only_text and "image_grid_thw" not in only_text

@@ -37,7 +37,7 @@ from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.matryoshka_dims import check_dims
 from gradcache.train.modes import mode_of
 from gradcache.train.parallel.deepspeed import run_settings
-from gradcache.train.parallel.placement import local_rank
+from gradcache.train.parallel.placement import check_device, local_rank
 from gradcache.train.run_folder.layout import RUN_FILES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
@@ -161,36 +161,6 @@ def check_options(config: RunConfig) -> None:
     _check_sharding(config)
     check_report_to(config.report_to)
     check_compile(config)
-
-
-def check_device(device: str, world_size: int, local_rank: int) -> None:
-    """--device names a device that holds data and is here: cpu, cuda (cuda:N below the GPU count) or mps; over
-    `world_size` > 1 ranks a GPU of this rank's own: `cuda`, which means cuda:`local_rank` (below the GPU count
-    too), never an explicit cuda:N, which would put every rank of the machine on GPU N. Checked before the
-    process group is joined (gradcache/train/parallel/placement.py) and with the other options."""
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as error:
-        raise UsageError(f"--device {device}: not a device ({error}); use --device cpu, cuda or cuda:N") from error
-    if parsed.type not in ("cpu", "cuda", "mps"):
-        raise UsageError(f"--device {device}: a {parsed.type} device cannot train (its tensors hold no data or "
-                         "this program does not run on it); use --device cpu, cuda or cuda:N")
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: CUDA is not available here; use --device cpu")
-    if parsed.type == "cuda" and parsed.index is not None and world_size > 1:
-        raise UsageError(f"--device {device} with {world_size} processes: every rank would train on GPU "
-                         f"{parsed.index}; use --device cuda, which gives each process its own GPU (cuda:LOCAL_RANK), "
-                         "and choose the GPUs with CUDA_VISIBLE_DEVICES")
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s); use --device "
-                         "cuda (the first, or each process's own under torchrun) or cuda:N below that count")
-    if parsed.type == "cuda" and parsed.index is None and world_size > 1 and local_rank >= torch.cuda.device_count():
-        raise UsageError(f"--device {device} on LOCAL_RANK {local_rank}: this machine has "
-                         f"{torch.cuda.device_count()} GPU(s), so this process has none of its own; start at most "
-                         f"{torch.cuda.device_count()} processes per machine (torchrun --nproc-per-node "
-                         f"{torch.cuda.device_count()})")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
 
 
 def _check_builds(config: RunConfig) -> None:

@@ -25,7 +25,7 @@ from gradcache.models.sentence_transformers_folder import read_sentence_transfor
 from gradcache.models.huggingface_folder import PACKAGED_MODEL, hidden_size
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
-from gradcache.train.data.text.batches import GroupedInfoNCE, TokenizeGroups, text_batches
+from gradcache.train.data.text.batches import TokenizeGroups, text_batches
 from gradcache.train.data.text.built_in import BUILT_IN_HARD, BUILT_IN_TEXT
 from gradcache.train.data.text.sources import load_text_splits, save_data_index
 from gradcache.train.data.text.streamed_rows import StreamedRows, streamed_batches
@@ -38,6 +38,7 @@ from gradcache.train.export.sentence_transformers import (
 )
 from gradcache.train.modes.base import Mode, OptionGroups
 from gradcache.train.modes.folder_kinds import check_folder_kind
+from gradcache.train.modes.grouped_infonce import GroupedInfoNCE
 from gradcache.train.modes.text_folders import (
     check_text_folder,
     quiet_transformers,

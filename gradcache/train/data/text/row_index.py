@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gradcache.train.data.bad_data import SHOWN_SKIPS, SkippedRows
-from gradcache.train.data.text.formats import IndexedFormat, format_named
+from gradcache.train.data.text.formats import IndexedFormat, described, format_named
 from gradcache.train.data.text.formats.text_format import FileRecords, RecordReader
 from gradcache.train.data.text.parallel_index import LineRange, map_line_ranges, parallel_processes
 from gradcache.train.data.text.usable_rows import (
@@ -259,8 +259,8 @@ def build_row_index(files: Sequence[Path], format_name: str, query_key: str = "q
     """
     text_format = format_named(format_name)
     if not isinstance(text_format, IndexedFormat):
-        raise DataError(f"{option} {str(files[0])!r}: unknown extension {format_name!r}; give a .tsv, .csv, .jsonl "
-                        "or .parquet file, or a datasets folder")
+        raise DataError(f"{option} {str(files[0])!r}: unknown extension {format_name!r}; give "
+                        f"{described(streamed=False)}")
     keys = (query_key, positive_key, tuple(negative_keys))
     h = (first_rows_negatives(_head_records(files, text_format, keys), keys) if negatives_per_query is None
          else negatives_per_query)

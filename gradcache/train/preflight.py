@@ -19,6 +19,7 @@ from gradcache import distributed
 from gradcache.losses.checks import check_temperature, check_tile_size
 from gradcache.losses.queue import check_queue_options
 from gradcache.options import check_chunk_tokens, check_memory_budget
+from gradcache.ranges import is_finite, within
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, run_folder_of
 from gradcache.train.checkpoints.resume import (
     AUTO,
@@ -133,7 +134,7 @@ def check_options(config: RunConfig) -> None:
     checks refused by its own checks, then the combinations, the mode's own checks and the model."""
     for option in dataclasses.fields(config):
         value = getattr(config, option.name)
-        if isinstance(value, float) and not math.isfinite(value):
+        if isinstance(value, float) and not is_finite(value):
             raise UsageError(f"--{_dashed(option.name)} must be a finite number, got {value}")
         if not option.metadata.get("modes") or config.mode in option.metadata["modes"]:
             _check_range(option, value)
@@ -238,14 +239,11 @@ def _check_range(option: dataclasses.Field, value: object) -> None:
     """`value` within the bounds of `option`'s metadata (`at_least`, `above`, `at_most`, `below`), if it has any
     and the value is set."""
     meta = option.metadata
+    if value is None or within(value, at_least=meta.get("at_least"), above=meta.get("above"),
+                               at_most=meta.get("at_most"), below=meta.get("below")):
+        return
     low = ("[", meta["at_least"]) if meta.get("at_least") is not None else ("(", meta.get("above"))
     high = ("]", meta["at_most"]) if meta.get("at_most") is not None else (")", meta.get("below"))
-    if value is None or (low[1] is None and high[1] is None):
-        return
-    too_low = low[1] is not None and (value < low[1] if low[0] == "[" else value <= low[1])
-    too_high = high[1] is not None and (value > high[1] if high[0] == "]" else value >= high[1])
-    if not (too_low or too_high):
-        return
     if low[1] is not None and high[1] is not None:
         rule = f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
     elif low[1] is not None:

@@ -38,11 +38,6 @@ PENDING: set[tuple[str, str] | frozenset[str]] = {
     ("export.model_card", "modes"),
     # house-kinds: modes/text.py looks the kinds up in the registry that imports it (inside two functions)
     frozenset({"modes", "modes.text", "modes.multi_vector", "modes.sparse", "modes.cross_encoder"}),
-    # hostile-ckpt: checkpoints/ below parallel/ (the DeepSpeed output filter it borrows)
-    ("checkpoints.deepspeed_checkpoint", "parallel.deepspeed_output"),
-    ("checkpoints.safe_unpickling", "parallel.deepspeed_output"),
-    # hostile-ckpt: the checkpoint resolver apart from the kinds of checkpoint it chooses between
-    frozenset({"checkpoints.run_checkpoint", "checkpoints.deepspeed_checkpoint"}),
 }
 
 

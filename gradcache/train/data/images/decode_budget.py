@@ -95,7 +95,7 @@ def opened_image(source: str | os.PathLike | IO[bytes]) -> Iterator[Image.Image]
         ImageOverBudget: decoding it would cost more than DECODE_BUDGET_BYTES.
         OSError, SyntaxError, ValueError: PIL's ways of refusing a file that is no image it can read.
     """
-    name = repr(source) if not isinstance(source, (str, os.PathLike)) else os.fspath(source)
+    name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the image"  # a shard's member: named there
     handle = open_regular(source) if isinstance(source, (str, os.PathLike)) else source
     try:
         with warnings.catch_warnings():

@@ -74,7 +74,7 @@ def check_decode_cost(image: Image.Image, name: str) -> None:
 def open_regular(path: str | os.PathLike) -> IO[bytes]:
     """`path` opened for reading, refused (`NotRegularFile`) unless it is a regular file: opened without blocking
     and checked on the open descriptor, so a FIFO cannot hold the reader and no swap after a check can either."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):

@@ -27,7 +27,7 @@ from gradcache import distributed
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, run_checkpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CollectiveFailure, UsageError
-from gradcache.train.parallel import launch_environment
+from gradcache.train import launch_environment
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gradcache.train.parallel.launch_environment import launch_variable
+from gradcache.train.launch_environment import launch_variable
 
 # Below this the forks and the extra pass that numbers the lines cost a good part of what P processes save:
 # 64 MB of JSONL is about 100k rows, 0.4 s on one core.

@@ -30,6 +30,7 @@ from gradcache.train.compilation import check_compile
 from gradcache.models import IMAGE_ENCODER_PRESETS
 from gradcache.train.config import MODEL_FIELDS, RunConfig, with_absolute_paths
 from gradcache.train.data.bad_data import check_bad_share
+from gradcache.train.data.held_out import held_out_size
 from gradcache.train.data.images.files import BUILT_IN_DATA
 from gradcache.train.data.resources import reading_data
 from gradcache.train.data.splits import Splits
@@ -116,8 +117,11 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
         damaged = getattr(data.train, "damaged", [])  # streamed files the count could not read to their end
         counted = (f", counted up to the damage of {'; '.join(damaged)}; repair or replace "
                    f"{'it' if len(damaged) == 1 else 'them'}," if damaged else ";")
+        held = (f" (--test-size {config.test_size if config.test_size is not None else 'by default'} held out "
+                f"{len(data.test)} of --data's {mode.items})" if config.eval_data is None else "")
+        fix = "a smaller --test-size, " if config.eval_data is None else ""
         raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training {mode.items}"
-                         f"{counted} pass a smaller --batch-size or use more data")
+                         f"{held}{counted} pass a smaller --batch-size, {fix}or use more data")
     if saved is not None:
         check_length(config, saved, len(data.train))
     if distributed.rank() == 0:  # every check passed
@@ -224,7 +228,7 @@ def check_memory(config: RunConfig) -> None:
     value that cannot fit is refused with the largest one that might; one that fits may still not, with the model."""
     memory = _memory_bytes(config.device)
     if _applies(config, "image_size"):
-        pixels, count = 3 * config.image_size ** 2, config.train_size + config.test_size
+        pixels, count = 3 * config.image_size ** 2, config.train_size + held_out_size(config.test_size, None, "images")
         images = [(config.batch_size * pixels * 4, f"one batch of --batch-size {config.batch_size} images of 3 x "
                    f"{config.image_size} x {config.image_size} float32", config.batch_size * 12)]
         if config.data in BUILT_IN_DATA:

@@ -1,0 +1,48 @@
+"""stdout holds a command's JSON summary alone; everything else goes to stderr, whoever writes it.
+
+Third-party packages write to stdout: DeepSpeed's logger, made when deepspeed is first imported (transformers'
+`save_pretrained` imports it whenever it is installed), and prints from C code. Inside `summary_on_stdout`
+`sys.stdout` is stderr and, in the command's own process, so is file descriptor 1 (handles taken on the old
+stdout, and C code, follow it); `print_summary` writes to a handle on the real stdout taken before.
+An in-process `main([...])` (a test under pytest's capture) leaves descriptor 1 alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+__all__ = ["print_summary", "summary_on_stdout"]
+
+_SUMMARY: list[TextIO] = []  # the real stdout of each open `summary_on_stdout`, innermost last
+
+
+@contextlib.contextmanager
+def summary_on_stdout(own_process: bool) -> Iterator[None]:
+    """Inside: sys.stdout (and, with `own_process`, file descriptor 1) write to stderr; `print_summary` writes to
+    the stdout of the moment it was entered. Both as they were after."""
+    sys.stdout.flush()
+    if own_process:
+        real = os.fdopen(os.dup(1), "w", encoding="utf-8")
+        os.dup2(2, 1)
+    else:
+        real = sys.stdout
+    _SUMMARY.append(real)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _SUMMARY.pop()
+        sys.stderr.flush()
+        real.flush()
+        if own_process:
+            os.dup2(real.fileno(), 1)
+            real.close()
+
+
+def print_summary(summary: Any) -> None:
+    """`summary` as indented JSON on the real stdout (sys.stdout outside `summary_on_stdout`)."""
+    print(json.dumps(summary, indent=2, sort_keys=True), file=_SUMMARY[-1] if _SUMMARY else sys.stdout, flush=True)

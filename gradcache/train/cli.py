@@ -180,13 +180,15 @@ def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
     guards.check()
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
-    rows, short = mine(model, args.data, args.output, args.negatives, guards, args.corpus, args.query_key,
-                       args.positive_key, args.negative_keys, args.batch_size)
-    keys = negative_keys_of(args.output, args.negatives)
-    print(f"wrote {args.output}: {rows} rows, {short} with fewer than {args.negatives} negatives; train on it with "
-          f"--data {args.output} --query-key {args.query_key} --positive-key {args.positive_key} --negative-keys "
-          f"{keys}", file=sys.stderr)
-    print_summary({"output": str(args.output), "rows": rows, "short": short, "negative_keys": keys})
+    mined = mine(model, args.data, args.output, args.negatives, guards, args.corpus, args.query_key,
+                 args.positive_key, args.negative_keys, args.batch_size, args.replace_negatives)
+    keys = negative_keys_of(args.output, mined.width)
+    kept = (f"each row's own negatives ({', '.join(mined.kept_keys)}) kept first, the mined ones after; "
+            if mined.kept_keys else "")
+    print(f"wrote {args.output}: {mined.rows} rows, {mined.short} where mining found fewer than {args.negatives} "
+          f"negatives; {kept}train on it with --data {args.output} --query-key {args.query_key} --positive-key "
+          f"{args.positive_key} --negative-keys {keys}", file=sys.stderr)
+    print_summary({"output": str(args.output), "rows": mined.rows, "short": mined.short, "negative_keys": keys})
     return 0
 
 

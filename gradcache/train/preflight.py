@@ -9,6 +9,7 @@ import importlib.util
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -104,6 +105,9 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
         config = dataclasses.replace(config, epochs=mode.default_epochs)
     config = run_settings(config)  # the --deepspeed file's contents, kept in the run; a resume compares them
     check_options(config)
+    if saved is None:  # a resume's heads were trained: only a new run can start one at random
+        for message in mode.random_heads(config):
+            warnings.warn(message, stacklevel=2)
     output = Path(config.output_dir)
     if given.resume is None and any((output / name).exists() for name in RUN_FILES):
         raise UsageError(f"--output-dir {output} already holds a run; pass --resume {output} to continue it, "

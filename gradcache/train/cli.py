@@ -14,10 +14,10 @@ import argparse
 import difflib
 import os
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 
-from gradcache.train.summary_output import print_summary, summary_on_stdout
+from gradcache.train.command_output import one_line_warnings, print_summary, summary_on_stdout
+from gradcache.train.installation import torchvision_mismatch
 
 Register = Callable[[argparse._SubParsersAction], None]
 # the import names of the `train` extra's packages (pyproject.toml)
@@ -245,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from gradcache.train import errors
 
+        mismatch = torchvision_mismatch()  # before the parser, whose modes import torchvision
+        if mismatch is not None:
+            print(f"gradcache: error: {mismatch}", file=sys.stderr)
+            return errors.USAGE
         parser = get_args_parser()
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] not in TRAIN_EXTRA:
@@ -267,8 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return errors.USAGE
     try:
         # stdout: the command's JSON summary alone; anything else written there goes to stderr
-        with warnings.catch_warnings(), summary_on_stdout(own_process=own_process):
-            warnings.simplefilter("default")
+        with one_line_warnings(), summary_on_stdout(own_process=own_process):
             return args.command(args, argv)
     except KeyboardInterrupt as error:  # Ctrl-C outside the training loop (within it: preemption.py)
         print(f"gradcache: interrupted{f' ({error})' if str(error) else ''}; stopped at once without saving (a "

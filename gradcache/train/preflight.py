@@ -40,6 +40,7 @@ from gradcache.train.matryoshka_dims import check_dims
 from gradcache.train.modes import mode_of
 from gradcache.train.parallel.deepspeed import run_settings
 from gradcache.train.parallel.placement import local_rank
+from gradcache.train.progress import startup_phase
 from gradcache.train.run_folder.layout import RUN_FILES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
@@ -113,6 +114,7 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
         raise UsageError(f"--output-dir {output} already holds a run; pass --resume {output} to continue it, "
                          "--resume auto to continue it or, if it saved no checkpoint, start it afresh there, or "
                          "choose another --output-dir")
+    startup_phase(config.mode, f"reading the data (--data {config.data})", not config.quiet and distributed.rank() == 0)
     with reading_data(config.data, config.eval_data):
         data = mode.load_data(config)
     check_bad_share(data.train.skipped, len(data.train) + len(data.test), config.max_bad_share, mode.items)

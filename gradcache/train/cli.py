@@ -151,7 +151,7 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
 def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
     from gradcache.train.commands.encode import encode
     from gradcache.train.commands.model import load_model
-    from gradcache.train.eval.sparse_rows import CsrRows
+    from gradcache.train.outputs.sparse_rows import CsrRows
 
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
@@ -161,7 +161,7 @@ def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
     if isinstance(embeddings, dict):  # a multi-vector model's token vectors (commands/encode_tokens.py)
         values = embeddings["values"]
         what = f"{len(embeddings['offsets']) - 1} texts, {values.shape[0]} token vectors of {values.shape[1]} dimensions"
-    elif isinstance(embeddings, CsrRows):  # a SPLADE model's sparse rows (eval/sparse_rows.py)
+    elif isinstance(embeddings, CsrRows):  # a SPLADE model's sparse rows (outputs/sparse_rows.py)
         what = f"{embeddings.shape[0]} sparse rows of {embeddings.shape[1]} columns, {len(embeddings.data)} non-zeros"
     elif embeddings.ndim == 1:  # a cross-encoder's scores (commands/pair_scores.py)
         what = f"{embeddings.shape[0]} scores of (query, passage) rows"

@@ -12,6 +12,7 @@ from gradcache.train.commands.encode import TOWERS
 from gradcache.train.commands.command_inputs import CORPUS_ID, CORPUS_TEXT
 from gradcache.train.commands.mine import NEGATIVES_FIELD
 from gradcache.train.commands.model import MODEL_HELP
+from gradcache.train.data.text.formats import TEXT_LINES, described, listed, table_suffixes
 
 
 def add_model_options(parser: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
@@ -42,15 +43,15 @@ def add_pairs_options(parser: argparse.ArgumentParser) -> None:
                         help="column (field) of each query's positive passage (default: positive)")
     parser.add_argument("--negative-keys", nargs="*", default=[], help="columns of hard negatives, or one JSONL "
                         "field holding a list; they join the corpus (default: none)")
-    parser.add_argument("--corpus", default=None, help=f"a .tsv, .csv or .jsonl file of '{CORPUS_ID}' and "
+    parser.add_argument("--corpus", default=None, help=f"a {listed(table_suffixes())} file of '{CORPUS_ID}' and "
                         f"'{CORPUS_TEXT}' rows to rank instead of the file's own passages; a row's positive is "
                         "found in it by its text, else by its id")
 
 
 def add_encode_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser)
-    parser.add_argument("--data", required=True, help="texts: a .txt file (one text per line) or a .tsv, .csv or "
-                        ".jsonl table with --key; images: a folder (every image under it, sorted by path), a "
+    parser.add_argument("--data", required=True, help=f"texts: a {TEXT_LINES} file (one text per line) or a "
+                        f"{listed(table_suffixes())} table with --key; images: a folder (every image under it, sorted by path), a "
                         "table of image paths with --image-key, or webdataset shards (a .tar, a folder of them, a "
                         "glob or brace pattern: rows in shard order then member order; a member that does not "
                         "decode is skipped and counted on stderr)")
@@ -73,8 +74,8 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, f"{MODEL_HELP}; a checkpoint file or a sharded checkpoint folder (last.dcp) also "
                       "works (a run folder: its newest good checkpoint, a damaged last.pt falling back to "
                       "previous.pt with a warning)")
-    parser.add_argument("--data", default=None, help="a file to score MODEL on, in a format train reads: text: a "
-                        ".tsv, .csv, .jsonl or .jsonl.gz of (query, positive, hard negatives) rows, every row scored; "
+    parser.add_argument("--data", default=None, help="a file to score MODEL on, in a format train reads: text: "
+                        f"{described()}, of (query, positive, hard negatives) rows, every row scored; "
                         "a clip or simclr run: its --data kinds, scored on a held-out split of --test-size (default: "
                         "a run's own held-out split)")
     add_pairs_options(parser)
@@ -90,7 +91,7 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
 
 def add_mine_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser)
-    parser.add_argument("--data", required=True, help="a .tsv, .csv or .jsonl file of (query, positive) rows")
+    parser.add_argument("--data", required=True, help=f"{described()}, of (query, positive) rows")
     parser.add_argument("--output", required=True, help=f".jsonl (a '{NEGATIVES_FIELD}' list per row: train with "
                         f"--negative-keys {NEGATIVES_FIELD}) or .tsv/.csv (columns negative_1 .. negative_K)")
     parser.add_argument("--negatives", type=int, required=True, help="hard negatives K to mine per row")

@@ -12,7 +12,7 @@ A multi-vector model (`--kind multi-vector`) writes each text's token vectors to
 (`faiss.read_index`; `index.search(queries, k)` returns rows of the input).
 A SPLADE model (a `--kind sparse` run or a SparseEncoder folder) gives sparse rows instead, unnormalised, as
 `SparseEncoder.encode` does: `.npz` only, in CSR form (`indptr`, `indices`, `data`, `shape`;
-gradcache/train/eval/sparse_rows.py, docs/outputs.md).
+gradcache/train/outputs/sparse_rows.py, docs/outputs.md).
 A cross-encoder has no embeddings: it writes one score per (query, passage) row (gradcache/train/commands/
 pair_scores.py).
 """
@@ -38,7 +38,8 @@ from gradcache.train.commands.model import LoadedModel
 from gradcache.train.commands.encode_tokens import TOKEN_KINDS, encode_tokens
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.embed import embed_images, embed_texts
-from gradcache.train.eval.sparse_rows import CsrRows, embed_sparse_texts
+from gradcache.train.eval.sparse_retrieval import embed_sparse_texts
+from gradcache.train.outputs.sparse_rows import CsrRows
 
 OUTPUT_SUFFIXES = (".npy", ".faiss", ".npz")
 SPARSE_SUFFIX = ".npz"  # a SPLADE model's rows (CsrRows), or a multi-vector model's tokens (encode_tokens.py)

@@ -25,8 +25,9 @@ from gradcache.models.sentence_transformers_folder import read_sentence_transfor
 from gradcache.models.huggingface_folder import PACKAGED_MODEL, hidden_size
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
-from gradcache.train.data.text.batches import GroupedInfoNCE, TokenizeGroups, text_batches
+from gradcache.train.data.text.batches import TokenizeGroups, text_batches
 from gradcache.train.data.text.built_in import BUILT_IN_HARD, BUILT_IN_TEXT
+from gradcache.train.data.text.formats import described, file_suffixes, folder_names, listed
 from gradcache.train.data.text.sources import load_text_splits, save_data_index
 from gradcache.train.data.text.streamed_rows import StreamedRows, streamed_batches
 from gradcache.train.data.text.text_pairs import TextSplits
@@ -38,6 +39,7 @@ from gradcache.train.export.sentence_transformers import (
 )
 from gradcache.train.modes.base import Mode, OptionGroups
 from gradcache.train.modes.folder_kinds import check_folder_kind
+from gradcache.train.modes.grouped_infonce import GroupedInfoNCE
 from gradcache.train.modes.text_folders import (
     check_text_folder,
     quiet_transformers,
@@ -66,9 +68,9 @@ class Text(Mode):
     kind_fields: tuple[str, ...] = ()  # the RunConfig fields only this kind reads (`add_kind_options`' options)
     refused: dict[str, str] = {}  # the dense kind's options this kind cannot honour: field -> why (`check`)
     loss_kind = "infonce"
-    path_data = ("a .tsv, .csv, .jsonl, .jsonl.gz or .parquet file, a folder or pattern of them "
-                 "('part-{000..099}.jsonl'), or a datasets save_to_disk folder, of (query, positive, hard negatives) "
-                 "rows; indexed at start, a .jsonl.gz streamed through --shuffle-buffer")
+    path_data = (f"a {listed(file_suffixes())} file, a folder or pattern of them ('part-{{000..099}}.jsonl'), or "
+                 f"{listed(folder_names())} (save_to_disk), of (query, positive, hard negatives) rows; indexed at "
+                 f"start, a {listed(file_suffixes(streamed=True))} streamed through --shuffle-buffer")
     # the default run: all-MiniLM-L6-v2 on the built-in world, one epoch of 24 steps, a few CPU minutes
     defaults = dict(data=BUILT_IN_TEXT, model=PACKAGED_MODEL, train_size=768, batch_size=32,
                     chunk_size=16, lr=1e-4, base_batch_size=32, warmup=3, weight_decay=0.01, temperature=0.05,
@@ -91,8 +93,8 @@ class Text(Mode):
         data.add_argument("--eval-data", default=default("eval_data"), help="held-out rows given apart from --data, "
                           "in its formats (a file, folder or pattern); the evaluation scores them (default: --test-size "
                           "rows of --data, held out by a seeded permutation)")
-        data.add_argument("--corpus", default=default("corpus"), help="passages as (id, text) rows (.jsonl, .tsv, "
-                          "or .csv; fields id and text) that --data rows name by id: positive_id and negative_ids (or "
+        data.add_argument("--corpus", default=default("corpus"), help="passages as (id, text) rows ("
+                          f"{described(streamed=False)}; fields id and text) that --data rows name by id: positive_id and negative_ids (or "
                           "--positive-key / --negative-keys); also the retrieval corpus of the evaluation")
         data.add_argument("--shuffle-buffer", type=int, default=default("shuffle_buffer"),
                           help=".jsonl.gz --data: parsed rows each loader worker shuffles among")
@@ -227,8 +229,10 @@ class Text(Mode):
         if config.lora_rank is not None:  # the base a LoRA run trains on: recorded when it starts, then compared
             folder = text_model_folder(config.model)
             if config.base_fingerprint is None:  # a new run, or one from before fingerprints were recorded
-                return dataclasses.replace(config, base_fingerprint=fingerprint(folder))
-            check_fingerprint(config.base_fingerprint, folder, "--model")
+                method = "sampled" if config.fingerprint == "weights" else config.fingerprint
+                return dataclasses.replace(config, fingerprint=method,
+                                           base_fingerprint=fingerprint(folder, method))
+            check_fingerprint(config.base_fingerprint, folder, "--model", config.fingerprint)
         return config
 
     def check_lengths(self, config: RunConfig, data: TextSplits) -> None:
@@ -256,7 +260,7 @@ class Text(Mode):
         lora = lora_settings(config)
         if lora is not None:  # each tower its own adapter, on the base the run started from
             if config.base_fingerprint is not None:
-                check_fingerprint(config.base_fingerprint, folder, "--model")
+                check_fingerprint(config.base_fingerprint, folder, "--model", config.fingerprint)
             towers = [add_lora(tower, lora) for tower in towers]
         return BiEncoder(*towers)
 

@@ -10,35 +10,54 @@ and the names of those that failed; `CountedBatches` (data/bad_data.py) adds the
 --max-bad-share on the share read so far (`BadShare`).
 
 The held-out images and SimCLR's kNN reference set are small and read at every evaluation, so they are decoded
-once, at start (`decoded`), into an in-memory `ImageSet`.
+once, at start (`decoded`), into an in-memory `ImageSet`: a file that fails to decode there is skipped and
+counted too; any other error stops the run with DATA_ERROR (4), one line naming the file.
+
+Every decode is bounded before any pixel is read (decode_budget.py: only regular files are opened, and an image
+whose decode would cost more than DECODE_BUDGET_BYTES is refused from its header, a bad file like any other).
 """
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.held_out import held_out_order, held_out_size
 from gradcache.train.data.images.bit_depth import as_rgb8
-from gradcache.train.data.images.sets import DataSplits, ImageSet, check_descriptions
+from gradcache.train.data.images.decode_budget import RESAMPLED_AS_DECODED, ImageOverBudget, opened_image
+from gradcache.train.data.images.sets import DataSplits, DescribedImages, ImageSet
 from gradcache.train.data.worker_failures import ReadingFailed
-from gradcache.train.errors import DataError
+from gradcache.train.errors import DataError, DataReadFailed
 
-DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
+# How a decoder says a file is no image it can read (PIL's plugins raise SyntaxError for a broken PNG or TIFF
+# chunk, EOFError for a short read), with a non-regular file and an image over the budget: skipped and counted.
+DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError,
+                 ImageOverBudget)
 
 
 EXACT_ASPECT = 16  # up to this aspect ratio an image is resized whole, then cropped; past it only the kept box
 
 
-def decode_image(path: str | Path, image_size: int) -> torch.Tensor:
+def decode_image(path: str | Path | IO[bytes], image_size: int) -> torch.Tensor:
     """(3, image_size, image_size) uint8: the shorter side resized to `image_size`, then centre-cropped
-    (`centre_square`: the work bounded by the pixels kept, whatever the aspect ratio)."""
-    with Image.open(path) as opened:
-        image = as_rgb8(opened)  # 16-bit samples scaled, not clipped
-    cropped = centre_square(image, image_size)
+    (`centre_square`: the work bounded by the pixels kept, whatever the aspect ratio).
+
+    Greyscale of any bit depth and RGB are resampled in their own mode and widened to 8-bit RGB at the kept
+    size; other modes are converted to RGB first (their copy counted in the decode budget: decode_budget.py).
+
+    Raises:
+        one of DECODE_ERRORS: the file is no image this decoder reads, or its decode is over the budget.
+    """
+    with opened_image(path) as opened:
+        if opened.mode in RESAMPLED_AS_DECODED:
+            kept = centre_square(opened, image_size)
+        else:
+            kept = centre_square(opened.convert("RGB"), image_size)
+    cropped = as_rgb8(kept)  # 16-bit samples scaled, not clipped
     return torch.frombuffer(bytearray(cropped.tobytes()), dtype=torch.uint8).view(image_size, image_size, 3).permute(
         2, 0, 1
     )
@@ -64,30 +83,17 @@ def centre_square(image: Image.Image, size: int) -> Image.Image:
     return image.resize((size, size), Image.Resampling.BILINEAR, box=box)
 
 
-@dataclass
-class LazyImageSet:
-    """N image files with what describes them; nothing decoded until drawn.
+@dataclass(kw_only=True)
+class LazyImageSet(DescribedImages):
+    """N image files with what describes them (`DescribedImages`); nothing decoded until drawn.
 
     Args:
         paths: N file paths.
         image_size: the side every image is decoded to.
-        labels: (N,) int64 class indices into `class_names`, or None.
-        captions: N strings, or None.
-        class_names, class_prompts: as in `ImageSet`.
-        skipped: entries left out before training (table rows without a path or caption) and, as the run goes,
-            the files that failed to decode (added by `CountedBatches` in the training process).
     """
 
     paths: list[str]
     image_size: int
-    labels: torch.Tensor | None = None
-    captions: list[str] | None = None
-    class_names: list[str] | None = None
-    class_prompts: list[list[str]] | None = None
-    skipped: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        check_descriptions(len(self.paths), self.labels, self.captions)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -114,13 +120,8 @@ class LazyImageSet:
 
     def subset(self, indices: torch.Tensor) -> LazyImageSet:
         """The files at `indices`, with their labels and captions."""
-        picked = indices.tolist()
-        return LazyImageSet(
-            paths=[self.paths[i] for i in picked], image_size=self.image_size,
-            labels=None if self.labels is None else self.labels[indices],
-            captions=None if self.captions is None else [self.captions[i] for i in picked],
-            class_names=self.class_names, class_prompts=self.class_prompts, skipped=list(self.skipped),
-        )
+        return LazyImageSet(paths=[self.paths[i] for i in indices.tolist()], image_size=self.image_size,
+                            **self.descriptions_at(indices))
 
     def decoded(self, what: str) -> ImageSet:
         """Every image decoded into memory (for the small held-out and reference sets), those that fail skipped,
@@ -136,6 +137,9 @@ class LazyImageSet:
                 kept.append(index)
             except DECODE_ERRORS:
                 failed.append(path)
+            except Exception as error:  # no decoder's way of failing: the run stops, naming the file
+                raise DataReadFailed(f"{type(error).__name__}: {error} (while reading {path}, a {what} "
+                                     "image)") from error
         if failed:
             shown = ", ".join(failed[:10]) + (" ..." if len(failed) > 10 else "")
             warnings.warn(f"skipped {len(failed)} of {len(self.paths)} {what} images that failed to decode: {shown}",
@@ -143,11 +147,9 @@ class LazyImageSet:
         if not images:
             raise DataError(f"none of the {len(self.paths)} {what} images decoded (first: "
                             f"{self.paths[0] if self.paths else 'none'}); check that the files are images")
-        keep = torch.tensor(kept)
-        return ImageSet(images=torch.stack(images), labels=None if self.labels is None else self.labels[keep],
-                        captions=None if self.captions is None else [self.captions[i] for i in kept],
-                        class_names=self.class_names, class_prompts=self.class_prompts,
-                        skipped=list(self.skipped) + failed)
+        described = self.descriptions_at(torch.tensor(kept))
+        described["skipped"] += failed
+        return ImageSet(images=torch.stack(images), **described)
 
 
 def lazy_split(data: LazyImageSet, test_size: int | None, seed: int, name: str) -> DataSplits:

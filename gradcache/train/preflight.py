@@ -9,6 +9,7 @@ import importlib.util
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from gradcache.train.compilation import check_compile
 from gradcache.models import IMAGE_ENCODER_PRESETS
 from gradcache.train.config import MODEL_FIELDS, RunConfig, with_absolute_paths
 from gradcache.train.data.bad_data import check_bad_share
+from gradcache.train.data.held_out import held_out_size
 from gradcache.train.data.images.files import BUILT_IN_DATA
 from gradcache.train.data.resources import reading_data
 from gradcache.train.data.splits import Splits
@@ -39,6 +41,7 @@ from gradcache.train.matryoshka_dims import check_dims
 from gradcache.train.modes import mode_of
 from gradcache.train.parallel.deepspeed import run_settings
 from gradcache.train.parallel.placement import check_device, local_rank
+from gradcache.train.progress import startup_phase
 from gradcache.train.run_folder.layout import RUN_FILES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
@@ -104,11 +107,15 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
         config = dataclasses.replace(config, epochs=mode.default_epochs)
     config = run_settings(config)  # the --deepspeed file's contents, kept in the run; a resume compares them
     check_options(config)
+    if saved is None:  # a resume's heads were trained: only a new run can start one at random
+        for message in mode.random_heads(config):
+            warnings.warn(message, stacklevel=2)
     output = Path(config.output_dir)
     if given.resume is None and any((output / name).exists() for name in RUN_FILES):
         raise UsageError(f"--output-dir {output} already holds a run; pass --resume {output} to continue it, "
                          "--resume auto to continue it or, if it saved no checkpoint, start it afresh there, or "
                          "choose another --output-dir")
+    startup_phase(config.mode, f"reading the data (--data {config.data})", not config.quiet and distributed.rank() == 0)
     with reading_data(config.data, config.eval_data):
         data = mode.load_data(config)
     check_bad_share(data.train.skipped, len(data.train) + len(data.test), config.max_bad_share, mode.items)
@@ -117,8 +124,11 @@ def _prepare(given: RunConfig, explicit: set[str]) -> tuple[RunConfig, RunCheckp
         damaged = getattr(data.train, "damaged", [])  # streamed files the count could not read to their end
         counted = (f", counted up to the damage of {'; '.join(damaged)}; repair or replace "
                    f"{'it' if len(damaged) == 1 else 'them'}," if damaged else ";")
+        held = (f" (--test-size {config.test_size if config.test_size is not None else 'by default'} held out "
+                f"{len(data.test)} of --data's {mode.items})" if config.eval_data is None else "")
+        fix = "a smaller --test-size, " if config.eval_data is None else ""
         raise UsageError(f"--batch-size {config.batch_size} exceeds the {len(data.train)} training {mode.items}"
-                         f"{counted} pass a smaller --batch-size or use more data")
+                         f"{held}{counted} pass a smaller --batch-size, {fix}or use more data")
     if saved is not None:
         check_length(config, saved, len(data.train))
     if distributed.rank() == 0:  # every check passed
@@ -195,7 +205,7 @@ def check_memory(config: RunConfig) -> None:
     value that cannot fit is refused with the largest one that might; one that fits may still not, with the model."""
     memory = _memory_bytes(config.device)
     if _applies(config, "image_size"):
-        pixels, count = 3 * config.image_size ** 2, config.train_size + config.test_size
+        pixels, count = 3 * config.image_size ** 2, config.train_size + held_out_size(config.test_size, None, "images")
         images = [(config.batch_size * pixels * 4, f"one batch of --batch-size {config.batch_size} images of 3 x "
                    f"{config.image_size} x {config.image_size} float32", config.batch_size * 12)]
         if config.data in BUILT_IN_DATA:

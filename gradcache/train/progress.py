@@ -3,7 +3,12 @@ a file) one line every `--progress-every` seconds, since a bar there is either n
 
     gradcache train simclr: step 120/1000 (12%), loss 3.1416, 512.0 samples/s, elapsed 1m 02s, ETA 7m 35s
 
-`--quiet` silences both; ranks other than 0 print nothing.
+Before the first step, one line per start-up phase that can take seconds (`startup_phase`: reading the data,
+loading the model, the step-0 evaluation), so a log is not silent while the run prepares:
+
+    gradcache train text: loading the model (--model all-MiniLM-L6-v2)
+
+`--quiet` silences all of them; ranks other than 0 print nothing.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-__all__ = ["StepProgress", "duration"]
+__all__ = ["StepProgress", "duration", "startup_phase"]
 
 
 def duration(seconds: float) -> str:
@@ -25,6 +30,13 @@ def duration(seconds: float) -> str:
     if hours:
         return f"{hours}h {minutes:02d}m"
     return f"{minutes}m {seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def startup_phase(mode: str, what: str, enabled: bool, stream: TextIO | None = None) -> None:
+    """One line on stderr (`stream`): `gradcache train MODE: WHAT`, as a start-up phase begins; nothing unless
+    `enabled` (rank 0, without --quiet)."""
+    if enabled:
+        print(f"gradcache train {mode}: {what}", file=stream if stream is not None else sys.stderr, flush=True)
 
 
 class StepProgress:

@@ -38,6 +38,7 @@ from gradcache.train.modes.assembly import build_loss, build_model
 from gradcache.train.optim.optimizers import build_optimizer, scaled_learning_rate
 from gradcache.train.optim.schedule import warmup_cosine
 from gradcache.train.parallel.placement import Placement, device_of
+from gradcache.train.progress import startup_phase
 from gradcache.train.strategy_choice import build_strategy
 
 
@@ -72,6 +73,8 @@ class Run:
                 torch.set_num_threads(threads)
         self.steps = config.total_steps(len(data.train))
         torch.manual_seed(config.seed)
+        speaks = not config.quiet and distributed.rank() == 0
+        startup_phase(config.mode, f"loading the model (--model {config.model})", speaks)
         self.model = build_model(self.mode, config).to(self.device)
         self.loss = build_loss(self.mode, config).to(self.device)
         self.guide = self.mode.build_guide(config)  # frozen: not in `trained`, the optimizer or the checkpoint
@@ -119,6 +122,8 @@ class Run:
         """The model as initialised, evaluated, and the baselines beside it (rank 0, which writes the logs)."""
         if distributed.rank() != 0:
             return Progress()
+        startup_phase(self.config.mode, f"evaluating step 0 on {len(self.data.test)} held-out {self.mode.items}",
+                      not self.config.quiet)
         initial = self.mode.evaluate(self.config, self.model, self.data, self.device)
         return Progress(baselines=self.mode.baselines(self.config, self.data, initial), initial=initial)
 
@@ -139,6 +144,10 @@ class Run:
         if meta.total_steps != self.steps:
             self._lengthen_schedule(meta.total_steps, meta.step)
         self.last_saved = saved
+        if distributed.rank() == 0:
+            print(f"gradcache train: resumed from {saved.path} at step {meta.step} of {self.steps}: restored the "
+                  "model's trained parameters, the loss, the optimizer, the learning-rate schedule, the gradient "
+                  "scaler, the random state and the data position", file=sys.stderr)
         progress = Progress(meta.step, meta.elapsed_s, meta.baselines, meta.initial)
         restore_random_state(meta.random_state)  # last, after everything that could draw numbers
         return progress

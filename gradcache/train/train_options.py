@@ -9,6 +9,7 @@ from typing import Any
 
 from gradcache.distributed import FSDP_REDUCE_MODES
 from gradcache.train.config import RunConfig
+from gradcache.train.data.held_out import default_held_out_help
 from gradcache.train.matryoshka_dims import parse_dims
 from gradcache.train.modes import Mode
 from gradcache.train.modes.base import OptionGroups
@@ -46,7 +47,8 @@ def _data_options(parser: argparse.ArgumentParser, mode: Mode, default: Callable
     data.add_argument("--data", default=default("data"), help=f"{mode.built_in_help} or {mode.path_data}")
     data.add_argument("--train-size", type=int, default=default("train_size"),
                       help=f"built-in data: training {mode.items}")
-    data.add_argument("--test-size", type=int, default=default("test_size"), help=f"{mode.items} held out for evaluation")
+    data.add_argument("--test-size", type=int, default=default("test_size"),
+                      help=f"{mode.items} held out for evaluation ({default_held_out_help(mode.items)})")
     data.add_argument("--data-seed", type=int, default=default("data_seed"),
                       help="seed of the built-in data and the held-out split")
     data.add_argument("--workers", type=int, default=default("workers"), help="data loader worker processes "

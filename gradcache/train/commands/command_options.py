@@ -95,6 +95,9 @@ def add_mine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help=f".jsonl (a '{NEGATIVES_FIELD}' list per row: train with "
                         f"--negative-keys {NEGATIVES_FIELD}) or .tsv/.csv (columns negative_1 .. negative_K)")
     parser.add_argument("--negatives", type=int, required=True, help="hard negatives K to mine per row")
+    parser.add_argument("--replace-negatives", action="store_true", help="write the mined negatives alone (default: "
+                        "each row's own negatives, those of --negative-keys and its fields named like negatives, "
+                        "kept first and the mined ones after them, de-duplicated)")
     add_pairs_options(parser)
     parser.add_argument("--margin", type=float, default=0.0, help="skip a candidate whose cosine score is above "
                         "the positive's minus this (absolute; default: 0, nothing scoring above the positive)")

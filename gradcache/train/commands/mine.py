@@ -15,6 +15,12 @@ is more likely an unlabelled positive than a negative. A row may keep fewer than
 margin): it is written with what it has, and the count of such rows is reported; `gradcache train text` skips
 and counts rows with fewer than h negatives.
 
+A row keeps the negatives it already has, written first: those of the columns `--negative-keys` names, then
+those of its fields named like negatives (`negatives`, `negative_1`, `hard_negatives` ...; usable_rows.py's
+`NEGATIVE_COLUMN`), whether or not `--negative-keys` names them, each key's in order, a list's in its order; then
+negatives_i, best first; a text met twice is kept at its first place. With `replace` (`--replace-negatives`) the
+row's own negatives are dropped and negatives_i alone is written.
+
 The corpus is every distinct passage of the file (positives, and the hard negatives of `--negative-keys`), or
 `--corpus` id/text rows. The output, by extension: `.jsonl` rows `{QUERY_KEY: ..., POSITIVE_KEY: ...,
 "negatives": [...]}` (train with `--negative-keys negatives`), or `.tsv`/`.csv` columns QUERY_KEY,
@@ -27,10 +33,11 @@ replaced.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -43,7 +50,7 @@ from gradcache.train.data.text.files import data_files
 from gradcache.train.data.streams import Damaged
 from gradcache.train.data.text.formats import IndexedFormat, TextFormat, file_format, format_named, table_suffixes
 from gradcache.train.data.text.formats.jsonl import json_value
-from gradcache.train.data.text.usable_rows import row_fields
+from gradcache.train.data.text.usable_rows import UnusedNegatives, record_negatives, row_fields, unused_negatives
 from gradcache.train.errors import UsageError
 
 OUTPUT_SUFFIXES = tuple(table_suffixes())  # .jsonl, .tsv, .csv
@@ -108,13 +115,21 @@ def mine_negatives(queries: np.ndarray, corpus: np.ndarray, positives: np.ndarra
     return mined
 
 
+class Mined(NamedTuple):
+    """What `mine` wrote: its rows, the rows whose mining found fewer than K, the most negatives of a row (a
+    table's negative_1 .. negative_`width` columns), and the fields whose own negatives the rows kept."""
+
+    rows: int
+    short: int
+    width: int
+    kept_keys: tuple[str, ...]
+
+
 def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Guards = Guards(),
          corpus: str | None = None, query_key: str = "query", positive_key: str = "positive",
-         negative_keys: list[str] | None = None, batch_size: int = 256) -> tuple[int, int]:
-    """Mine `negatives` hard negatives per row of `data` with `model` and write them to `output`.
-
-    Returns:
-        (rows written, rows that kept fewer than `negatives`).
+         negative_keys: list[str] | None = None, batch_size: int = 256, replace: bool = False) -> Mined:
+    """Mine `negatives` hard negatives per row of `data` with `model` and write them to `output`, beside the
+    row's own negatives unless `replace` (module docstring).
 
     Raises:
         UsageError: an image model, a bad count, guard or output path.
@@ -132,7 +147,9 @@ def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Gua
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     guards.check()
-    pairs = read_pairs(data, query_key, positive_key, negative_keys or ())
+    with warnings.catch_warnings():  # columns named like negatives that no key names: kept below, not unused
+        warnings.simplefilter("ignore", UnusedNegatives)
+        pairs = read_pairs(data, query_key, positive_key, negative_keys or ())
     ranked, positives = pairs_corpus(pairs, corpus)
     by_text: dict[str, list[int]] = {}
     for index, text in enumerate(ranked.texts):
@@ -142,13 +159,21 @@ def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Gua
         query_embeddings = embed_text_rows(model, pairs.queries, "query", batch_size, "encode queries")
         corpus_embeddings = embed_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
     mined = mine_negatives(query_embeddings, corpus_embeddings, positives, negatives, guards, same_text)
-    rows = [(query, positive, [ranked.texts[c] for c in found])
-            for query, positive, found in zip(pairs.queries, pairs.positives, mined)]
     keys = (query_key, positive_key, tuple(negative_keys or ()))
-    others = _other_columns(data, keys, pairs.negatives_per_query, len(rows))
+    others = _other_columns(data, keys, pairs.negatives_per_query, len(mined))
+    names = {name for fields in others for name in fields}
+    own_keys = (*keys[2], *unused_negatives(names, keys))
+    rows = []
+    for query, positive, found, fields in zip(pairs.queries, pairs.positives, mined, others):
+        own = [] if replace else record_negatives(fields, own_keys)
+        rows.append((query, positive, list(dict.fromkeys([*own, *(ranked.texts[c] for c in found)]))))
+        for key in own_keys:  # written as the row's negatives (or replaced), not as a column of their own
+            fields.pop(key, None)
+    width = max([negatives, *(len(found) for _, _, found in rows)])
     write_atomically(path, lambda temporary: _write(rows, others, temporary, file_format(path), query_key,
-                                                   positive_key, negatives))
-    return len(rows), sum(len(found) < negatives for found in mined)
+                                                   positive_key, width))
+    return Mined(len(rows), sum(len(found) < negatives for found in mined), width,
+                 () if replace else tuple(key for key in own_keys if key in names))
 
 
 def _other_columns(data: str, keys: tuple[str, str, tuple[str, ...]], h: int, count: int) -> list[dict]:
@@ -192,8 +217,8 @@ def _json_safe(value: Any) -> Any:
 
 def _write(rows: list[tuple[str, str, list[str]]], others: list[dict], temporary: Path,
            text_format: IndexedFormat, query_key: str, positive_key: str, negatives: int) -> None:
-    """The rows as the module docstring says: the negatives in one list field, or in K columns of a table, the
-    input's other columns between the positive and them."""
+    """The rows as the module docstring says: the negatives in one list field, or in `negatives` columns of a
+    table, the input's other columns between the positive and them."""
     mined = [NEGATIVES_FIELD] if text_format.holds_lists else negative_columns(negatives)
     names = list(dict.fromkeys(key for fields in others for key in fields if key not in mined))
     extra = [[fields.get(key) for key in names] for fields in others]

@@ -58,6 +58,12 @@ class Mode:
         """Refuse a `--model` this mode cannot build (UsageError), cheaply: before anything is written."""
         raise NotImplementedError
 
+    def random_heads(self, config: RunConfig) -> list[str]:
+        """What a new run's model would start from random initialisation because `--model`'s weights lack it,
+        one sentence each naming the folder, the missing weights and the fix (preflight warns of each, at start);
+        none by default. Cheap: read from the folder's configuration and weight names, no weight loaded."""
+        return []
+
     def check(self, config: RunConfig) -> None:
         """Refuse combinations of options that only this mode cannot run (UsageError). A field's range is its
         `option(...)` metadata's and an option the library checks is refused by the library's check, both in

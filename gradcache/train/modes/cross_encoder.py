@@ -36,6 +36,7 @@ from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.text import Text
 from gradcache.train.modes.folder_kinds import check_folder_kind
 from gradcache.train.modes.grouped_rerank import GroupedRerank
+from gradcache.train.modes.head_weights import listed, missing_head
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, text_model_folder
 from gradcache.train.modes.text_lengths import check_pair_lengths
 
@@ -78,6 +79,18 @@ class CrossEncoderText(Text):
         """The model folder and its tokenizer load offline and belong together (weights not loaded)."""
         check_folder_kind(self.kind, config.model)
         check_text_folder("--model", config.model, None, config.max_length)
+
+    def random_heads(self, config: RunConfig) -> list[str]:
+        """The sequence-classification head, when `--model`'s weights hold none of it (a base encoder rather
+        than a reranker): transformers initialises it at random, as sentence-transformers' CrossEncoder does."""
+        folder = weights_folder(text_model_folder(config.model))
+        head = missing_head(folder, "AutoModelForSequenceClassification")
+        if not head:
+            return []
+        return [f"--model {config.model} ({folder}) has no sequence-classification head (none of {listed(head)}): "
+                "--kind cross-encoder trains its scoring layer from random initialisation, so the step-0 scores "
+                "are chance; expected from a base encoder, and a folder saved from a trained reranker starts "
+                "from its own"]
 
     def embedding_width(self, config: RunConfig) -> int:
         return 1  # one score per pair

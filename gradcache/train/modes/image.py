@@ -11,6 +11,7 @@ from typing import Any
 from gradcache.models.pretrained import IMAGE_INPUT
 from gradcache.train.config import RunConfig
 from gradcache.train.data.bad_data import BadShare, CountedBatches
+from gradcache.train.data.held_out import held_out_size
 from gradcache.train.data.images.files import BUILT_IN_DATA
 from gradcache.train.data.images.lazy import LazyImageSet
 from gradcache.train.data.images.sets import DataSplits
@@ -90,7 +91,8 @@ class ImageMode(Mode):
         return self.load_path(self._existing(config.data, "--data"), config)
 
     def _shards(self, config: RunConfig, held_out: bool) -> DataSplits:
-        return load_shards(config.data, config.image_size, config.test_size, config.data_seed,
+        return load_shards(config.data, config.image_size, held_out_size(config.test_size, None, "images"),
+                           config.data_seed,
                            captions=self.name == "clip", shuffle_buffer=config.shuffle_buffer,
                            train_num_samples=config.train_num_samples, held_out=held_out)
 

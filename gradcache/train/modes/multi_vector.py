@@ -118,6 +118,17 @@ class MultiVector(Text):
                   file=sys.stderr)
         return super().resolve(config, data)
 
+    def random_heads(self, config: RunConfig) -> list[str]:
+        """The token projection, when `--model` is not a multi-vector folder (one holding a trained token-level
+        Dense): it starts at random, as a fresh sentence-transformers/PyLate model's does."""
+        folder = text_model_folder(config.model)
+        if is_multi_vector_folder(folder):
+            return []
+        return [f"--model {config.model} ({folder}) holds no token projection (a multi-vector folder's token-level "
+                f"Dense): --kind multi-vector trains its projection to --token-dim {config.token_dim} from random "
+                "initialisation, so the step-0 scores are near chance; expected from a base encoder, and a "
+                "multi-vector (ColBERT) folder starts from its own"]
+
     def embedding_width(self, config: RunConfig) -> int:
         return config.token_dim
 

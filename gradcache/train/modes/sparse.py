@@ -30,6 +30,7 @@ from gradcache.train.export.sparse_encoder import write_sparse_encoder_folder
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.text import Text
 from gradcache.train.modes.folder_kinds import check_folder_kind
+from gradcache.train.modes.head_weights import listed, missing_head
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, side_tokenizers, text_model_folder
 
 LOSS_PARTS = ("base_loss", "document_regularizer_loss", "query_regularizer_loss")  # SpladeLoss.parts
@@ -117,6 +118,18 @@ class SparseText(Text):
                              "masked-language-model head (AutoModelForMaskedLM); --kind sparse needs an encoder "
                              "with one (BERT, DistilBERT, RoBERTa, ModernBERT ...): give such a folder, or train "
                              "--kind dense")
+
+    def random_heads(self, config: RunConfig) -> list[str]:
+        """The masked-language-model head, when `--model`'s weights hold none of it (a plain encoder such as the
+        packaged MiniLM): SPLADE's rows are that head's logits, and transformers would initialise it at random."""
+        folder = _transformer_folder(config)
+        head = missing_head(folder, "AutoModelForMaskedLM")
+        if not head:
+            return []
+        return [f"--model {config.model} ({folder}) has no masked-language-model head (none of {listed(head)}): "
+                "--kind sparse would train one from random initialisation, "
+                "its rows near-dense and its retrieval no better than before; give a folder saved from an "
+                "*ForMaskedLM model (e.g. a BERT or DistilBERT checkpoint with its MLM head, or a SPLADE model)"]
 
     def embedding_width(self, config: RunConfig) -> int:
         """The vocabulary size (config.json, read without loading the weights)."""

@@ -72,7 +72,7 @@ class Text(Mode):
                  f"{listed(folder_names())} (save_to_disk), of (query, positive, hard negatives) rows; indexed at "
                  f"start, a {listed(file_suffixes(streamed=True))} streamed through --shuffle-buffer")
     # the default run: all-MiniLM-L6-v2 on the built-in world, one epoch of 24 steps, a few CPU minutes
-    defaults = dict(data=BUILT_IN_TEXT, model=PACKAGED_MODEL, train_size=768, test_size=300, batch_size=32,
+    defaults = dict(data=BUILT_IN_TEXT, model=PACKAGED_MODEL, train_size=768, batch_size=32,
                     chunk_size=16, lr=1e-4, base_batch_size=32, warmup=3, weight_decay=0.01, temperature=0.05,
                     workers=0)
     default_epochs = 1

@@ -86,3 +86,4 @@ def test_resuming_a_finished_run_says_it_is_complete(run, capsys):
     assert main(["train", "simclr", "--resume", str(run), "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "already complete" in err and "step 2 of 2" in err and "--steps" in err
+    assert f"resumed from {run / 'last.pt'} at step 2 of 2: restored the model" in err  # the file, its step, what

@@ -50,11 +50,14 @@ def test_mine_negatives_equals_a_brute_force_loop(margin, relative, start, end):
         assert positives[i] not in row and (positives[i] + 1) % 30 not in row
 
 
-@pytest.mark.parametrize("output", ["mined.jsonl", "mined.tsv"])
-def test_mined_file_respects_the_margin_and_trains(tmp_path, tiny_bert, pairs_file, output):
+@pytest.mark.parametrize("output, replace", [("mined.jsonl", False), ("mined.tsv", True)])
+def test_mined_file_respects_the_margin_and_trains(tmp_path, tiny_bert, pairs_file, output, replace):
+    """The mined negatives after the row's own (--negative-keys hard), de-duplicated; --replace-negatives: the
+    mined alone."""
     margin = 0.02
     assert main(["mine", str(tiny_bert), "--data", str(pairs_file), "--negative-keys", "hard", "--negatives", "3",
-                 "--margin", str(margin), "--output", str(tmp_path / output)]) == 0
+                 "--margin", str(margin), "--output", str(tmp_path / output),
+                 *(["--replace-negatives"] if replace else [])]) == 0
     keys = ["negatives"] if output.endswith(".jsonl") else ["negative_1", "negative_2", "negative_3"]
     rows = pair_rows()
     if output.endswith(".jsonl"):
@@ -71,14 +74,52 @@ def test_mined_file_respects_the_margin_and_trains(tmp_path, tiny_bert, pairs_fi
     queries = reference([row["query"] for row in rows])
     want = brute_force(queries, corpus, [passages.index(row["positive"]) for row in rows], 3, margin, None, 1, None,
                        [set()] * len(rows))
-    assert negatives == [[passages[c] for c in row] for row in want]
+    own = [[] if replace else [row["hard"]] for row in rows]
+    assert negatives == [list(dict.fromkeys([*kept, *(passages[c] for c in row)])) for kept, row in zip(own, want)]
     for row, found in zip(rows, negatives):
         assert row["positive"] not in found
     unguarded = brute_force(queries, corpus, [passages.index(row["positive"]) for row in rows], 3, -np.inf, None, 1,
                             None, [set()] * len(rows))
-    assert 0 < sum(map(len, negatives)) < sum(map(len, unguarded))  # the margin dropped some, not all
+    mined = sum(map(len, want))
+    assert 0 < mined < sum(map(len, unguarded))  # the margin dropped some, not all
     pairs = read_text_pairs(tmp_path / output, negative_keys=keys, negatives_per_query=1)
     assert len(pairs) == sum(len(found) >= 1 for found in negatives)
+
+
+@pytest.mark.slow  # a second or more each; the margin test keeps a row's own negatives in the quick suite
+@pytest.mark.parametrize("data", ["pairs.jsonl", "pairs.csv"])
+def test_a_row_s_own_negatives_are_kept_before_the_mined_ones(tmp_path, tiny_bert, data, capsys):
+    """Without --negative-keys: a JSONL `negatives` list (a table's negative_1, negative_2 columns) kept first,
+    then the mined ones, a text met twice kept once; no word of a run."""
+    rows = pair_rows()
+    positives = distinct_passages(rows, negative_key=None)
+    own = [[row["hard"], positives[(i + 5) % len(positives)]] for i, row in enumerate(rows)]  # one a mined may be
+    path = tmp_path / data
+    if data.endswith(".jsonl"):
+        path.write_text("".join(json.dumps({"query": row["query"], "positive": row["positive"], "negatives": mine})
+                                + "\n" for row, mine in zip(rows, own)))
+    else:
+        with open(path, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["query", "positive", "negative_1", "negative_2"])
+            writer.writerows([row["query"], row["positive"], *mine] for row, mine in zip(rows, own))
+    output = tmp_path / ("mined" + path.suffix)
+    assert main(["mine", str(tiny_bert), "--data", str(path), "--negatives", "3", "--output", str(output)]) == 0
+    assert "the run" not in capsys.readouterr().err
+    if data.endswith(".jsonl"):
+        negatives = [json.loads(line)["negatives"] for line in output.read_text().splitlines()]
+    else:
+        with open(output, newline="") as handle:
+            written = list(csv.DictReader(handle))
+        columns = [key for key in written[0] if key.startswith("negative_")]
+        assert columns == [f"negative_{n}" for n in range(1, len(columns) + 1)]  # no input column left beside
+        negatives = [[row[key] for key in columns if row[key]] for row in written]
+    reference = Reference(tiny_bert)
+    want = brute_force(reference([row["query"] for row in rows]), reference(positives),
+                       [positives.index(row["positive"]) for row in rows], 3, 0.0, None, 1, None, [set()] * len(rows))
+    expected = [list(dict.fromkeys([*mine, *(positives[c] for c in found)])) for mine, found in zip(own, want)]
+    assert negatives == expected
+    assert any(len(found) + 2 > len(row) for found, row in zip(want, expected))  # a duplicate was dropped
 
 
 def _write_pairs(folder, records, data):

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from gradcache.train.config import RunConfig
+from gradcache.train.data.held_out import held_out_size
 from gradcache.train.data.images.lazy import LazyImageSet, decode_image, lazy_split
 from gradcache.train.data.images.sets import DataSplits, ImageSet, random_split
 from gradcache.train.data.images.shapes import load_shapes
@@ -151,6 +152,7 @@ def _usable_rows(records: list[tuple[str, str | None, str | None]], image_key: s
 
 # `--data NAME`: the data sets that need no path, by name. Add one: its loader above, one entry here.
 BUILT_IN_DATA: dict[str, Callable[[RunConfig], DataSplits]] = {
-    "shapes": lambda config: load_shapes(config.train_size, config.test_size, config.image_size, config.data_seed),
+    "shapes": lambda config: load_shapes(config.train_size, held_out_size(config.test_size, None, "images"),
+                                         config.image_size, config.data_seed),
     "digits": lambda config: load_digits(config.image_size, config.test_size, config.data_seed),
 }

@@ -26,7 +26,7 @@ from typing import IO
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from gradcache.train.data.held_out import held_out_order
+from gradcache.train.data.held_out import held_out_order, held_out_size
 from gradcache.train.data.images.bit_depth import as_rgb8
 from gradcache.train.data.images.decode_budget import RESAMPLED_AS_DECODED, ImageOverBudget, opened_image
 from gradcache.train.data.images.sets import DataSplits, DescribedImages, ImageSet
@@ -152,10 +152,12 @@ class LazyImageSet(DescribedImages):
         return ImageSet(images=torch.stack(images), **described)
 
 
-def lazy_split(data: LazyImageSet, test_size: int, seed: int, name: str) -> DataSplits:
-    """Hold out `test_size` files chosen by the permutation of `random_split` (the same images an in-memory set
-    of the same files would hold out), decoded now; the rest stay files. The held-out images that fail to decode
-    are left out, and counted in the training set's `skipped` (what the run reports)."""
+def lazy_split(data: LazyImageSet, test_size: int | None, seed: int, name: str) -> DataSplits:
+    """Hold out `test_size` files (None: the default, `held_out_size`) chosen by the permutation of
+    `random_split` (the same images an in-memory set of the same files would hold out), decoded now; the rest stay
+    files. The held-out images that fail to decode are left out, and counted in the training set's `skipped` (what
+    the run reports)."""
+    test_size = held_out_size(test_size, len(data), "images")
     try:
         order = held_out_order(len(data), test_size, seed, "images")
     except ValueError as error:

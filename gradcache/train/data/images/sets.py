@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradcache.train.data.held_out import held_out_order
+from gradcache.train.data.held_out import held_out_order, held_out_size
 
 
 def check_descriptions(count: int, labels: torch.Tensor | None, captions: list[str] | None) -> None:
@@ -106,7 +106,9 @@ class DataSplits:
     reference: ImageSet | None = None
 
 
-def random_split(images: ImageSet, test_size: int, seed: int, name: str) -> DataSplits:
-    """Hold out `test_size` images chosen by a permutation that depends only on `seed`."""
+def random_split(images: ImageSet, test_size: int | None, seed: int, name: str) -> DataSplits:
+    """Hold out `test_size` images (None: the default, `held_out_size`) chosen by a permutation that depends only
+    on `seed`."""
+    test_size = held_out_size(test_size, len(images), "images")
     order = held_out_order(len(images), test_size, seed, "images")
     return DataSplits(train=images.subset(order[test_size:]), test=images.subset(order[:test_size]), name=name)

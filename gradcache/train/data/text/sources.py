@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from gradcache.train.config import RunConfig
+from gradcache.train.data.held_out import held_out_size
 from gradcache.train.data.text.built_in import BUILT_IN_HARD, BUILT_IN_TEXT, generate_world
 from gradcache.train.data.text.corpus import NEGATIVE_IDS_KEY, POSITIVE_ID_KEY, PassageCorpus, read_corpus
 from gradcache.train.data.text.files import data_files
@@ -53,7 +54,8 @@ def load_text_splits(config: RunConfig) -> TextSplits:
     if text_format.streamed:
         train, held = load_streamed_rows(text_format, files, row_keys(config, corpus), config.negatives_per_query,
                                          corpus, config.shuffle_buffer, config.train_num_samples,
-                                         None if config.eval_data is not None else config.test_size,
+                                         None if config.eval_data is not None
+                                         else held_out_size(config.test_size, None, "rows"),
                                          config.data_seed, config.data)
         if held is None:
             held = _whole_rows(config, config.eval_data, corpus, "--eval-data")
@@ -76,14 +78,14 @@ def _built_in_splits(config: RunConfig) -> TextSplits:
         raise UsageError(f"--corpus names the passages of --data rows, but --data {config.data} is built in; "
                          "give --data a file whose rows name passages by id, or drop --corpus")
     negatives = 1 if config.negatives_per_query is None else config.negatives_per_query
-    held_out = 0 if config.eval_data is not None else config.test_size
+    held_out = 0 if config.eval_data is not None else held_out_size(config.test_size, None, "rows")
     try:
         pairs = generate_world(config.train_size + held_out, negatives, config.data_seed,
                                hard=config.data == BUILT_IN_HARD)
     except ValueError as error:
         raise DataError(f"--train-size and --test-size: {error}") from error
     if config.eval_data is None:
-        return split_pairs(pairs, config.test_size, config.data_seed, name=config.data)
+        return split_pairs(pairs, held_out, config.data_seed, name=config.data)
     test = IndexedPairs(_whole_rows(config, config.eval_data, None, "--eval-data")).materialize()
     return TextSplits(train=pairs, test=test, name=config.data)
 

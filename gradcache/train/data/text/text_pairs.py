@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradcache.train.data.held_out import held_out_order
+from gradcache.train.data.held_out import held_out_order, held_out_size
 from gradcache.train.errors import DataError
 
 
@@ -62,8 +62,10 @@ class TextSplits:
     test_positions: object | None = None
 
 
-def split_pairs(pairs: TextPairs, test_size: int, seed: int, name: str) -> TextSplits:
-    """Hold out `test_size` rows chosen by a permutation that depends only on `seed`."""
+def split_pairs(pairs: TextPairs, test_size: int | None, seed: int, name: str) -> TextSplits:
+    """Hold out `test_size` rows (None: the default, `held_out_size`) chosen by a permutation that depends only on
+    `seed`."""
+    test_size = held_out_size(test_size, len(pairs), "rows")
     try:
         order = held_out_order(len(pairs), test_size, seed, "rows")
     except ValueError as error:

@@ -105,7 +105,9 @@ def get_args_parser() -> argparse.ArgumentParser:
 def _default_train_argv(argv: list[str]) -> list[str]:
     """`gradcache train` alone (or with options only) means `gradcache train simclr`."""
     if argv[:1] == ["train"] and (len(argv) == 1 or argv[1].startswith("-") and argv[1] not in ("-h", "--help")):
-        return ["train", "simclr", *argv[1:]]
+        from gradcache.train.modes import DEFAULT_MODE
+
+        return ["train", DEFAULT_MODE, *argv[1:]]
     return argv
 
 
@@ -148,23 +150,14 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
-    from gradcache.train.commands.encode import encode
+    from gradcache.train.commands.encode import describe, encode
     from gradcache.train.commands.model import load_model
-    from gradcache.train.eval.sparse_rows import CsrRows
 
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
     embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size,
                         args.pair_keys)
-    if isinstance(embeddings, dict):  # a multi-vector model's token vectors (commands/encode_tokens.py)
-        values = embeddings["values"]
-        what = f"{len(embeddings['offsets']) - 1} texts, {values.shape[0]} token vectors of {values.shape[1]} dimensions"
-    elif isinstance(embeddings, CsrRows):  # a SPLADE model's sparse rows (eval/sparse_rows.py)
-        what = f"{embeddings.shape[0]} sparse rows of {embeddings.shape[1]} columns, {len(embeddings.data)} non-zeros"
-    elif embeddings.ndim == 1:  # a cross-encoder's scores (commands/pair_scores.py)
-        what = f"{embeddings.shape[0]} scores of (query, passage) rows"
-    else:
-        what = f"{embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions"
+    what = describe(model, embeddings)
     print(f"wrote {args.output}: {what} ({model.source})", file=sys.stderr)
     return 0
 

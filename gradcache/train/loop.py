@@ -78,7 +78,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
         log.log_eval(0, progress.initial)
     sampler = StepSampler(len(data.train), config.batch_size, config.seed, progress.start_step, run.steps, rank,
                           world_size)
-    negatives = negatives_per_anchor(config.strategy, run.mode.loss_kind, config.batch_size, config.chunk_size,
+    negatives = negatives_per_anchor(config.strategy, run.mode.negatives_loss, config.batch_size, config.chunk_size,
                                      world_size, run.mode.hard_negatives(config))  # in-batch; the log adds the queue
     bar = StepProgress(run.steps, progress.start_step, f"gradcache train {config.mode}", config.progress_every,
                        enabled=not config.quiet and rank == 0)

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from gradcache.train.commands.command_inputs import _column, _existing
 from gradcache.train.commands.command_outputs import check_output, write_atomically
-from gradcache.train.commands.model import LoadedModel
+from gradcache.train.modes.loaded_model import LoadedModel
 from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.reranking import evaluate_reranking, score_pairs

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gradcache.train.config import RunConfig
-from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
+from gradcache.train.model_folders import ModelFolderFormat, model_folder_format
 
 PLACEHOLDER = "RUN/model"  # what the format writers put where the folder's path goes
 SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr", "warmup",
@@ -24,15 +24,13 @@ def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, confi
     readme = Path(folder) / "README.md"
     where = str(Path(output).resolve())
     text = readme.read_text(encoding="utf-8").replace(PLACEHOLDER, where)
-    text += _use_for_images(model_folder_kind(folder), where, config)
+    text += _use_for_images(model_folder_format(folder), where, config)
     from gradcache.train.modes import mode_of  # the modes import the exports
 
-    given = {name: getattr(config, name) for name in (*SETTINGS, *mode_of(config).kind_fields)
-             if getattr(config, name) is not None
-             and not (name == "image_size" and config.mode == "text")
-             and not (name == "max_length" and config.mode != "text")}
-    kind = f" --kind {config.kind}" if config.mode == "text" and config.kind != "dense" else ""
-    text += f"\n## Training\n\nTrained with `gradcache train {config.mode}{kind}`:\n\n"
+    mode = mode_of(config)
+    given = {name: getattr(config, name) for name in (*SETTINGS, *mode.card_settings())
+             if getattr(config, name) is not None and name not in mode.card_hidden}
+    text += f"\n## Training\n\nTrained with `{mode.card_command(config)}`:\n\n"
     text += "| setting | value |\n|---|---|\n" + "".join(
         f"| `--{name.replace('_', '-')}` | {_cell(value)} |\n" for name, value in given.items())
     if metrics:
@@ -46,14 +44,14 @@ def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, confi
     readme.write_text(text, encoding="utf-8")
 
 
-def _use_for_images(kind: ModelFolderKind, where: str, config: RunConfig) -> str:
+def _use_for_images(kind: ModelFolderFormat, where: str, config: RunConfig) -> str:
     """The lines that prepare images and switch to evaluation mode (dropout, BatchNorm), per folder kind."""
-    if kind is ModelFolderKind.OPEN_CLIP:
+    if kind is ModelFolderFormat.OPEN_CLIP:
         lines = ["import open_clip",
                  f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{where}")',
                  "model.eval()  # evaluation mode: dropout off",
                  "image_embeddings = model.encode_image(torch.stack([preprocess(image) for image in pil_images]))"]
-    elif kind is ModelFolderKind.BUILT_IN:
+    elif kind is ModelFolderFormat.BUILT_IN:
         size = config.image_size
         lines = ["from torchvision import transforms",
                  f"preprocess = transforms.Compose([transforms.Resize({size}), transforms.CenterCrop({size}),",

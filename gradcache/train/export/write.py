@@ -22,15 +22,15 @@ from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, checkpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, ModelFolderDiskFull, UsageError, out_of_space
 from gradcache.train.export.model_card import write_model_card
-from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
+from gradcache.train.model_folders import ModelFolderFormat, model_folder_format
 from gradcache.train.modes import mode_of
 from gradcache.train.run_folder.permissions import as_if_created
 
 MODEL_FOLDER = "model"  # RUN/model/
 CHECKPOINT_CHOICES = ("last", "previous")  # --checkpoint, or a checkpoint file
-_REPLACEABLE = {ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS,
-                ModelFolderKind.OPEN_CLIP, ModelFolderKind.BUILT_IN, ModelFolderKind.MULTI_VECTOR,
-                ModelFolderKind.SPARSE_ENCODER, ModelFolderKind.CROSS_ENCODER}
+_REPLACEABLE = {ModelFolderFormat.SENTENCE_TRANSFORMERS, ModelFolderFormat.SENTENCE_TRANSFORMERS_TOWERS,
+                ModelFolderFormat.OPEN_CLIP, ModelFolderFormat.BUILT_IN, ModelFolderFormat.MULTI_VECTOR,
+                ModelFolderFormat.SPARSE_ENCODER, ModelFolderFormat.CROSS_ENCODER}
 
 
 def check_output(output: str | os.PathLike) -> None:
@@ -44,7 +44,7 @@ def check_output(output: str | os.PathLike) -> None:
     kind = None
     if output.is_dir():
         try:
-            kind = model_folder_kind(output)
+            kind = model_folder_format(output)
         except UsageError:
             pass
     if kind not in _REPLACEABLE:

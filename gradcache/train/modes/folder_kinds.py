@@ -12,7 +12,7 @@ Any other pairing is left to the kind's own checks.
 from __future__ import annotations
 
 from gradcache.train.errors import UsageError
-from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
+from gradcache.train.model_folders import ModelFolderFormat, model_folder_format
 from gradcache.train.modes.text_folders import text_model_folder
 
 MULTI_VECTOR = "multi-vector"
@@ -29,14 +29,14 @@ def check_folder_kind(kind: str, name: str, option: str = "--model") -> None:
     if not folder.is_dir():
         return
     try:
-        found = model_folder_kind(folder)
+        found = model_folder_format(folder)
     except UsageError:
         return
-    if found == ModelFolderKind.MULTI_VECTOR and kind != MULTI_VECTOR:
+    if found == ModelFolderFormat.MULTI_VECTOR and kind != MULTI_VECTOR:
         raise UsageError(f"{option} {name} is a multi-vector folder (a sentence-transformers MultiVectorEncoder: a "
                          f"projection of every token after its transformer), which --kind {kind} does not read; "
                          f"train it with --kind multi-vector, or give --kind {kind} {PLAIN_FOLDER}")
-    if found == ModelFolderKind.SPARSE_ENCODER and kind == MULTI_VECTOR:
+    if found == ModelFolderFormat.SPARSE_ENCODER and kind == MULTI_VECTOR:
         raise UsageError(f"{option} {name} is a SparseEncoder folder (SPLADE pooling), which --kind multi-vector does "
                          "not read (it pools nothing, so --pooling does not apply to it); train it with --kind "
                          f"sparse, or give --kind multi-vector {PLAIN_FOLDER}")

@@ -32,14 +32,17 @@ from gradcache.train.data.text.streamed_rows import StreamedRows, streamed_batch
 from gradcache.train.data.text.text_pairs import TextSplits
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.retrieval import evaluate_retrieval
-from gradcache.train.export.model_folders import PASSAGE_FOLDER, QUERY_FOLDER
+from gradcache.train.model_folders import PASSAGE_FOLDER, QUERY_FOLDER, ModelFolderFormat
 from gradcache.train.export.sentence_transformers import (
     write_sentence_transformers_folder,
 )
 from gradcache.train.modes.base import Mode, OptionGroups
 from gradcache.train.modes.folder_kinds import check_folder_kind
+from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text_folders import (
     check_text_folder,
+    load_text_folder,
+    query_expansion,
     quiet_transformers,
     side_tokenizers,
     text_model_folder,
@@ -65,7 +68,7 @@ class Text(Mode):
     kind_help = "one pooled vector per text, cosine similarity (a sentence-transformers model)"
     kind_fields: tuple[str, ...] = ()  # the RunConfig fields only this kind reads (`add_kind_options`' options)
     refused: dict[str, str] = {}  # the dense kind's options this kind cannot honour: field -> why (`check`)
-    loss_kind = "infonce"
+    negatives_loss = "infonce"
     path_data = ("a .tsv, .csv, .jsonl, .jsonl.gz or .parquet file, a folder or pattern of them "
                  "('part-{000..099}.jsonl'), or a datasets save_to_disk folder, of (query, positive, hard negatives) "
                  "rows; indexed at start, a .jsonl.gz streamed through --shuffle-buffer")
@@ -78,6 +81,11 @@ class Text(Mode):
     items = "rows"
     built_in_help = (f"'{BUILT_IN_TEXT}' (built-in, generated: questions about the residents of an invented world), "
                      f"'{BUILT_IN_HARD}' (the same, each passage also telling of a relative: harder)")
+    card_hidden = ("image_size",)
+    ranks_passages = True
+    mines = True  # dense embeddings: gradcache mine ranks by them (the other kinds set False)
+    folder_formats = (ModelFolderFormat.SENTENCE_TRANSFORMERS, ModelFolderFormat.HUGGING_FACE,
+                      ModelFolderFormat.SENTENCE_TRANSFORMERS_TOWERS)  # each other kind names its own
 
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         data, model, run = groups.data, groups.model, groups.run
@@ -299,6 +307,29 @@ class Text(Mode):
         query_tokenizer, passage_tokenizer = side_tokenizers(config)
         return evaluate_retrieval(model.encode_query, model.encode_passage, query_tokenizer, data.test, device,
                                   dims=config.matryoshka_dims, corpus=corpus, passage_tokenizer=passage_tokenizer)
+
+    # --- in use: gradcache encode, eval, mine -----------------------------------------------------------
+    def loaded_from_run(self, request: ModelRequest, run: Path, config: RunConfig, model: nn.Module,
+                        meta, source: str) -> LoadedModel:
+        """Both towers, with the --model folder's tokenizer at the run's --max-length (or the request's), its
+        prompts and query expansion."""
+        folder = text_model_folder(config.model, "MODEL")
+        request.check_max_length(folder)
+        tokenizer = HuggingFaceTokenizer(folder, request.max_length or config.max_length)
+        return LoadedModel(self, source, model, request.device, tokenizer=tokenizer, encode_query=model.encode_query,
+                           encode_passage=model.encode_passage, config=config, meta=meta,
+                           query_prompt=config.query_prompt, passage_prompt=config.passage_prompt,
+                           query_expansion=query_expansion(config))
+
+    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat) -> LoadedModel:
+        """A shared tower from a sentence-transformers or Hugging Face folder, or a query tower from `query/` and a
+        passage tower from `passage/` (`--separate-towers`' export, with `query/`'s tokenizer)."""
+        if found == ModelFolderFormat.SENTENCE_TRANSFORMERS_TOWERS:
+            return load_text_folder(self, request, folder / QUERY_FOLDER, folder / PASSAGE_FOLDER)
+        return load_text_folder(self, request, folder)
+
+    def card_command(self, config: RunConfig) -> str:
+        return f"gradcache train {self.name}" + ("" if self.kind == Text.kind else f" --kind {self.kind}")
 
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:

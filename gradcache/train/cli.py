@@ -1,6 +1,6 @@
 """The `gradcache` command: `gradcache train <mode> ...`, `gradcache eval MODEL`, `gradcache export RUN`,
-`gradcache encode MODEL` and `gradcache mine MODEL` (the work of the last three lives in
-gradcache/train/commands/ and gradcache/train/export/).
+`gradcache encode MODEL` and `gradcache mine MODEL` (their work lives in
+gradcache/train/commands/, writing a model folder in gradcache/train/export/).
 
 `main(argv=None) -> int` is the console script's entry point and what tests call. It returns the exit status
 that the raised error's type carries (gradcache/train/errors.py, where every status is explained), with one
@@ -182,12 +182,8 @@ def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
 def _run_export(args: argparse.Namespace, argv: list[str]) -> int:
     from pathlib import Path
 
-    from gradcache.train.export.write import (
-        MODEL_FOLDER,
-        check_output,
-        choose_checkpoint,
-        export_checkpoint,
-    )
+    from gradcache.train.commands.export import choose_checkpoint, export_checkpoint
+    from gradcache.train.export.write import MODEL_FOLDER, check_output
 
     output = args.output if args.output is not None else Path(args.run) / MODEL_FOLDER
     check_output(output)  # before reading anything

@@ -121,7 +121,8 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
     whole = placement.whole(run.trained, lambda: nn.ModuleDict({"model": run.mode.build_model(config),
                                                                "loss": run.mode.build_loss(config)}))
     if whole is not None:
-        export_model(config, whole["model"], whole["loss"], Path(config.output_dir) / MODEL_FOLDER, final)
+        export_model(config, whole["model"], whole["loss"], Path(config.output_dir) / MODEL_FOLDER, final,
+                     mode=run.mode)
     if rank != 0:
         return {}
     log.log_eval(run.steps, final)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from torch import nn
 
 from gradcache.train.config import RunConfig
 from gradcache.train.model_folders import ModelFolderFormat, model_folder_format
@@ -16,18 +18,27 @@ SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "e
             "seed", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")  # and the run's kind's own fields
 
 
+class Exporter(Protocol):
+    """What export asks of a mode or kind (gradcache/train/modes/base.py `Mode`): its folder, and its card's lines."""
+
+    card_hidden: tuple[str, ...]
+
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None: ...
+
+    def card_command(self, config: RunConfig) -> str: ...
+
+    def card_settings(self) -> tuple[str, ...]: ...
+
+
 def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, config: RunConfig,
-                     metrics: dict[str, Any] | None = None) -> None:
+                     metrics: dict[str, Any] | None, mode: Exporter) -> None:
     """Complete `folder`/README.md (the export being written, to be renamed to `output`): the real path of `output`,
-    the image preprocessing and `eval()` lines of an open_clip or built-in export, the settings of `config`, and
-    `metrics` (the final held-out evaluation) where given."""
+    the image preprocessing and `eval()` lines of an open_clip or built-in export, the command and settings of
+    `config` as its `mode` says, and `metrics` (the final held-out evaluation) where given."""
     readme = Path(folder) / "README.md"
     where = str(Path(output).resolve())
     text = readme.read_text(encoding="utf-8").replace(PLACEHOLDER, where)
     text += _use_for_images(model_folder_format(folder), where, config)
-    from gradcache.train.modes import mode_of  # the modes import the exports
-
-    mode = mode_of(config)
     given = {name: getattr(config, name) for name in (*SETTINGS, *mode.card_settings())
              if getattr(config, name) is not None and name not in mode.card_hidden}
     text += f"\n## Training\n\nTrained with `{mode.card_command(config)}`:\n\n"

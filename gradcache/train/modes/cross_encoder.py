@@ -36,7 +36,7 @@ from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.folder_kinds import check_folder_kind
+from gradcache.train.modes.folder_formats import check_folder_format
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, text_model_folder
 from gradcache.train.modes.text_lengths import check_pair_lengths
 
@@ -73,6 +73,7 @@ class CrossEncoderText(Text):
     ranks_passages = False  # it scores pairs: eval reranks each row's candidates (`LoadedModel.score_pairs`)
     mines = False
     folder_formats = (ModelFolderFormat.CROSS_ENCODER,)
+    folder_description = "cross-encoder folder (a sentence-transformers CrossEncoder)"
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.run.add_argument(
@@ -83,7 +84,7 @@ class CrossEncoderText(Text):
 
     def check_model(self, config: RunConfig) -> None:
         """The model folder and its tokenizer load offline and belong together (weights not loaded)."""
-        check_folder_kind(self.kind, config.model)
+        check_folder_format(self, config.model)
         check_text_folder("--model", config.model, None, config.max_length)
 
     def embedding_width(self, config: RunConfig) -> int:

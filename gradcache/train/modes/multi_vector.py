@@ -36,7 +36,7 @@ from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.folder_kinds import check_folder_kind
+from gradcache.train.modes.folder_formats import check_folder_format
 from gradcache.train.modes.text_folders import (
     check_positions,
     check_text_folder,
@@ -66,6 +66,10 @@ class MultiVector(Text):
     text_embeddings = TOKEN_VECTORS
     mines = False  # mine ranks by dense embeddings
     folder_formats = (ModelFolderFormat.MULTI_VECTOR,)
+    folder_description = ("multi-vector folder (a sentence-transformers MultiVectorEncoder: a projection of every "
+                          "token after its transformer)")
+    trained_only_by_its_kind = True
+    refused_formats = {ModelFolderFormat.SPARSE_ENCODER: "it pools nothing, so --pooling does not apply to it"}
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.model.add_argument("--token-dim", type=int, default=default("token_dim"),
@@ -93,7 +97,7 @@ class MultiVector(Text):
         """The folder (a MultiVectorEncoder's too) and its tokenizer load offline and belong together; with
         --query-expansion, a length within the model's positions and a tokenizer that can expand. What else
         Text.check_model checks (pooling, LoRA targets, the guide) this kind refuses."""
-        check_folder_kind(self.kind, config.model)
+        check_folder_format(self, config.model)
         check_text_folder("--model", config.model, None, config.max_length)
         check_positions("--query-expansion", config.query_expansion, "--model", config.model)
         if config.query_expansion is not None:

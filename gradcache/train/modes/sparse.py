@@ -32,7 +32,7 @@ from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.folder_kinds import check_folder_kind
+from gradcache.train.modes.folder_formats import check_folder_format
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, side_tokenizers, text_model_folder
 
 LOSS_PARTS = ("base_loss", "document_regularizer_loss", "query_regularizer_loss")  # SpladeLoss.parts
@@ -101,6 +101,7 @@ class SparseText(Text):
     text_embeddings = SPARSE_ROWS
     mines = False  # mine ranks by dense embeddings
     folder_formats = (ModelFolderFormat.SPARSE_ENCODER,)
+    folder_description = "SparseEncoder folder (SPLADE pooling)"
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.run.add_argument("--document-regularizer-weight", type=float,
@@ -113,7 +114,7 @@ class SparseText(Text):
     def check_model(self, config: RunConfig) -> None:
         """The folder (a Hugging Face or a sentence-transformers folder, a SparseEncoder one included) and its
         tokenizer load offline and belong together, and its configuration has a masked-language-model class."""
-        check_folder_kind(self.kind, config.model)
+        check_folder_format(self, config.model)
         check_text_folder("--model", config.model, SPLADE_POOLING, config.max_length)
         import transformers
 

@@ -37,7 +37,7 @@ from gradcache.train.export.sentence_transformers import (
     write_sentence_transformers_folder,
 )
 from gradcache.train.modes.base import Mode, OptionGroups
-from gradcache.train.modes.folder_kinds import check_folder_kind
+from gradcache.train.modes.folder_formats import check_folder_format
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text_folders import (
     check_text_folder,
@@ -86,6 +86,9 @@ class Text(Mode):
     mines = True  # dense embeddings: gradcache mine ranks by them (the other kinds set False)
     folder_formats = (ModelFolderFormat.SENTENCE_TRANSFORMERS, ModelFolderFormat.HUGGING_FACE,
                       ModelFolderFormat.SENTENCE_TRANSFORMERS_TOWERS)  # each other kind names its own
+    folder_description = "sentence-transformers folder"  # its own format, in messages (modes/folder_formats.py)
+    trained_only_by_its_kind = False  # another kind may train from a folder of its format
+    refused_formats: dict[ModelFolderFormat, str] = {}  # formats of other kinds' folders it cannot train from: why
 
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         data, model, run = groups.data, groups.model, groups.run
@@ -192,7 +195,7 @@ class Text(Mode):
     def check_model(self, config: RunConfig) -> None:
         """The model folder (and the guide's) and its tokenizer load offline, and belong together; read from each
         folder's config.json and tokenizer files, without loading the weights (the run builds the model once)."""
-        check_folder_kind(self.kind, config.model)
+        check_folder_format(self, config.model)
         check_text_folder("--model", config.model, config.pooling, config.max_length)
         check_lora_targets(config, text_model_folder(config.model))
         pooling = config.pooling or _folder_pooling(text_model_folder(config.model))
@@ -200,7 +203,7 @@ class Text(Mode):
             raise UsageError(f"--exclude-prompt-from-pooling applies to mean pooling; --model {config.model} pools "
                              f"by {pooling!r}: add --pooling mean, or drop the flag")
         if config.guide is not None:
-            check_folder_kind(self.kind, config.guide, "--guide")
+            check_folder_format(self, config.guide, "--guide")
             check_text_folder("--guide", config.guide, None, config.max_length)
 
     def embedding_width(self, config: RunConfig) -> int:

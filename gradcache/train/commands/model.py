@@ -93,8 +93,13 @@ def _from_folder(request: ModelRequest, folder: Path) -> LoadedModel:
     """The model folder's model, loaded by the mode or kind that reads its format."""
     from gradcache.train.modes import folder_reader
 
-    found = model_folder_format(folder)  # UsageError for a folder of no known format
+    try:
+        found, unknown = model_folder_format(folder), None
+    except UsageError as error:  # a folder of no format model_folders.py knows: a kind may know it (`reads_folder`)
+        found, unknown = None, error
     reader = folder_reader(found, folder)
+    if reader is None and unknown is not None:
+        raise unknown
     if reader is None:
         raise UsageError(f"MODEL {request.name!r} is a {found.value} folder, which these commands cannot load; give "
                          "a run folder or its model/ export")

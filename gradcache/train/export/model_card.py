@@ -10,7 +10,6 @@ from typing import Any, Protocol
 from torch import nn
 
 from gradcache.train.config import RunConfig
-from gradcache.train.model_folders import ModelFolderFormat, model_folder_format
 
 PLACEHOLDER = "RUN/model"  # what the format writers put where the folder's path goes
 SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr", "warmup",
@@ -19,7 +18,8 @@ SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "e
 
 
 class Exporter(Protocol):
-    """What export asks of a mode or kind (gradcache/train/modes/base.py `Mode`): its folder, and its card's lines."""
+    """What export asks of a mode or kind (gradcache/train/modes/base.py `Mode`): its folder, and its card's lines
+    (`card_usage`: the section that prepares images and switches to evaluation mode, `usage_section`, or "")."""
 
     card_hidden: tuple[str, ...]
 
@@ -28,6 +28,8 @@ class Exporter(Protocol):
     def card_command(self, config: RunConfig) -> str: ...
 
     def card_settings(self) -> tuple[str, ...]: ...
+
+    def card_usage(self, config: RunConfig, where: str) -> str: ...
 
 
 def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, config: RunConfig,
@@ -38,7 +40,7 @@ def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, confi
     readme = Path(folder) / "README.md"
     where = str(Path(output).resolve())
     text = readme.read_text(encoding="utf-8").replace(PLACEHOLDER, where)
-    text += _use_for_images(model_folder_format(folder), where, config)
+    text += mode.card_usage(config, where)
     given = {name: getattr(config, name) for name in (*SETTINGS, *mode.card_settings())
              if getattr(config, name) is not None and name not in mode.card_hidden}
     text += f"\n## Training\n\nTrained with `{mode.card_command(config)}`:\n\n"
@@ -55,24 +57,9 @@ def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, confi
     readme.write_text(text, encoding="utf-8")
 
 
-def _use_for_images(kind: ModelFolderFormat, where: str, config: RunConfig) -> str:
-    """The lines that prepare images and switch to evaluation mode (dropout, BatchNorm), per folder kind."""
-    if kind is ModelFolderFormat.OPEN_CLIP:
-        lines = ["import open_clip",
-                 f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{where}")',
-                 "model.eval()  # evaluation mode: dropout off",
-                 "image_embeddings = model.encode_image(torch.stack([preprocess(image) for image in pil_images]))"]
-    elif kind is ModelFolderFormat.BUILT_IN:
-        size = config.image_size
-        lines = ["from torchvision import transforms",
-                 f"preprocess = transforms.Compose([transforms.Resize({size}), transforms.CenterCrop({size}),",
-                 "                                 transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.5] * 3)])"
-                 "  # [-1, 1], as trained",
-                 "model.eval()  # evaluation mode (net.eval() for the torchvision encoder): BatchNorm's running "
-                 "statistics, no dropout",
-                 "images = torch.stack([preprocess(image.convert('RGB')) for image in pil_images])"]
-    else:
-        return ""
+def usage_section(lines: list[str]) -> str:
+    """The card's section of the Python `lines` that prepare images and switch to evaluation mode (a mode's
+    `card_usage`)."""
     return "\n## Images and evaluation mode\n\n```python\nimport torch\n" + "\n".join(lines) + "\n```\n"
 
 

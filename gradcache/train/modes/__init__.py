@@ -39,8 +39,9 @@ def kinds_of(mode: Mode) -> list[Mode]:
     return [kind for kind in every_kind() if kind.name == mode.name]
 
 
-def folder_reader(found: ModelFolderFormat, folder: Path) -> Mode | None:
-    """The mode or kind that loads the model folder `folder` of format `found` (`Mode.reads_folder`), or None."""
+def folder_reader(found: ModelFolderFormat | None, folder: Path) -> Mode | None:
+    """The mode or kind that loads the model folder `folder` of format `found` (None: a format model_folders.py does
+    not know) (`Mode.reads_folder`), or None."""
     return next((kind for kind in every_kind() if kind.reads_folder(found, folder)), None)
 
 

@@ -170,11 +170,12 @@ class Mode:
         what `request` asks that the run cannot honour."""
         raise NotImplementedError
 
-    def reads_folder(self, found: ModelFolderFormat, folder: Path) -> bool:
-        """Whether this mode loads the model folder `folder` of format `found`."""
+    def reads_folder(self, found: ModelFolderFormat | None, folder: Path) -> bool:
+        """Whether this mode loads the model folder `folder` of format `found` (None: of no format
+        gradcache/train/model_folders.py knows, which a new kind's own folder may be, told by its files)."""
         return found in self.folder_formats
 
-    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat) -> LoadedModel:
+    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat | None) -> LoadedModel:
         """The model of `folder` (one it `reads_folder`), in eval mode on the request's device; UsageError for a
         folder that does not load or what `request` asks that it cannot honour."""
         raise NotImplementedError
@@ -190,6 +191,11 @@ class Mode:
         return self.kind_fields
 
     card_hidden: tuple[str, ...] = ()  # common settings that mean nothing in this mode
+
+    def card_usage(self, config: RunConfig, where: str) -> str:
+        """What the model card adds after the export's loading lines, for the folder at `where`: how to prepare
+        images and switch to evaluation mode (export/model_card.py's `usage_section`), or nothing."""
+        return ""
 
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """Write the trained `model` (and what users need of `loss`: its temperature) into the empty `folder` in

@@ -39,6 +39,7 @@ from gradcache.train.export.open_clip import write_open_clip_folder
 from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes.backbone import BACKBONE_HELP, backbone_options, build_backbone, check_backbone
 from gradcache.train.modes.base import OptionGroups
+from gradcache.train.export.model_card import usage_section
 from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.image import SHARD_PATHS, ImageMode, refuse_text_options
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
@@ -222,6 +223,16 @@ class CLIP(ImageMode):
 
         refuse_text_options(request, found)
         return load_open_clip_folder(self, request, folder)
+
+    def card_usage(self, config: RunConfig, where: str) -> str:
+        """An open_clip export: open_clip's own preprocessing and eval mode; a built-in one as ImageMode says."""
+        if open_clip_architecture(config.model) is None:
+            return super().card_usage(config, where)
+        return usage_section([
+            "import open_clip",
+            f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{where}")',
+            "model.eval()  # evaluation mode: dropout off",
+            "image_embeddings = model.encode_image(torch.stack([preprocess(image) for image in pil_images]))"])
 
     def summary(self, loss: nn.Module) -> dict[str, Any]:
         """The learned temperature, and a SigLIP loss's learned bias."""

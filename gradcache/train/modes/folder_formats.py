@@ -37,8 +37,8 @@ def check_folder_format(kind: Text, name: str, option: str = "--model") -> None:
         return
     try:
         found = model_folder_format(folder)
-    except UsageError:
-        return
+    except UsageError:  # of no format model_folders.py knows: a kind may know it
+        found = None
     reader = folder_reader(found, folder)
     if not isinstance(reader, Text) or reader is kind:  # no text kind's folder, or its own
         return

@@ -29,6 +29,7 @@ from gradcache.train.data.images.training_batches import training_batches
 from gradcache.train.data.order import StepSampler
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
+from gradcache.train.export.model_card import usage_section
 from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import Mode, OptionGroups
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
@@ -54,6 +55,18 @@ class ImageMode(Mode):
     built_in_help = f"a built-in data set ({', '.join(BUILT_IN_DATA)}: procedural shapes, scikit-learn's digits)"
     card_hidden = ("max_length",)
     folder_formats = (ModelFolderFormat.BUILT_IN,)  # gradcache.models.from_pretrained, of this mode's architecture
+
+    def card_usage(self, config: RunConfig, where: str) -> str:
+        """A built-in export: torchvision's preprocessing as trained, and eval mode (BatchNorm, dropout)."""
+        size = config.image_size
+        return usage_section([
+            "from torchvision import transforms",
+            f"preprocess = transforms.Compose([transforms.Resize({size}), transforms.CenterCrop({size}),",
+            "                                 transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.5] * 3)])"
+            "  # [-1, 1], as trained",
+            "model.eval()  # evaluation mode (net.eval() for the torchvision encoder): BatchNorm's running "
+            "statistics, no dropout",
+            "images = torch.stack([preprocess(image.convert('RGB')) for image in pil_images])"])
 
     # --- in use: gradcache encode, eval, mine -----------------------------------------------------------
     def loaded_from_run(self, request: ModelRequest, run: Path, config: RunConfig, model, meta,

@@ -138,9 +138,11 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.command_options import EVAL_OPTIONS, check_options
     from gradcache.train.commands.evaluate import evaluate
     from gradcache.train.commands.model import load_model
 
+    check_options(args, EVAL_OPTIONS)
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
     metrics = evaluate(model, args.data, args.output, args.corpus, args.query_key, args.positive_key,
@@ -150,9 +152,11 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.command_options import ENCODE_OPTIONS, check_options
     from gradcache.train.commands.encode import describe, encode
     from gradcache.train.commands.model import load_model
 
+    check_options(args, ENCODE_OPTIONS)
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
     embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size,
@@ -163,9 +167,11 @@ def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.command_options import MINE_OPTIONS, check_options
     from gradcache.train.commands.mine import Guards, mine, negative_keys_of
     from gradcache.train.commands.model import load_model
 
+    check_options(args, MINE_OPTIONS)
     guards = Guards(args.margin, args.relative_margin, *(args.range or (1, None)))
     guards.check()
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,

@@ -85,8 +85,6 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
                          f"{model.noun} model that embeds texts (--key) or images (drop --pair-keys)")
     if tower not in TOWERS:
         raise UsageError(f"--tower {tower!r}: choose one of {', '.join(TOWERS)}")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     texts = model.mode.text_embeddings
     if texts.only_suffix is not None and Path(output).suffix.lower() not in texts.suffixes:
         raise UsageError(f"--output {output!r}: MODEL ({model.source}) {texts.only_suffix}")

@@ -79,8 +79,6 @@ def run_metrics(model: LoadedModel, data: str | None, test_size: int | None = No
     config = model.config
     mode = mode_of(config)
     if data is not None:
-        if test_size is not None and test_size < 1:
-            raise UsageError(f"--test-size must be at least 1, got {test_size}")
         config = dataclasses.replace(config, data=str(data), test_size=test_size or config.test_size)
     with reading_data(config.data, config.eval_data):
         splits = mode.load_data(config)
@@ -99,8 +97,6 @@ def evaluate(model: LoadedModel, data: str | None, output: str | None = None, co
         DataError: unusable data (the readers' messages), a class folder of `data` missing from `classes`.
     """
     path = None if output is None else check_output(output, OUTPUT_SUFFIXES)
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     if classes is not None:
         metrics = _zero_shot(model, data, classes, corpus, test_size, batch_size)
         if path is not None:

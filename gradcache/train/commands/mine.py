@@ -127,10 +127,6 @@ def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Gua
     if not model.mode.mines:
         raise UsageError(f"gradcache mine ranks by dense embeddings; MODEL ({model.source}) is a {model.mode.kind} "
                          "text model: mine with a dense model (a --kind dense run, a sentence-transformers folder)")
-    if isinstance(negatives, bool) or negatives < 1:
-        raise UsageError(f"--negatives must be at least 1, got {negatives}")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     guards.check()
     pairs = read_pairs(data, query_key, positive_key, negative_keys or ())
     ranked, positives = pairs_corpus(pairs, corpus)

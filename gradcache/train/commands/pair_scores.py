@@ -42,8 +42,6 @@ def encode_pairs(model: LoadedModel, data: str, output: str, keys: tuple[str, st
         DataError: unusable data (command_inputs.py).
     """
     path = check_output(output, (".npy",))
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     pairs = read_pair_rows(data, tuple(keys or PAIR_KEYS))
     with torch.inference_mode(), tqdm(total=len(pairs), desc="score pairs", unit="pair", file=sys.stderr,
                                       disable=None) as bar:

@@ -188,11 +188,11 @@ def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
 def _run_export(args: argparse.Namespace, argv: list[str]) -> int:
     from pathlib import Path
 
-    from gradcache.train.commands.export import choose_checkpoint, export_checkpoint
+    from gradcache.train.commands.export import choose_checkpoint, export_checkpoint, written_by_a_kind
     from gradcache.train.export.write import MODEL_FOLDER, check_output
 
     output = args.output if args.output is not None else Path(args.run) / MODEL_FOLDER
-    check_output(output)  # before reading anything
+    check_output(output, written_by_a_kind)  # before reading anything
     saved = choose_checkpoint(args.run, args.checkpoint)
     print(f"wrote {export_checkpoint(saved, output)} from {saved}", file=sys.stderr)
     return 0

@@ -14,7 +14,7 @@ from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, checkpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.export.write import check_output, export_model
-from gradcache.train.modes import mode_of
+from gradcache.train.modes import folder_reader, mode_of
 
 CHECKPOINT_CHOICES = ("last", "previous")  # --checkpoint, or a checkpoint file
 
@@ -53,7 +53,7 @@ def export_checkpoint(saved: RunCheckpoint, output: str | os.PathLike) -> Path:
         UsageError: `output` is not replaceable, or what the model was built from (a text run's --model folder)
             is gone.
     """
-    check_output(output)
+    check_output(output, written_by_a_kind)
     config = dataclasses.replace(RunConfig.from_dict(saved.meta()["args"]), device="cpu")
     mode = mode_of(config)
     try:  # a text run is rebuilt from its --model folder: the architecture and the tokenizer
@@ -64,3 +64,8 @@ def export_checkpoint(saved: RunCheckpoint, output: str | os.PathLike) -> Path:
     trained = nn.ModuleDict({"model": model, "loss": mode.build_loss(config)})
     saved.load(trained)
     return export_model(config, trained["model"], trained["loss"], output, mode=mode)
+
+
+def written_by_a_kind(folder: Path) -> bool:
+    """A folder of a format only its kind knows (`Mode.reads_folder`), which an export of that kind wrote."""
+    return folder_reader(None, folder) is not None

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,10 @@ _REPLACEABLE = {ModelFolderFormat.SENTENCE_TRANSFORMERS, ModelFolderFormat.SENTE
                 ModelFolderFormat.SPARSE_ENCODER, ModelFolderFormat.CROSS_ENCODER}
 
 
-def check_output(output: str | os.PathLike) -> None:
+def check_output(output: str | os.PathLike, own_format: Callable[[Path], bool] = lambda folder: False) -> None:
     """Refuse an `output` that export would not replace: anything but nothing, an empty folder, or a model folder
-    an export wrote (UsageError, before anything is read or written)."""
+    an export wrote, of a format model_folders.py knows or one `own_format` tells (a kind's own: `Mode.reads_folder`)
+    (UsageError, before anything is read or written)."""
     output = Path(output)
     if not output.exists():
         return
@@ -46,7 +48,7 @@ def check_output(output: str | os.PathLike) -> None:
             kind = model_folder_format(output)
         except UsageError:
             pass
-    if kind not in _REPLACEABLE:
+    if kind not in _REPLACEABLE and not (output.is_dir() and own_format(output)):
         raise UsageError(f"--output {str(output)!r} exists and is not a model folder that gradcache export wrote, so it "
                          "is left alone; give a new folder (or remove that one)")
 
@@ -62,7 +64,7 @@ def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: s
             `output` keeps what it held.
     """
     output = Path(output)
-    check_output(output)
+    check_output(output, lambda folder: mode.reads_folder(None, folder))
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial"))
     try:

@@ -67,3 +67,5 @@ def test_a_toy_kind_trains_evaluates_encodes_and_exports(bag_kind, tiny_bert, tm
     again = tmp_path / "again"
     assert main(["export", str(run), "--output", str(again)]) == 0
     torch.testing.assert_close(load_file(again / WEIGHTS)["embedding.weight"], table, rtol=0, atol=0)
+    assert main(["export", str(run)]) == 0  # its own format is one an export wrote: replaced
+    torch.testing.assert_close(load_file(run / "model" / WEIGHTS)["embedding.weight"], table, rtol=0, atol=0)

@@ -55,6 +55,7 @@ class Mode:
     sparse_cache: bool = False  # GradCache caches (B, V) rows by their non-zeros (gradcache/sparse_rows.py)
     items: str  # what the data is made of, for help and messages ("images", "rows")
     built_in_help: str  # the built-in data sets `--data` names, for its help
+    kind: str | None = None  # the `--kind` of model it is, in a mode of several (text); None: the mode is one kind
     kind_fields: tuple[str, ...] = ()  # text's `--kind`s: the RunConfig fields only that kind reads
     kind_defaults: dict[str, Any] = {}  # text's `--kind`s: defaults of a new run's options not given (the peer's)
     temperature_help = ""  # what --temperature's help adds in this mode

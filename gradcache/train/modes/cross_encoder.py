@@ -36,7 +36,6 @@ from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.folder_formats import check_folder_format
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, text_model_folder
 from gradcache.train.modes.text_lengths import check_pair_lengths
 
@@ -84,7 +83,7 @@ class CrossEncoderText(Text):
 
     def check_model(self, config: RunConfig) -> None:
         """The model folder and its tokenizer load offline and belong together (weights not loaded)."""
-        check_folder_format(self, config.model)
+        self.check_folder_format(config.model)
         check_text_folder("--model", config.model, None, config.max_length)
 
     def embedding_width(self, config: RunConfig) -> int:

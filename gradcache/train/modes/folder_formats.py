@@ -11,27 +11,22 @@ Any other pairing is left to the kind's own checks.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Any
 
 from gradcache.train.errors import UsageError
 from gradcache.train.model_folders import model_folder_format
 from gradcache.train.modes.text_folders import text_model_folder
-
-if TYPE_CHECKING:
-    from gradcache.train.modes.text import Text
 
 # how to make any folder of these formats a plain Hugging Face folder that every kind trains from
 PLAIN_FOLDER = ("a copy of the folder without its modules.json (its config.json, weights and tokenizer files: "
                 "the Hugging Face model alone)")
 
 
-def check_folder_format(kind: Text, name: str, option: str = "--model") -> None:
+def check_folder_format(kind: Any, name: str, option: str, kinds: Iterable[Any]) -> None:
     """Refuse (UsageError naming `option`, the folder's format and the `--kind` that reads it) a folder `name` that
-    `kind` cannot train from (module docstring); a name that is no folder, or a folder of no known format, passes
-    here for the kind's own checks to name."""
-    from gradcache.train.modes import folder_reader  # the registry imports the kinds, which import this module
-    from gradcache.train.modes.text import Text
-
+    the text kind `kind` cannot train from (module docstring), `kinds` being every text kind (`TEXT_KINDS`); a name
+    that is no folder, or a folder no text kind reads, passes here for the kind's own checks to name."""
     folder = text_model_folder(name, option)
     if not folder.is_dir():
         return
@@ -39,8 +34,8 @@ def check_folder_format(kind: Text, name: str, option: str = "--model") -> None:
         found = model_folder_format(folder)
     except UsageError:  # of no format model_folders.py knows: a kind may know it
         found = None
-    reader = folder_reader(found, folder)
-    if not isinstance(reader, Text) or reader is kind:  # no text kind's folder, or its own
+    reader = next((other for other in kinds if other.reads_folder(found, folder)), None)
+    if reader is None or reader is kind:  # no text kind's folder, or its own
         return
     if reader.trained_only_by_its_kind:
         raise UsageError(f"{option} {name} is a {reader.folder_description}, which --kind {kind.kind} does not "

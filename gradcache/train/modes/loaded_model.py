@@ -9,18 +9,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
 from gradcache.models.query_expansion import QueryExpansion
 from gradcache.train.errors import UsageError
+from gradcache.train.eval.representations import Representation
 
 if TYPE_CHECKING:
     from gradcache.train.checkpoints.meta import CheckpointMeta
     from gradcache.train.config import RunConfig
-    from gradcache.train.modes.base import Mode
+
+
+class ModelKind(Protocol):
+    """What the commands ask of the mode or kind a model is (gradcache/train/modes/base.py `Mode`, which answers)."""
+
+    kind: str | None  # its `--kind`, in a mode of several kinds (text)
+    text_embeddings: Representation  # how its texts are embedded, written by encode and ranked by eval
+    ranks_passages: bool  # queries rank passages: eval --data pairs, --corpus
+    mines: bool  # gradcache mine ranks by its embeddings
+
+    @property
+    def model_noun(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,7 @@ class LoadedModel:
             -> (B,) logits; `activation` is what predict applies to them.
     """
 
-    mode: Mode
+    mode: ModelKind
     source: str
     module: nn.Module
     device: torch.device

@@ -36,7 +36,6 @@ from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.folder_formats import check_folder_format
 from gradcache.train.modes.text_folders import (
     check_positions,
     check_text_folder,
@@ -97,7 +96,7 @@ class MultiVector(Text):
         """The folder (a MultiVectorEncoder's too) and its tokenizer load offline and belong together; with
         --query-expansion, a length within the model's positions and a tokenizer that can expand. What else
         Text.check_model checks (pooling, LoRA targets, the guide) this kind refuses."""
-        check_folder_format(self, config.model)
+        self.check_folder_format(config.model)
         check_text_folder("--model", config.model, None, config.max_length)
         check_positions("--query-expansion", config.query_expansion, "--model", config.model)
         if config.query_expansion is not None:

@@ -32,7 +32,6 @@ from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.folder_formats import check_folder_format
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, side_tokenizers, text_model_folder
 
 LOSS_PARTS = ("base_loss", "document_regularizer_loss", "query_regularizer_loss")  # SpladeLoss.parts
@@ -114,7 +113,7 @@ class SparseText(Text):
     def check_model(self, config: RunConfig) -> None:
         """The folder (a Hugging Face or a sentence-transformers folder, a SparseEncoder one included) and its
         tokenizer load offline and belong together, and its configuration has a masked-language-model class."""
-        check_folder_format(self, config.model)
+        self.check_folder_format(config.model)
         check_text_folder("--model", config.model, SPLADE_POOLING, config.max_length)
         import transformers
 

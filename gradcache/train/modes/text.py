@@ -195,7 +195,7 @@ class Text(Mode):
     def check_model(self, config: RunConfig) -> None:
         """The model folder (and the guide's) and its tokenizer load offline, and belong together; read from each
         folder's config.json and tokenizer files, without loading the weights (the run builds the model once)."""
-        check_folder_format(self, config.model)
+        self.check_folder_format(config.model)
         check_text_folder("--model", config.model, config.pooling, config.max_length)
         check_lora_targets(config, text_model_folder(config.model))
         pooling = config.pooling or _folder_pooling(text_model_folder(config.model))
@@ -203,8 +203,15 @@ class Text(Mode):
             raise UsageError(f"--exclude-prompt-from-pooling applies to mean pooling; --model {config.model} pools "
                              f"by {pooling!r}: add --pooling mean, or drop the flag")
         if config.guide is not None:
-            check_folder_format(self, config.guide, "--guide")
+            self.check_folder_format(config.guide, "--guide")
             check_text_folder("--guide", config.guide, None, config.max_length)
+
+    def check_folder_format(self, name: str, option: str = "--model") -> None:
+        """A folder of another kind's own format, which this kind cannot train from, refused naming the kind that
+        reads it (modes/folder_formats.py)."""
+        from gradcache.train.modes import TEXT_KINDS  # the registry of kinds imports this module
+
+        check_folder_format(self, name, option, TEXT_KINDS.values())
 
     def embedding_width(self, config: RunConfig) -> int:
         """The model's hidden size (its config.json, read without loading the weights)."""

@@ -8,12 +8,14 @@ One step, read top to bottom:
       nothing (a frozen tower) is encoded here once, for good. Token embeddings (`TokenEmbeddings`: values
       (B_k, L_k, D) and the mask the model returns) of chunks of different lengths are joined padded to the
       longest (values 0, mask False), so the loss gets one padded (N, L, D) batch and its mask. With
-      `sparse_cache`, (B_k, V) rows are cached by their non-zeros (`gradcache.sparse_rows`);
+      `sparse_cache`, (B_k, V) rows are cached by their non-zeros (`gradcache.sparse_rows`). The submodules in
+      `reuse_outputs` (a frozen vision tower) keep their outputs for (3) (`gradcache.reused_outputs`);
   (2) compute the loss over the full batch (gathered from every rank under torch.distributed) from those
       embeddings, and its gradient with respect to every embedding and every loss parameter: the gradient cache
       (of a sparse cache: at its non-zeros only, the loss given the rows made dense);
   (3) back-propagate the kept graphs; re-encode each other chunk with a graph under its recorded random and
-      autocast state, check it against its cached embedding (`check_recompute`), and back-propagate its slice
+      autocast state (`reuse_outputs`' modules returning what they returned in (1), not run again), check it
+      against its cached embedding (`check_recompute`), and back-propagate its slice
       of the cached gradient (its rows; for token embeddings also its own length, grad[:, :L_k]), one chunk at
       a time. When (3) raises, every `.grad` that was None when the step began is None again: no partial
       gradient is left behind.
@@ -44,6 +46,7 @@ from gradcache.inputs import check_embedding_count, encode, tensors_of, trim_pad
 from gradcache.autocast import AutocastState, autocast_context, autocast_off_everywhere, upcast
 from gradcache.random_state import NoDraws, RandomState, cuda_devices_of
 from gradcache.recompute_check import RecomputationMismatchError, RecomputeCheck
+from gradcache.reused_outputs import KeptOutputs, check_frozen, check_within, recording, reusing, within
 from gradcache.strategy import LossFn, Strategy, check_output_learns
 from gradcache.token_chunks import cut, split_to_count, token_plan
 from gradcache.sparse_rows import SparseRows, compress, densify, takes_sparse_rows
@@ -98,6 +101,9 @@ class GradCache(Strategy):
     def loss(self, *inputs: Any, **loss_kwargs: Any) -> torch.Tensor:
         """Phases (1) and (2); the returned loss runs phase (3) when back-propagated."""
         self.check_inputs(inputs)
+        reused = self.options["reuse_outputs"] or []
+        check_frozen(reused)  # again: a module may have been unfrozen since the constructor
+        check_within(reused, self.all_encoders())
         building = torch.is_grad_enabled()
         learning = [building and _learns(self.encoder_for(i), value) for i, value in enumerate(inputs)]
         chunks, orders = self._split_all(inputs)
@@ -137,8 +143,10 @@ class GradCache(Strategy):
     def _split_all(self, inputs: tuple[Any, ...]) -> tuple[list[list[Any]], list[torch.Tensor | None]]:
         """Each input's chunks (by rows, or by tokens over its rows sorted by length) and, for token chunks,
         the order of its sorted rows. Under FSDP2 token-chunked inputs are cut into as many chunks on every rank."""
-        plans = {i: token_plan(v, self.chunk_tokens_for(i), self.chunk_size_for(i))
-                 for i, v in enumerate(inputs) if self.chunk_tokens_for(i) is not None}
+        tokened = [i for i in range(len(inputs)) if self.chunk_tokens_for(i) is not None]
+        layouts = {i: self.vision_layout(i, inputs[i]) for i in tokened}  # a VLM batch's rows own their images
+        plans = {i: token_plan(inputs[i], self.chunk_tokens_for(i), self.chunk_size_for(i), layouts[i],
+                               self.trims_leading(i, inputs[i])) for i in tokened}
         encoders = [self.encoder_for(i) for i in range(len(inputs))]
         if plans:
             counts = agreed_under_fsdp(encoders, [len(sizes) for _, sizes in plans.values()], largest=True)
@@ -147,11 +155,14 @@ class GradCache(Strategy):
         for i, value in enumerate(inputs):
             if i in plans:
                 order, sizes = plans[i]
-                chunks.append(cut(value, order, sizes))
+                chunks.append(cut(value, order, sizes, layouts[i], self.trims_leading(i, value)))
                 orders.append(order)
             else:
                 pieces = self.split(i, value)
-                chunks.append([trim_padding(c) for c in pieces] if self.options["trim_padding"] else pieces)
+                if self.options["trim_padding"]:
+                    leading = self.trims_leading(i, value)
+                    pieces = [trim_padding(c, leading) for c in pieces]
+                chunks.append(pieces)
                 orders.append(None)
         check_same_chunk_counts(encoders, [len(c) for c in chunks])
         return chunks, orders
@@ -163,26 +174,32 @@ class GradCache(Strategy):
         chunk is never kept but re-encoded, with the one synchronising forward, in (3))."""
         budget = GraphBudget(self.options["memory_budget"] if torch.is_grad_enabled() else None)
         last = _last_chunks(self, chunks, learning)
-        first = _FirstPass([], [], [], [], [])
+        first = _FirstPass([], [], [], [], [], [])
         for i, input_chunks in enumerate(chunks):
             encoder = self.encoder_for(i)
             own_sync = holds_its_own_sync(encoder)
             devices = cuda_devices_of([encoder]) if learning[i] else frozenset()  # its GPUs draw its dropout
-            pieces, states, graphs = [], [], []  # pieces[k][j]: chunk k's embedding j
+            reused = within(self.options["reuse_outputs"] or [], encoder) if learning[i] else []
+            pieces, states, graphs, outputs_kept = [], [], [], []  # pieces[k][j]: chunk k's embedding j
             for k, chunk in enumerate(input_chunks):
                 name = f"input {i}"
                 state = RandomState.capture(tensors_of(chunk), devices) if learning[i] else None
+                record = recording(reused, [d for d, _ in state.cuda]) if reused else contextlib.nullcontext()
+                graph_kept = False
                 if learning[i] and not (own_sync and last[id(encoder)] == (i, k)) and budget.worth_trying(i, chunk):
                     left_out = [*encoder.parameters(), *encoder.buffers(), *tensors_of(chunk)]
                     with torch.enable_grad(), gradient_sync(encoder, False, self.options["fsdp_reduce"]):
-                        with saved_bytes(left_out, budget.held) as graph:
+                        with saved_bytes(left_out, budget.held) as graph, record as kept:
                             outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
                     if budget.settle(i, chunk, graph) and any(values_of(e).requires_grad for e in outputs):
                         graphs.append(outputs)
+                        graph_kept = True
                 else:
                     budget.close(i)  # kept chunks are a prefix of each input's
-                    with torch.no_grad():
+                    with torch.no_grad(), record as kept:
                         outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
+                if reused:  # for phase (3), unless its graph is kept or the budget is spent
+                    outputs_kept.append(None if graph_kept or not budget.keeps(kept.nbytes) else kept)
                 if state is not None:
                     states.append(state.kept_if_drawn())  # an encoder without dropout keeps no state
                 if pieces:
@@ -197,6 +214,7 @@ class GradCache(Strategy):
             first.lengths.append([[length_of(e) for e in slot] for slot in slots])
             first.random_states.append(states)
             first.kept.append(graphs)
+            first.reused.append(outputs_kept)
         if self.options["memory_budget"] is not None:  # under FSDP2 every rank re-encodes as many chunks
             counts = agreed_under_fsdp(self.all_encoders(), [len(g) for g in first.kept], largest=False)
             first.kept = [graphs[:n] for graphs, n in zip(first.kept, counts)]
@@ -246,9 +264,13 @@ class GradCache(Strategy):
                     for n, (i, k) in enumerate(others):
                         final = n == len(others) - 1
                         with gradient_sync(encoder, final, fsdp_reduce):
+                            chunk, name = replay.chunks[i][k], f"input {i}"
+                            kept_outputs = first.reused[i][k] if first.reused[i] else None
                             with replay.first.random_states[i][k].replay(), replay.autocast_state.apply():
-                                chunk, name = replay.chunks[i][k], f"input {i}"
-                                outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
+                                with reusing(kept_outputs, name):
+                                    outputs = encode(encoder, chunk, self.get_embedding_for(i), name)
+                            if first.reused[i]:
+                                first.reused[i][k] = None  # spent
                             check_output_learns(encoder, outputs, name)  # else its backward would reach no parameter
                             _check_recomputed(check, outputs, replay, i, k)  # before this chunk's backward writes .grad
                             leaves = functools.partial(_chunk_leaves, known, i, encoder, chunk, outputs)
@@ -405,13 +427,16 @@ def _starts(counts: list[int]) -> list[int]:
 class _FirstPass:
     """What phase (1) leaves, per input i: its embeddings j (`embeddings[i][j]`, chunks' order), the rows of each
     in each chunk (`rows[i][j][k]`) and, for token embeddings, each chunk's own length (`lengths[i][j][k]`, None
-    for vectors), each chunk's random state, and the kept chunks' embeddings (`kept[i][k][j]`)."""
+    for vectors), each chunk's random state, the kept chunks' embeddings (`kept[i][k][j]`), and the outputs of
+    `reuse_outputs`' modules kept for chunk k (`reused[i][k]`, None where none are; empty for an input whose
+    encoder holds none)."""
 
     embeddings: list[list[Embedding]]
     rows: list[list[list[int]]]
     lengths: list[list[list[int | None]]]
     random_states: list[list[RandomState | NoDraws]]
     kept: list[list[list[torch.Tensor]]]
+    reused: list[list[KeptOutputs | None]]
 
 
 class _Replay:

@@ -23,8 +23,9 @@ without writing the loop: `GradCache(...).step(Chunks(sub_batches), ...)` (gradc
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,13 +36,17 @@ from gradcache.batchnorm import running_stats_frozen
 from gradcache.inputs import tensors_of
 from gradcache.random_state import RandomState, cuda_devices_of
 from gradcache.recompute_check import RecomputeCheck
+from gradcache.reused_outputs import check_frozen, check_reuse_outputs, recording, reusing
 
 __all__ = ["cached", "cat_input_tensor"]
 
 Closure = Callable[..., None]
 
 
-def cached(func: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]) -> Callable[..., tuple[Any, ...]]:
+def cached(
+    func: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]] | None = None, *,
+    reuse_outputs: Sequence[nn.Module] | None = None,
+) -> Callable[..., Any]:
     """`func(*args, **kwargs) -> rep(s)` becomes `call(*args, **kwargs) -> (*reps, closure)`: the reps computed
     under `torch.no_grad()` as leaves requiring grad, and `closure(*reps)` that, after a backward over a loss of
     them, re-encodes `func(*args, **kwargs)` with a graph and back-propagates each rep's `.grad` through it.
@@ -52,7 +57,11 @@ def cached(func: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]) -> Call
     backward. BatchNorm running statistics of the modules among the arguments are not advanced a second time.
 
     Args:
-        func: calls the model; returns one floating-point tensor of reps, or a tuple or list of them.
+        func: calls the model; returns one floating-point tensor of reps, or a tuple or list of them. Without
+            it, `cached(reuse_outputs=[...])` is the decorator.
+        reuse_outputs: submodules of the model that learn nothing (a frozen vision tower), whose outputs the
+            first call keeps and the closure returns instead of running them again, as GradCache's option of
+            that name (`gradcache.reused_outputs`): exact, dropout included.
 
     Returns:
         A function returning `(rep, closure)` for one tensor, `(rep_1, ..., rep_k, closure)` for k, as the
@@ -60,29 +69,38 @@ def cached(func: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]) -> Call
         reps it returned, after `loss.backward()`.
 
     Raises:
-        TypeError: `func` returns anything but floating-point tensors.
+        TypeError: `func` returns anything but floating-point tensors; `reuse_outputs` is not a list of modules.
+        ValueError: a module of `reuse_outputs` has a parameter requiring grad (at the call, before any
+            gradient), or its inputs require grad (in the closure, before its backward).
         ValueError, RuntimeError: the closure gets other reps than its call returned, a rep without `.grad`
             (no backward has reached it yet), or runs a second time.
 
     Example:
         >>> call_model = cached(lambda model, batch: model(**batch).pooler_output)
         >>> rep, closure = call_model(model, batch); loss_of(rep).backward(); closure(rep)
+        >>> call_vlm = cached(reuse_outputs=[vlm.visual])(lambda model, batch: model(**batch).last_hidden_state[:, -1])
     """
+    check_reuse_outputs(reuse_outputs)
+    reused = list(reuse_outputs or [])
+    if func is None:
+        return functools.partial(cached, reuse_outputs=reuse_outputs)
 
     @functools.wraps(func)
     def first_pass(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
         tensors = [t for value in (*args, *kwargs.values()) for t in tensors_of(value)]
         modules = [value for value in (*args, *kwargs.values()) if isinstance(value, nn.Module)]
+        check_frozen(reused)  # again: a module may have been unfrozen since the decorator
         random_state = RandomState.capture(tensors, cuda_devices_of(modules))
         autocast_state = AutocastState.capture()
-        with torch.no_grad():
+        record = recording(reused, [d for d, _ in random_state.cuda]) if reused else contextlib.nullcontext()
+        with torch.no_grad(), record as kept:
             reps = _reps(func(*args, **kwargs), func)
         random_state = random_state.kept_if_drawn()
         leaves = tuple(rep.detach().requires_grad_() for rep in reps)
         spent = False
 
         def closure(*given: Any) -> None:
-            nonlocal spent
+            nonlocal spent, kept
             if spent:
                 raise RuntimeError(
                     f"this closure of {_name(func)} already ran: it back-propagates its cached gradient once. Call "
@@ -90,7 +108,9 @@ def cached(func: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]) -> Call
                 )
             reps_given = _given(given, leaves, func)
             with torch.enable_grad(), random_state.replay(), autocast_state.apply(), running_stats_frozen(modules):
-                again = _reps(func(*args, **kwargs), func)
+                with reusing(kept, _name(func)):
+                    again = _reps(func(*args, **kwargs), func)
+            kept = None  # spent
             if len(again) != len(leaves):
                 raise ValueError(
                     f"{_name(func)} returned {len(leaves)} rep(s) on its first call and {len(again)} when re-encoded; "

@@ -79,7 +79,8 @@ def _units(chunk: Any) -> int:
 
 
 class GraphBudget:
-    """Phase (1)'s ledger: each input keeps a prefix of its chunks, in input order, while their graphs fit.
+    """Phase (1)'s ledger: each input keeps a prefix of its chunks, in input order, while their graphs fit; the
+    outputs `reuse_outputs` keeps for the other chunks take what is left, chunk by chunk (`keeps`).
 
     While any budget is left, the first chunk of an input is encoded with a graph and measured; each later one
     is tried only when the bytes per element measured so far say it fits in what is left, and kept when its
@@ -104,6 +105,16 @@ class GraphBudget:
 
     def close(self, index: int) -> None:
         self._closed.add(index)
+
+    def keeps(self, nbytes: int) -> bool:
+        """Whether `nbytes` kept for phase (3) beside the graphs (`reuse_outputs`' outputs of a chunk re-encoded
+        there) fit in what is left; True, and counted, when they do. Without a budget everything is kept."""
+        if self.left is None:
+            return True
+        if nbytes > self.left:
+            return False
+        self.left -= nbytes
+        return True
 
     def settle(self, index: int, chunk: Any, graph: SavedBytes) -> bool:
         """Record a tried chunk's measured graph; True when it is kept (its storages then count as held)."""

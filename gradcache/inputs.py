@@ -43,6 +43,7 @@ from torch import nn
 
 from gradcache.chunks import Chunks
 from gradcache.token_embeddings import TokenEmbeddings, checked, join
+from gradcache.vision_inputs import TOKEN_AXIS_KEYS, VISION_KEYS, VisionHints, VisionLayout, take, vision_layout
 
 SCORED_POSITIONS = "query_expansion_positions"  # (B, L): positions scored though not attended (ColBERT's expansion)
 
@@ -94,13 +95,14 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
     return [v for _, v in _entries(value) if isinstance(v, torch.Tensor)]
 
 
-def batch_length(value: Any, name: str, split_by_user: bool = False) -> int | None:
+def batch_length(value: Any, name: str, split_by_user: bool = False, hints: VisionHints | None = None) -> int | None:
     """The number of examples in one input, checking that its tensors agree and that each of its other
     values is either per-example or per-batch (see the module docstring); None for a custom type. With
     `split_by_user` (a `split_fn` applies to it) the user's chunks decide: the length where the tensors agree,
-    else None, and no check."""
+    else None, and no check. A VLM processor's batch (gradcache/vision_inputs.py) has its rows' images told
+    apart here, with `hints` (the encoder's image token), or is refused."""
     if isinstance(value, Chunks):
-        return _chunks_length(value, name, split_by_user)
+        return _chunks_length(value, name, split_by_user, hints)
     if is_texts(value):
         return len(value)
     tensors = tensors_of(value)
@@ -120,6 +122,9 @@ def batch_length(value: Any, name: str, split_by_user: bool = False) -> int | No
     for t in tensors:
         if t.dim() == 0:
             raise ValueError(f"{name} holds a 0-dimensional tensor; every tensor needs a batch dimension (dim 0).")
+    layout = layout_of(value, name, hints)
+    if layout is not None:  # its item-axis keys hold the rows' images, not rows
+        tensors = [v for k, v in value.items() if isinstance(v, torch.Tensor) and k not in layout.spans]
     lengths = {t.shape[0] for t in tensors}
     entries = _entries(value)  # a tensor holds nothing beside its rows
     if len(lengths) > 1:
@@ -138,7 +143,7 @@ def batch_length(value: Any, name: str, split_by_user: bool = False) -> int | No
     return rows
 
 
-def _chunks_length(value: Chunks, name: str, split_by_user: bool) -> int | None:
+def _chunks_length(value: Chunks, name: str, split_by_user: bool, hints: VisionHints | None) -> int | None:
     """The examples of ready-made chunks: their sum, each chunk checked as an input; None if one is a custom type."""
     if split_by_user:
         raise ValueError(
@@ -146,7 +151,7 @@ def _chunks_length(value: Chunks, name: str, split_by_user: bool) -> int | None:
             "drop split_fn for it (one per input with None there, e.g. split_fn=[None, split_images]), or pass the "
             "unsplit input without Chunks."
         )
-    lengths = [batch_length(chunk, f"chunk {k + 1} of {name}") for k, chunk in enumerate(value)]
+    lengths = [batch_length(chunk, f"chunk {k + 1} of {name}", hints=hints) for k, chunk in enumerate(value)]
     for k, length in enumerate(lengths):
         if length == 0:
             raise ValueError(f"chunk {k + 1} of {name} is an empty batch (0 examples); every chunk needs one.")
@@ -192,12 +197,28 @@ def _nested_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None, name: str = "the input") -> list[Any]:
+def layout_of(value: Any, name: str, hints: VisionHints | None = None) -> VisionLayout | None:
+    """The vision layout of a mapping input (gradcache/vision_inputs.py), None for any other input."""
+    return vision_layout(value, name, hints or VisionHints()) if isinstance(value, Mapping) else None
+
+
+def own_images(chunk: Any, name: str, hints: VisionHints | None = None) -> Any:
+    """A ready-made chunk without the pixel keys its rows own nothing of (an Idefics3 chunk of text-only rows
+    holds all-padding tiles, which the model cannot reshape); any other chunk as it is."""
+    layout = layout_of(chunk, name, hints)
+    if layout is None or layout.rows == 0:
+        return chunk
+    return take(chunk, layout, list(range(layout.rows)), lambda entry: per_example(entry, layout.rows))
+
+
+def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None, name: str = "the input",
+          hints: VisionHints | None = None) -> list[Any]:
     """`split_fn(value, chunk_size)` when given, whatever the input's type; otherwise split along dim 0 into
     chunks of `chunk_size` rows (the last may be shorter), views, no copies. Lists and tuples of one entry per
-    example are sliced alike; other values reach every chunk whole."""
+    example are sliced alike; other values reach every chunk whole. A VLM processor's batch splits by its rows,
+    each chunk holding its rows' images (gradcache/vision_inputs.py)."""
     if isinstance(value, Chunks):
-        return list(value)
+        return [own_images(c, f"chunk {k + 1} of {name}", hints) for k, c in enumerate(value)]
     if split_fn is not None:
         return _user_chunks(split_fn(value, chunk_size), name)
     if isinstance(value, torch.Tensor):
@@ -210,6 +231,11 @@ def split(value: Any, chunk_size: int, split_fn: SplitFn | None = None, name: st
             "tensors, raw texts (a list of strings), ready-made chunks in gradcache.Chunks([...]), or give "
             "split_fn=lambda value, chunk_size: [...] that returns its chunks."
         )
+    layout = layout_of(value, name, hints)
+    if layout is not None:
+        index = list(range(layout.rows))
+        return [take(value, layout, index[start : start + chunk_size], lambda e: per_example(e, layout.rows))
+                for start in range(0, layout.rows, chunk_size)]
     rows = tensors_of(value)[0].shape[0]
     entries = [entry for _, entry in _entries(value)]
     pieces = [_pieces(entry, rows, chunk_size, place) for place, entry in _entries(value)]
@@ -249,31 +275,55 @@ def kept_positions(keywords: Mapping[str, Any]) -> torch.Tensor:
     return mask
 
 
-def trim_padding(chunk: Any) -> Any:
-    """Drop the trailing columns that are padding in every row of a chunk with an `attention_mask` (a mapping,
-    or the mapping of a pair): every tensor of the chunk as wide as the mask is cut alike. A column scored
-    though not attended (`query_expansion_positions`) is not padding.
+def trim_padding(chunk: Any, leading: bool = False) -> Any:
+    """Drop the trailing columns (and with `leading`, the leading ones) that are padding in every row of a chunk
+    with an `attention_mask` (a mapping, or the mapping of a pair). A column scored though not attended
+    (`query_expansion_positions`) is not padding. What is cut, by role: the token-axis keys (`input_ids`,
+    `attention_mask`, `token_type_ids`, `mm_token_type_ids`, `position_ids`, Mllama's `cross_attention_mask`,
+    ...; `vision_inputs.TOKEN_AXIS_KEYS`) along dim 1; never a vision key (`pixel_values`, tiles, grids), whatever
+    its width; any other tensor as wide as the mask (a positional one included) alike.
 
     Exact only for encoders that ignore masked positions (attention masking and masked pooling); the library
-    cannot check that, so the strategies do this only when asked (`trim_padding=True`).
+    cannot check that, so the strategies do this only when asked (`trim_padding=True`). Leading columns only
+    where positions come from the mask (Qwen2-VL's rope index) or the chunk carries its `position_ids`: the
+    strategies decide (`vision_inputs.positions_from_mask`).
     """
     if isinstance(chunk, Chunks):
-        return Chunks([trim_padding(c) for c in chunk])
+        return Chunks([trim_padding(c, leading) for c in chunk])
     keywords = chunk[1] if is_pair(chunk) else chunk
     if not isinstance(keywords, Mapping) or "attention_mask" not in keywords:
         return chunk
     mask = keywords["attention_mask"]
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         return chunk
-    kept = kept_positions(keywords).any(dim=0).nonzero()
-    length = int(kept.max()) + 1 if kept.numel() else 1
-    if length == mask.shape[1]:
-        return chunk
+    first, end = kept_columns(kept_positions(keywords), leading)
     width = mask.shape[1]
+    if (first, end) == (0, width):
+        return chunk
     return _rebuilt(chunk, [
-        v[:, :length] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == width else v
-        for _, v in _entries(chunk)
+        v[:, first:end] if _on_token_axis(place, v, width) else v for place, v in _entries(chunk)
     ])
+
+
+def kept_columns(kept: torch.Tensor, leading: bool = False) -> tuple[int, int]:
+    """The columns [first, end) that trimming keeps of a (B, L) bool of kept positions: up to the last kept one,
+    from the first with `leading` (else from 0); one column where none is kept."""
+    columns = kept.any(dim=0).nonzero()
+    if not columns.numel():
+        return 0, 1
+    first = int(columns.min()) if leading else 0
+    return first, int(columns.max()) + 1
+
+
+def _on_token_axis(place: str, value: Any, width: int) -> bool:
+    """Whether an entry of a chunk is cut with the mask: by its key's role, or, for a key of no known role (or a
+    positional entry), by its width."""
+    if not (isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == width):
+        return False
+    key = place.rsplit("[", 1)[-1].strip("]'\"")
+    if key in TOKEN_AXIS_KEYS:
+        return True
+    return key not in VISION_KEYS
 
 
 def encode(

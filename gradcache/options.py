@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from typing import Any, TypedDict
 
 import torch
+from torch import nn
 
 from gradcache.distributed import check_fsdp_reduce
 from gradcache.inputs import GetEmbedding, SplitFn
 from gradcache.autocast import HALF_DTYPES
+from gradcache.reused_outputs import check_reuse_outputs
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -64,11 +66,23 @@ class Options(TypedDict, total=False):
         a tolerance for the precision the forward ran in (see `gradcache.recompute_check`), a float for that
         relative tolerance, False to turn it off for an encoder known to be nondeterministic. Costs one
         reduction and one host sync per re-encoded chunk. FullBatch and NaiveAccumulation recompute nothing.
+    image_token_id, video_token_id: the id of the token a VLM's processor repeats for each image (video) position,
+        for a batch whose rows' images are told by counting them (gradcache/vision_inputs.py) where neither the
+        batch (`num_images_per_sample`, `mm_token_type_ids`) nor the encoder's config (`image_token_id`,
+        `image_token_index`) says it. Default None.
     sparse_cache: GradCache and CachedLoss keep phase (1)'s (B, V) embeddings by their non-zeros and phase (2)'s
         gradient only there, so the cache costs memory in proportion to the non-zeros (SPLADE's rows). Exact
         for rows that are 0 only where a clamp at zero (relu, SPLADE's max-pooled log(1 + relu(.))) sends
         them; a negative value is refused (ValueError), see `gradcache.sparse_rows`. Not with `chunk_tokens`.
         Default False. FullBatch and NaiveAccumulation keep no cache and ignore it.
+    reuse_outputs: submodules of the encoders that learn nothing (no parameter requiring grad: a frozen vision
+        tower under LoRA on the language model), whose outputs phase (1) keeps, per chunk, and phase (3) returns
+        instead of running them again (GradCache, CachedLoss; see `gradcache.reused_outputs`). Exact, dropout
+        included. A listed module with a trainable parameter is refused (ValueError) before any `.grad` is
+        written; a call whose inputs require grad, in phase (3). The kept outputs count in `memory_budget`: kept
+        graphs first, then each re-encoded chunk's outputs while they fit, in chunk order (a chunk whose
+        outputs do not fit runs the modules again in phase (3)); with no budget (None) every chunk's are kept.
+        Default None. FullBatch and NaiveAccumulation run each forward once and ignore it.
     """
 
     get_embedding: GetEmbedding | None
@@ -82,6 +96,9 @@ class Options(TypedDict, total=False):
     chunk_tokens: int | Sequence[int | None] | None
     check_recompute: bool | float
     sparse_cache: bool
+    reuse_outputs: Sequence[nn.Module] | None
+    image_token_id: int | None
+    video_token_id: int | None
 
 
 DEFAULTS: Options = {
@@ -96,6 +113,9 @@ DEFAULTS: Options = {
     "chunk_tokens": None,
     "check_recompute": True,
     "sparse_cache": False,
+    "reuse_outputs": None,
+    "image_token_id": None,
+    "video_token_id": None,
 }
 
 
@@ -121,6 +141,10 @@ def checked(options: dict[str, Any]) -> Options:
     check_memory_budget(full["memory_budget"])
     check_chunk_tokens(full["chunk_tokens"])
     _check_recompute(full["check_recompute"])
+    check_reuse_outputs(full["reuse_outputs"])
+    for name in ("image_token_id", "video_token_id"):
+        if full[name] is not None:
+            _check_count(name, full[name], 0, "a token id of the tokenizer, or None")
     if full["sparse_cache"] and full["chunk_tokens"] is not None:
         raise ValueError(
             f"sparse_cache=True is not available with chunk_tokens={full['chunk_tokens']!r}: the sparse cache keeps "

@@ -67,10 +67,15 @@ class RandomState:
     def replay(self) -> Iterator[None]:
         devices = [d for d, _ in self.cuda]
         with torch.random.fork_rng(devices=devices, device_type="cuda"):
-            torch.set_rng_state(self.cpu)
-            for device, state in self.cuda:
-                torch.cuda.set_rng_state(state, device)
+            self.restore()
             yield
+
+    def restore(self) -> None:
+        """Set the generators to this state, for good: inside a `replay`, which puts the caller's back after (a
+        module skipped in a re-forward moves them to where its draws left them: `gradcache.reused_outputs`)."""
+        torch.set_rng_state(self.cpu)
+        for device, state in self.cuda:
+            torch.cuda.set_rng_state(state, device)
 
 
 class NoDraws:

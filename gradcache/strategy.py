@@ -2,20 +2,24 @@
 gradcache/options.py), and the checks on a step's inputs and loss, made before any gradient is touched."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from gradcache.chunks import Chunks
 from gradcache.deepspeed_engine import check_deepspeed_engine
 from gradcache.distributed import all_gather_embedding
-from gradcache.inputs import GetEmbedding, SplitFn, batch_length, encode, split, trim_padding
+from gradcache.inputs import (
+    GetEmbedding, SplitFn, batch_length, encode, is_pair, layout_of, own_images, split, trim_padding,
+)
 from gradcache.non_finite import NonFiniteLossError
 from gradcache.options import Options, Unpack, checked
 from gradcache.autocast import autocast_context, autocast_off_everywhere, compute_device_type, upcast
 from gradcache.token_chunks import has_token_mask
 from gradcache.token_embeddings import Embedding, values_of, with_values
+from gradcache.vision_inputs import VisionHints, VisionLayout, has_vision_keys, hints_of, positions_from_mask
 
 LossFn = Callable[..., torch.Tensor]
 Encoders = nn.Module | Sequence[nn.Module]
@@ -39,7 +43,7 @@ class Strategy:
             accepted and ignored otherwise (FullBatch), so the strategies swap in one line.
         **options: the keyword options, spelled once in `gradcache.options.Options` (get_embedding, split_fn,
             trim_padding, autocast_dtype, scaler, gather, fsdp_reduce, memory_budget, chunk_tokens,
-            check_recompute); checked before anything runs. A strategy that `pairs_chunks_across_inputs` refuses
+            check_recompute, sparse_cache, reuse_outputs); checked before anything runs. A strategy that `pairs_chunks_across_inputs` refuses
             chunk_tokens.
     """
 
@@ -106,7 +110,30 @@ class Strategy:
 
     def split(self, index: int, value: Any) -> list[Any]:
         """Input `index` in chunks of its chunk size, by its `split_fn` where one is given."""
-        return split(value, self.chunk_size_for(index), self.split_fn_for(index), f"input {index}")
+        return split(value, self.chunk_size_for(index), self.split_fn_for(index), f"input {index}",
+                     self.vision_hints(index, value))
+
+    def vision_hints(self, index: int, value: Any) -> VisionHints | None:
+        """For a VLM processor's batch (or chunks holding one): the image and video token ids (the options, else
+        the encoder's config) and the patch side, which tell its rows' images apart; None for any other input."""
+        chunks = value if isinstance(value, Chunks) else [value]
+        if not any(has_vision_keys(chunk) for chunk in chunks):
+            return None
+        return hints_of(self.encoder_for(index), self.options["image_token_id"], self.options["video_token_id"])
+
+    def vision_layout(self, index: int, value: Any) -> VisionLayout | None:
+        """Input `index`'s vision layout (gradcache/vision_inputs.py), None where it holds no VLM batch."""
+        hints = self.vision_hints(index, value)
+        return layout_of(value, f"input {index}", hints) if hints is not None else None
+
+    def trims_leading(self, index: int, value: Any) -> bool:
+        """Whether trimming input `index` may drop leading padding too: exact where its encoder takes positions
+        from the mask (Qwen2-VL) or the input carries its `position_ids`, cut alike."""
+        keywords = value[1] if is_pair(value) else value
+        if isinstance(keywords, Mapping) and isinstance(keywords.get("position_ids"), torch.Tensor) and (
+                keywords["position_ids"].dim() == 2):
+            return True
+        return positions_from_mask(self.encoder_for(index))
 
     def device_type(self) -> str:
         """The device type the encoders compute on (autocast's), from their first parameter
@@ -160,7 +187,8 @@ class Strategy:
                     f"chunk_tokens={wanted} applies to input {i}, which is not a mapping with a 2-D attention_mask; "
                     "give one value per input with None for this one, e.g. chunk_tokens=[None, 4096]."
                 )
-        lengths = [batch_length(value, f"input {i}", self.split_fn_for(i) is not None) for i, value in enumerate(inputs)]
+        lengths = [batch_length(value, f"input {i}", self.split_fn_for(i) is not None, self.vision_hints(i, value))
+                   for i, value in enumerate(inputs)]
         for i, length in enumerate(lengths):
             if length == 0:
                 raise ValueError(f"input {i} is an empty batch (0 examples); a step needs at least one example.")
@@ -191,7 +219,12 @@ class Strategy:
             trim = self.options["trim_padding"]
             for i, v in enumerate(values):
                 encoder, name = self.encoder_for(i), f"input {i}"
-                outputs = encode(encoder, trim_padding(v) if trim else v, self.get_embedding_for(i), name)
+                if isinstance(v, Chunks):  # FullBatch's ready-made chunks: none holds pixels it owns nothing of
+                    v = Chunks([own_images(c, f"chunk {k + 1} of {name}", self.vision_hints(i, c))
+                                for k, c in enumerate(v)])
+                if trim:
+                    v = trim_padding(v, self.trims_leading(i, v))
+                outputs = encode(encoder, v, self.get_embedding_for(i), name)
                 if torch.is_grad_enabled():
                     check_output_learns(encoder, outputs, name)
                 embeddings.extend(outputs)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.flags import HelpFormatter, choices
-from benchmarks.gpu import lora, memory, program, replay, speed, tiled
+from benchmarks.gpu import lora, memory, program, replay, speed, tiled, vlm
 from benchmarks.gpu.case import Case, device_name, run_case, skipped
 from benchmarks.gpu.journal import FILE_NAME, Journal
 from benchmarks.gpu.sizes import SIZES, Sizes
@@ -25,6 +25,7 @@ SECTIONS: dict[str, Callable[[Sizes, torch.device], list[Case]]] = {
     "speed": speed.cases,
     "tiled": tiled.cases,
     "lora": lora.cases,
+    "vlm": vlm.cases,
     "program": program.cases,
 }
 

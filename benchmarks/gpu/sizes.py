@@ -35,6 +35,30 @@ class DecoderSize:
 
 
 @dataclass(frozen=True)
+class VlmSize:
+    """A random Qwen2-VL: language model `hidden` x `layers` (`heads`, `kv_heads`, MLP `intermediate`), vision
+    tower `vision_width` x `vision_depth` (`vision_heads`), LoRA of `rank` on the language model; `n` rows a side
+    (text of `text_tokens`, square images of `image_side` pixels), chunks of at most `chunk_tokens` tokens and
+    `chunk` rows."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vision_width: int
+    vision_depth: int
+    vision_heads: int
+    n: int
+    chunk: int
+    chunk_tokens: int
+    image_side: int
+    text_tokens: int
+    rank: int = 16
+    vocab: int = 151936
+
+
+@dataclass(frozen=True)
 class Sizes:
     name: str
     replay: TowerSize
@@ -48,6 +72,7 @@ class Sizes:
     lora: DecoderSize
     lora_rounds: int
     program_scale: int  # the program runs' batch, in multiples of the tests' tiny runs
+    vlm: VlmSize
 
 
 GPU = Sizes(
@@ -63,6 +88,9 @@ GPU = Sizes(
     lora=DecoderSize(hidden=1024, layers=8, heads=8, n=512, chunk=64, chunk_tokens=8192, length=256),
     lora_rounds=3,
     program_scale=4,
+    vlm=VlmSize(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vision_width=1280,
+                vision_depth=32, vision_heads=16, n=64, chunk=16, chunk_tokens=16384, image_side=448,
+                text_tokens=32),  # Qwen2-VL-2B's shape; 1,024 patches (256 tokens) an image
 )
 
 SMOKE = Sizes(
@@ -78,6 +106,8 @@ SMOKE = Sizes(
     lora=DecoderSize(hidden=32, layers=1, heads=4, n=6, chunk=2, chunk_tokens=24, length=12, rank=2, vocab=64),
     lora_rounds=1,
     program_scale=1,
+    vlm=VlmSize(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, vision_width=32, vision_depth=1,
+                vision_heads=2, n=6, chunk=2, chunk_tokens=64, image_side=56, text_tokens=4, rank=2, vocab=64),
 )
 
 SIZES = {sizes.name: sizes for sizes in (GPU, SMOKE)}

@@ -11,6 +11,7 @@ from gradcache.integrations.sentence_transformers.encoders import GuideEncoder, 
 from gradcache.integrations.sentence_transformers.loss import GradCacheLoss, backward_into, through_calculate_loss
 from gradcache.losses import InfoNCE
 from gradcache.options import Options, Unpack
+from gradcache.vision_inputs import has_vision_keys
 
 
 class GradCacheGISTLoss(GradCacheLoss):
@@ -92,6 +93,13 @@ class GradCacheGISTLoss(GradCacheLoss):
             return [*columns, *(dict(column) for column in columns)]
         from sentence_transformers.util import batch_to_device
 
+        pictured = [c for c, column in enumerate(columns) if has_vision_keys(column)]
+        if pictured:
+            raise ValueError(
+                f"GradCacheGISTLoss must re-tokenize the model's columns for a guide with another tokenizer (or a "
+                f"shorter max_seq_length), and column(s) {pictured} hold images, which decoding the tokens loses; "
+                "give a guide with the model's processor and max_seq_length, or text-only columns."
+            )
         tokenizer = self._model_tokenizer[0]
         if tokenizer is None:
             raise TypeError(

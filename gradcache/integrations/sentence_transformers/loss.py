@@ -110,7 +110,8 @@ class GradCacheLoss(nn.Module):
             batch); default False, as MNRL's and CMNRL's.
         show_progress_bar: a tqdm bar over the chunks of phase (1) and one over phase (3); default False.
         **options: every other option of `gradcache.GradCache` (`chunk_tokens`, `memory_budget`,
-            `autocast_dtype`, `check_recompute`, ...; `gradcache.options.Options`) but `scaler`, since the
+            `autocast_dtype`, `check_recompute`, `image_token_id`, ...; `gradcache.options.Options`), passed
+            through as given (one naming submodules of `model` is checked against it here), but `scaler`, since the
             trainer owns the backward, and `gather`, spelled `gather_across_devices` here; `get_embedding`
             defaults to picking "sentence_embedding" from the model's output.
 
@@ -158,7 +159,9 @@ class GradCacheLoss(nn.Module):
                         "gather": gather_across_devices, **options}
         self.progress = ChunkProgress(show_progress_bar)
         self._built: tuple[nn.Module, int, GradCache] | None = None
-        GradCache(nn.Identity(), self._phase_two, chunk_size, **self.options)  # checks chunk_size and every option now
+        # checks chunk_size and every option now, around the model itself, so an option that names its
+        # submodules (reuse_outputs: a frozen vision tower) is checked against it
+        GradCache(SentenceEncoder(model, self.progress.tick), self._phase_two, chunk_size, **self.options)
 
     def _strategy(self, columns: int) -> GradCache:
         """The GradCache for `columns` columns around the current `self.model`, built once and kept."""

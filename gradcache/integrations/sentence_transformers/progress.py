@@ -16,8 +16,10 @@ def chunk_count(strategy: GradCache, value: Any, index: int) -> int | None:
     """How many chunks phase (1) cuts input `index` into (None when its length cannot be read)."""
     tokens = strategy.chunk_tokens_for(index)
     if tokens is not None:
-        return len(token_plan(value, tokens, strategy.chunk_size_for(index))[1])
-    rows = batch_length(value, f"input {index}")
+        plan = token_plan(value, tokens, strategy.chunk_size_for(index), strategy.vision_layout(index, value),
+                          strategy.trims_leading(index, value))
+        return len(plan[1])
+    rows = batch_length(value, f"input {index}", hints=strategy.vision_hints(index, value))
     return None if rows is None else math.ceil(rows / strategy.chunk_size_for(index))
 
 

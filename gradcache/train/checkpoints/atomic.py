@@ -5,7 +5,9 @@ at any point leaves the previous checkpoint whole, since until the rename the ol
 rename itself is atomic within one file system. Given `previous=`, the file being replaced is first renamed
 there, so a run folder holds `last.pt` and `previous.pt`. A checkpoint is a plain dict of tensors, numbers,
 strings and containers, loaded with `torch.load(weights_only=True)` (a file from elsewhere never runs code),
-plus `CHECKSUM_KEY`: the sha256 of the rest (gradcache/train/checkpoints/checksum.py), checked on every load.
+plus `CHECKSUM_KEY`: the sha256 of the rest (gradcache/train/checkpoints/checksum.py), checked on every load, after
+the loaded objects were bounded (gradcache/train/checkpoints/state_bounds.py); the file is opened once and read
+through that descriptor, never through a link (gradcache/train/checkpoints/regular_files.py).
 """
 from __future__ import annotations
 
@@ -17,13 +19,15 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import torch.distributed as dist
 
 from gradcache import distributed
-from gradcache.train.checkpoints.checksum import CHECKSUM_KEY, content_sha256
+from gradcache.train.checkpoints.checksum import CHECKSUM_KEY, CHECKSUM_VERSION, VERSION_KEY, content_sha256
+from gradcache.train.checkpoints.regular_files import open_regular
+from gradcache.train.checkpoints.state_bounds import bounds_fault
 from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
 from gradcache.train.run_folder.permissions import as_if_created
 
@@ -49,7 +53,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, previous: st
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {**state, CHECKSUM_KEY: content_sha256(state)}
+    state = {**state, CHECKSUM_KEY: content_sha256(state), VERSION_KEY: CHECKSUM_VERSION}
     handle = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
     try:
         with handle:
@@ -134,32 +138,49 @@ def _fsync_directory(folder: Path) -> None:
         os.close(descriptor)
 
 
-def read_checked(path: str | os.PathLike) -> dict[str, Any]:
-    """The dict in the file `path`, after checking its checksum (files written before checksums have none).
+def read_checked(path: str | os.PathLike, handle: BinaryIO | None = None) -> dict[str, Any]:
+    """The dict in the file `path`, after checking its checksum (files written before checksums have none): the
+    file is opened once, not through a link (checkpoints/regular_files.py), and what is checked is what is
+    returned. Given `handle` (the file, opened so before), it is read from there instead, from its start.
 
     Raises:
-        CheckpointError: missing, unreadable, not a dict, or its contents differ from its checksum.
+        CheckpointError: missing, a link or no regular file, unreadable, not a dict, more than a state dict can be
+            (checkpoints/state_bounds.py: a cycle, deeper or larger than any, a tensor reaching past its
+            storage), or its contents differ from its checksum.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    if handle is None:
+        with open_regular(path) as opened:
+            return read_checked(path, opened)
+    handle.seek(0)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(handle, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:  # what the weights-only unpickler refuses: code, or damaged bytes
         raise CheckpointError(f"cannot read checkpoint {str(path)!r}: it holds something other than tensors and "
                               f"plain values ({_refused(error)}); gradcache train never writes that, so the file is "
                               "damaged or was not written by it. It was refused without running any of it; resume "
                               "from another checkpoint (previous.pt) or start afresh") from None
     except Exception as error:  # torch raises several unrelated types for a corrupt or foreign file
-        raise CheckpointError(f"cannot read checkpoint {str(path)!r} (truncated or damaged?): {error}") from error
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r} (truncated or damaged?): "
+                              f"{str(error).splitlines()[0][:300] if str(error) else type(error).__name__}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{str(path)!r} is not a gradcache checkpoint (it holds a {type(state).__name__})")
+    version = state.pop(VERSION_KEY, 1)
+    if version not in (1, CHECKSUM_VERSION):
+        raise CheckpointError(f"checkpoint {str(path)!r} carries a checksum of version {version!r}; this program "
+                              f"reads versions 1 and {CHECKSUM_VERSION} (a newer gradcache wrote it, or the file was "
+                              "edited)")
+    fault = bounds_fault(state, version)
+    if fault:
+        raise CheckpointError(f"checkpoint {str(path)!r} holds {fault}, which no state dict does: gradcache train "
+                              "never writes that, so the file is damaged or was not written by it; it was refused "
+                              "before any walk of it (resume from another checkpoint, previous.pt, or start afresh)")
     stored = state.pop(CHECKSUM_KEY, None)
     if stored is None:
         warnings.warn(f"checkpoint {str(path)!r} carries no checksum (a gradcache train older than checksums, or "
                       "an edited file): damage to it cannot be detected; load it only if you trust where it came "
                       "from", stacklevel=2)
-    elif stored != content_sha256(state):
+    elif stored != content_sha256(state, version):
         raise CheckpointError(f"checkpoint {str(path)!r} fails its checksum: its contents changed after it was "
                               "written (damaged disk or copy)")
     return state
@@ -173,12 +194,12 @@ def _refused(error: pickle.UnpicklingError) -> str:
     return "; ".join(details) or "an object the safe loader does not read"
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, handle: BinaryIO | None = None) -> dict[str, Any]:
     """Read a training checkpoint written by `save_checkpoint`: a file, or a run folder's `last.pt` (no fallback:
     `open_checkpoint` of gradcache/train/checkpoints/run_checkpoint.py chooses between `last.pt` and
-    `previous.pt`)."""
+    `previous.pt`); from `handle` where given (`read_checked`)."""
     path = Path(path)
-    state = read_checked(path / "last.pt" if path.is_dir() else path)
+    state = read_checked(path / "last.pt" if path.is_dir() else path, handle)
     if "args" not in state or "model" not in state:
         raise CheckpointError(f"{str(path)!r} is not a gradcache training checkpoint (no 'args' or 'model')")
     return state

@@ -26,11 +26,12 @@ from gradcache.train.checkpoints.atomic import (
     EXTRA_FILE, folder_bytes, read_checked, rotate_into_place, save_checkpoint,
 )
 from gradcache.train.checkpoints.checksum import files_sha256
+from gradcache.train.checkpoints.regular_files import PrivateCopy, regular_files
 from gradcache.train.checkpoints.model_state import load_saved_state
-from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
+from gradcache.train.checkpoints.interface import RunCheckpoint
 from gradcache.train.checkpoints.safe_unpickling import screen_pickle
 from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
-from gradcache.train.parallel.deepspeed_output import deepspeed_output_to_stderr
+from gradcache.train.deepspeed_output import deepspeed_output_to_stderr
 
 TAG = "state"  # DeepSpeed's subfolder of the checkpoint's files
 FILES_KEY, LOSS_KEY, MODULE_KEY = "files", "loss", "engine_module"  # extra.pt's entries beside the meta
@@ -44,43 +45,70 @@ class DeepSpeedCheckpoint(RunCheckpoint):
         self.engine = engine  # the run's engine, for saving; a checkpoint found on disk has none
 
     def check(self) -> None:
-        """Whole and safe to hand to DeepSpeed: `screen` passes, and every file matches the sha256 it was written
-        with."""
+        """Whole and safe to hand to DeepSpeed: `screen` passes."""
         self.screen()
-        actual = files_sha256(self.path / TAG)
-        for name, digest in self._extra()[FILES_KEY].items():
-            if actual[name] != digest:
-                raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} fails the checksum of {name}")
 
     def screen(self) -> None:
-        """Raise CheckpointError, before DeepSpeed reads any of it, unless the checkpoint is a --deepspeed run's
-        and every file it would read is one the save listed in extra.pt (`files`, required) and holds tensors,
-        plain values and the classes DeepSpeed writes alone (checkpoints/safe_unpickling.py: each file read once
-        by the weights-only unpickler; DeepSpeed's own reads run pickle's code). Once per object."""
-        if self.__dict__.get("_screened"):
+        """Raise CheckpointError, before DeepSpeed reads any of it, unless the checkpoint is a --deepspeed run's,
+        holds no link and nothing but folders and regular files, every file under `state/` is one the save listed in
+        extra.pt (`files`, required) with the sha256 listed, and each holds tensors, plain values and the classes
+        DeepSpeed writes alone (checkpoints/safe_unpickling.py: DeepSpeed's own reads run pickle's code).
+
+        Each file is read once, into a private copy (checkpoints/regular_files.py: a 0700 temporary folder) where it
+        is hashed and screened; DeepSpeed and zero_to_fp32 are given that copy, so nothing is read from the run
+        folder after the screen (a file renamed over a listed one then is never read). Once per object, until
+        `release`."""
+        if self.__dict__.get("_copy") is not None:
             return
-        extra = self._extra()
+        present = regular_files(self.path, self.path) if self.path.is_dir() or self.path.is_symlink() else []
+        if EXTRA_FILE not in present:
+            raise CheckpointError(f"{str(self.path)!r} is not a whole --deepspeed checkpoint: it lacks {EXTRA_FILE}")
+        copy = PrivateCopy(self.path)
+        try:
+            copy.add(self.path, [EXTRA_FILE])
+            with open(copy.folder / EXTRA_FILE, "rb") as handle:  # named as the run's file in errors
+                extra = read_checked(self.path / EXTRA_FILE, handle)
+            listed = self._listed(extra)
+            inside = [name[len(TAG) + 1:] for name in present if name.startswith(f"{TAG}/")]
+            unlisted = [f"{TAG}/{name}" for name in inside if name not in listed]
+            if unlisted:
+                raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} holds {', '.join(unlisted[:5])}, "
+                                      f"which its {EXTRA_FILE} does not list: its save did not write them, and "
+                                      "DeepSpeed would read them; remove them, or resume from another checkpoint "
+                                      "(previous.ds)")
+            for name in listed:
+                if name not in inside:
+                    raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} lacks its file {TAG}/{name}")
+            copy.add(self.path / TAG, list(listed), under=TAG)
+            for name, digest in listed.items():
+                if copy.sha256[f"{TAG}/{name}"] != digest:
+                    raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} fails the checksum of {name}")
+            for name in listed:
+                screen_pickle(copy.folder / TAG / name, self.path)
+        except BaseException:
+            copy.close()
+            raise
+        self._copy, self._extra_cache = copy, extra
+
+    def release(self) -> None:
+        """Remove the private copy that `screen` made (a later `screen` makes another)."""
+        copy = self.__dict__.pop("_copy", None)
+        if copy is not None:
+            copy.close()
+
+    def _listed(self, extra: dict[str, Any]) -> dict[str, str]:
+        """The files extra.pt lists, with their sha256, after checking that a --deepspeed run wrote it."""
         if not extra.get("args", {}).get("deepspeed"):
             raise CheckpointError(f"{str(self.path)!r} holds the options of a run without --deepspeed: a "
                                   "--deepspeed run did not write it; move it out of the run folder")
         listed = extra.get(FILES_KEY)
-        if not isinstance(listed, dict) or not listed:
+        if not isinstance(listed, dict) or not listed or not all(
+                isinstance(name, str) and isinstance(digest, str) and _is_plain_name(name)
+                for name, digest in listed.items()):
             raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r}: its {EXTRA_FILE} lacks the list of its "
                                   f"files ({FILES_KEY!r}), which every --deepspeed save writes; it was not written "
                                   "by gradcache train and is not read")
-        folder = self.path / TAG
-        present = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()) \
-            if folder.is_dir() else []
-        unlisted = [f"{TAG}/{name}" for name in present if name not in listed]
-        if unlisted:
-            raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} holds {', '.join(unlisted[:5])}, which "
-                                  f"its {EXTRA_FILE} does not list: its save did not write them, and DeepSpeed would "
-                                  "read them; remove them, or resume from another checkpoint (previous.ds)")
-        for name in listed:
-            if name not in present:
-                raise CheckpointError(f"DeepSpeed checkpoint {str(self.path)!r} lacks its file {TAG}/{name}")
-            screen_pickle(folder / name, self.path)
-        self._screened = True
+        return listed
 
     def meta(self) -> dict[str, Any]:
         return {k: v for k, v in self._extra().items() if k not in (FILES_KEY, LOSS_KEY, MODULE_KEY)}
@@ -91,12 +119,15 @@ class DeepSpeedCheckpoint(RunCheckpoint):
         if optimizer is not None:
             raise CheckpointError(f"{self.path} is a --deepspeed checkpoint: a run resumes it on a DeepSpeed engine "
                                   "(--resume keeps the run's --deepspeed)")
-        self.screen()  # before DeepSpeed's pickle reads a file
+        self.screen()  # before DeepSpeed's pickle reads a file: it reads the screened copy alone
         extra = self._extra()
-        with deepspeed_output_to_stderr():  # its import's and progress lines: stdout is `gradcache eval`'s JSON
-            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        try:
+            with deepspeed_output_to_stderr():  # its import's and progress lines: stdout is `gradcache eval`'s JSON
+                from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-            state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=TAG)
+                state = get_fp32_state_dict_from_zero_checkpoint(str(self._copy.folder), tag=TAG)
+        finally:
+            self.release()
         module = trained.get_submodule(extra[MODULE_KEY])
         try:
             load_saved_state(module, state)
@@ -108,7 +139,7 @@ class DeepSpeedCheckpoint(RunCheckpoint):
     def load_into(self, engine: nn.Module, trained: nn.ModuleDict) -> None:
         """A resume: the engine's module, its optimizer partitions (saved on as many ranks, at the same ZeRO
         stage) and the loss's state. Call on every rank."""
-        self.screen()  # before DeepSpeed's pickle reads a file
+        self.screen()  # before DeepSpeed's pickle reads a file: it reads the screened copy alone
         extra = self._extra()
         saved_on, stage = extra.get("world_size"), engine.zero_optimization_stage()
         if saved_on != distributed.world_size():
@@ -116,7 +147,7 @@ class DeepSpeedCheckpoint(RunCheckpoint):
                                   f"many (its optimizer partitions are per rank): run torchrun --nproc-per-node "
                                   f"{saved_on}, or export its weights (gradcache export) and start a new run")
         try:
-            loaded, _ = engine.load_checkpoint(str(self.path), tag=TAG, load_optimizer_states=True,
+            loaded, _ = engine.load_checkpoint(str(self._copy.folder), tag=TAG, load_optimizer_states=True,
                                                load_lr_scheduler_states=False, custom_load_fn=_load_module)
         except (RuntimeError, KeyError, AssertionError, ValueError) as error:
             reason = str(error).splitlines()[0][:300] if str(error) else ""
@@ -124,6 +155,8 @@ class DeepSpeedCheckpoint(RunCheckpoint):
                                   f"({type(error).__name__}: {reason}); a --deepspeed "
                                   "checkpoint resumes on the same number of ranks and ZeRO stage, with the same "
                                   f"model (this engine: ZeRO-{stage})") from error
+        finally:
+            self.release()
         if loaded is None:
             raise CheckpointError(f"{self.path} holds no DeepSpeed checkpoint under tag {TAG!r}")
         trained["loss"].load_state_dict(extra[LOSS_KEY])
@@ -160,16 +193,19 @@ class DeepSpeedCheckpoint(RunCheckpoint):
                 shutil.rmtree(partial, ignore_errors=True)
             raise
         dist.barrier()  # nobody reads the folder before it is whole
-        for cached in ("_extra_cache", "_screened"):
-            self.__dict__.pop(cached, None)
+        self.release()
+        self.__dict__.pop("_extra_cache", None)
 
     def _extra(self) -> dict[str, Any]:
+        """extra.pt as `screen` read it (from its private copy)."""
         if "_extra_cache" not in self.__dict__:
-            if not (self.path / EXTRA_FILE).is_file():
-                raise CheckpointError(f"{str(self.path)!r} is not a whole --deepspeed checkpoint: it lacks "
-                                      f"{EXTRA_FILE}")
-            self._extra_cache = read_checked(self.path / EXTRA_FILE)
+            self.screen()
         return self._extra_cache
+
+
+def _is_plain_name(name: str) -> bool:
+    """A file name of DeepSpeed's (`mp_rank_00_model_states.pt`): no folder, no way out of `state/`."""
+    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..") and "\0" not in name
 
 
 def _bytes_to_save(engine: nn.Module) -> int:

@@ -45,13 +45,18 @@ def choose_checkpoint(resume: str, output_dir: str) -> Found:
     Raises:
         CheckpointError: on every rank, where rank 0 found none or only bad ones (see `locate`).
     """
-    def on_rank_zero() -> tuple[bool, str | None, list[tuple[str, str]]]:
+    here: list[Found] = []  # rank 0's own choice, checked: what it checked is what it loads (a last.ds's copy)
+
+    def on_rank_zero() -> tuple[str | None, list[tuple[str, str]]]:
         found = find_checkpoint(output_dir) if resume == AUTO else locate(resume)
         found.warn()
+        here.append(found)
         chosen = found.chosen
         return (None if chosen is None else str(chosen.path), [(str(path), reason) for path, reason in found.skipped])
 
     path, skipped = decided_by_rank_zero(on_rank_zero)
+    if here:
+        return here[0]
     return Found(None if path is None else kind_of(path)(path), [(Path(p), reason) for p, reason in skipped])
 
 

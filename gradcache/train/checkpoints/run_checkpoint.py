@@ -1,15 +1,18 @@
-"""A run's checkpoints, of either kind, behind one interface that the loop, `--resume` and `gradcache eval` use.
+"""The resolver of a run's checkpoints: which kind a run writes (`run_checkpoint`), which kind a run folder holds
+(`kind_in`), and which checkpoint of it a command reads (`open_checkpoint`, `locate`, `find_checkpoint`).
 
-- `last.pt` (`FileCheckpoint`): one file that rank 0 writes atomically (gradcache/train/checkpoints/atomic.py).
-- `last.dcp` (`ShardedCheckpoint`, `--fsdp` runs): a folder of shards that every rank writes, readable on any
-  number of ranks (gradcache/train/checkpoints/sharded.py).
+The kinds it chooses between implement one interface (`RunCheckpoint`, interface.py) and live apart, each
+importing nothing of this module:
+- `last.pt` (`FileCheckpoint`, file_checkpoint.py): one file that rank 0 writes atomically.
+- `last.dcp` (`ShardedCheckpoint`, sharded_checkpoint.py, `--fsdp` runs): a folder of shards every rank writes.
+- `last.ds` (`DeepSpeedCheckpoint`, deepspeed_checkpoint.py, `--deepspeed` runs): DeepSpeed's own files.
 
-Both hold the trained modules (`{"model": ..., "loss": ...}`), the optimizer, and the same `meta`: the run's
-options (`"args"`, a RunConfig.to_dict), step, scheduler, scaler, random state, baselines, elapsed time; both
+All hold the trained modules (`{"model": ..., "loss": ...}`), the optimizer, and the same `meta`: the run's
+options (`"args"`, a RunConfig.to_dict), step, scheduler, scaler, random state, baselines, elapsed time; all
 carry checksums of what they hold. Each save first renames the checkpoint it replaces to `previous.pt` (or
-`previous.dcp`), so a run folder holds the newest two. `open_checkpoint` is the one resolver: given a run folder
-it takes the newest checkpoint that passes its checks, falling back to the previous one with a warning naming
-both; given a checkpoint itself it takes that one or refuses it.
+`previous.dcp`, `previous.ds`), so a run folder holds the newest two. `open_checkpoint` is the one resolver: given
+a run folder it takes the newest checkpoint that passes its checks, falling back to the previous one with a
+warning naming both; given a checkpoint itself it takes that one or refuses it.
 """
 from __future__ import annotations
 
@@ -17,171 +20,28 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import torch
-from torch import nn
-
-from gradcache import distributed
-from gradcache.train.checkpoints.atomic import (
-    is_sharded_folder,
-    load_checkpoint,
-    save_checkpoint,
-)
-from gradcache.train.checkpoints.model_state import load_saved_state, saved_state
+from gradcache.train.checkpoints.atomic import is_sharded_folder
+from gradcache.train.checkpoints.deepspeed_checkpoint import DeepSpeedCheckpoint
+from gradcache.train.checkpoints.file_checkpoint import FileCheckpoint
+from gradcache.train.checkpoints.interface import RunCheckpoint
+from gradcache.train.checkpoints.sharded_checkpoint import ShardedCheckpoint
 from gradcache.train.errors import CheckpointError
 
+__all__ = ["DAMAGED_SUFFIX", "KINDS", "DeepSpeedCheckpoint", "FileCheckpoint", "Found", "RunCheckpoint",
+           "ShardedCheckpoint", "checkpoint_kinds", "find_checkpoint", "is_run_folder", "kind_in", "kind_of",
+           "locate", "open_checkpoint", "run_checkpoint", "run_folder_of"]
+
 DAMAGED_SUFFIX = ".damaged"  # a newest checkpoint that failed its checks, set aside when a run resumes past it
-
-
-class RunCheckpoint:
-    """The checkpoint at `path` (which may not exist yet)."""
-
-    name: str  # the newest checkpoint's file or folder name in a run folder
-    previous_name: str  # the one before it
-    sharded: bool
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-
-    def __repr__(self) -> str:
-        return str(self.path)
-
-    def check(self) -> None:
-        """Raise CheckpointError unless the checkpoint is whole: readable, and its contents match its checksums."""
-        raise NotImplementedError
-
-    def meta(self) -> dict[str, Any]:
-        """Everything but the tensors of the modules and the optimizer; the run's options under "args"."""
-        raise NotImplementedError
-
-    def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
-        """Put the saved tensors into `trained` (and `optimizer`, when given).
-
-        Raises:
-            CheckpointError: the checkpoint does not hold `trained`'s parameters (another model); raised before
-                any tensor is copied.
-        """
-        raise NotImplementedError
-
-    def save(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
-        """Write atomically, the replaced checkpoint kept as the previous one: a crash at any point leaves a
-        loadable checkpoint. Call on every rank.
-
-        Raises:
-            DiskFull: no space for it; the folder keeps what it held.
-        """
-        raise NotImplementedError
-
-    @property
-    def previous_path(self) -> Path:
-        return self.path.with_name(self.previous_name)
-
-
-class FileCheckpoint(RunCheckpoint):
-    """`last.pt`. It keeps only its `meta` in memory (read by `check` or `meta`); the tensors of the modules and
-    the optimizer are read from the file when they are loaded, so a resume does not hold them from its checks on."""
-
-    name, previous_name, sharded = "last.pt", "previous.pt", False
-
-    def check(self) -> None:
-        self._read()
-
-    def meta(self) -> dict[str, Any]:
-        if "_meta" not in self.__dict__:
-            self._read()
-        return self._meta
-
-    def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
-        state = self._read()
-        _check_holds(self.path, state, trained)  # before any tensor is copied
-        load_saved_state(trained["model"], state["model"])
-        trained["loss"].load_state_dict(state["loss"])
-        if optimizer is not None:
-            optimizer.load_state_dict(state["optimizer"])
-
-    def save(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
-        if distributed.rank() == 0:  # the ranks hold the same replicas
-            save_checkpoint({**meta, "model": saved_state(trained["model"]), "loss": trained["loss"].state_dict(),
-                             "optimizer": optimizer.state_dict()}, self.path, previous=self.previous_path)
-        self.__dict__.pop("_meta", None)
-
-    def _read(self) -> dict[str, Any]:
-        """The whole checkpoint, checked; its meta kept, its tensors left to the caller."""
-        state = load_checkpoint(self.path)
-        self._meta = {k: v for k, v in state.items() if k not in TENSOR_ENTRIES}
-        return state
-
-
-TENSOR_ENTRIES = ("model", "loss", "optimizer")  # what a `last.pt` holds beside its meta
-
-
-def _check_holds(path: Path, state: dict[str, Any], trained: nn.ModuleDict) -> None:
-    """Raise CheckpointError unless `state` holds the tensors of `trained`'s model (each in its shape; its frozen
-    parameters left out: checkpoints/model_state.py) and loss, and no others: `load_state_dict` would refuse it too,
-    but only after copying what did fit, and with a RuntimeError. The loss's shapes are its own to adopt (a queue is
-    sized on its first step)."""
-    for part in ("model", "loss"):
-        expected = saved_state(trained[part]) if part == "model" else trained[part].state_dict()
-        stored = state.get(part, {})
-        faults = [(what, names) for what, names in (
-            ("lacks", sorted(set(expected) - set(stored))), ("has unknown", sorted(set(stored) - set(expected))),
-            ("has other shapes for", [f"{key} {tuple(stored[key].shape)} (the model's: {tuple(value.shape)})"
-                                      for key, value in expected.items() if part == "model" and key in stored
-                                      and isinstance(value, torch.Tensor) and stored[key].shape != value.shape]))
-            if names]
-        if faults:
-            found = "; ".join(f"{what} {names[:5]}{' and more' if len(names) > 5 else ''}" for what, names in faults)
-            raise CheckpointError(f"checkpoint {path} does not fit the {part} its run's options build: it {found}; "
-                                  "it was saved from another model or by another version of the program")
-
-
-class ShardedCheckpoint(RunCheckpoint):
-    name, previous_name, sharded = "last.dcp", "previous.dcp", True
-
-    def check(self) -> None:
-        from gradcache.train.checkpoints.sharded import (
-            check_sharded_files,  # torch.distributed.checkpoint: only for these runs
-        )
-
-        check_sharded_files(self.path)
-
-    def meta(self) -> dict[str, Any]:
-        from gradcache.train.checkpoints.sharded import sharded_extra
-
-        meta = sharded_extra(self.path)
-        if "args" not in meta:
-            raise CheckpointError(f"{self.path} is a sharded checkpoint without the run's options; it was not "
-                                  "written by gradcache train")
-        return meta
-
-    def load(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer | None = None) -> None:
-        from gradcache.train.checkpoints.sharded import load_sharded, load_sharded_model
-
-        if optimizer is None:
-            load_sharded_model(self.path, trained)
-        else:
-            load_sharded(self.path, trained, optimizer)
-
-    def save(self, trained: nn.ModuleDict, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
-        from gradcache.train.checkpoints.sharded import save_sharded
-
-        save_sharded(self.path, trained, optimizer, extra=meta, previous=self.previous_path)  # every rank writes
 
 
 KINDS: dict[bool, type[RunCheckpoint]] = {False: FileCheckpoint, True: ShardedCheckpoint}
 
 
-def _deepspeed_kind() -> type[RunCheckpoint]:
-    from gradcache.train.checkpoints.deepspeed_checkpoint import DeepSpeedCheckpoint  # --deepspeed runs only
-
-    return DeepSpeedCheckpoint
-
-
 def checkpoint_kinds() -> tuple[type[RunCheckpoint], ...]:
     """The kinds of checkpoint a run writes (one per run: `--fsdp`, `--deepspeed` or neither), in the order a run
     folder is searched."""
-    return ShardedCheckpoint, _deepspeed_kind(), FileCheckpoint
+    return ShardedCheckpoint, DeepSpeedCheckpoint, FileCheckpoint
 
 
 def kind_of(path: str | os.PathLike) -> type[RunCheckpoint]:
@@ -189,7 +49,7 @@ def kind_of(path: str | os.PathLike) -> type[RunCheckpoint]:
     (`last.dcp`, --fsdp) or a file (`last.pt`)."""
     path = Path(path)
     if path.suffix == ".ds":
-        return _deepspeed_kind()
+        return DeepSpeedCheckpoint
     return KINDS[path.is_dir()]
 
 

@@ -19,8 +19,10 @@ from pathlib import Path
 import torch
 
 from gradcache.train.checkpoints.atomic import _refused  # the one reading of torch's refusal message
+from gradcache.train.checkpoints.checksum import CHECKSUM_VERSION
+from gradcache.train.checkpoints.state_bounds import bounds_fault
 from gradcache.train.errors import CheckpointError
-from gradcache.train.parallel.deepspeed_output import deepspeed_output_to_stderr
+from gradcache.train.deepspeed_output import deepspeed_output_to_stderr
 
 
 def deepspeed_globals() -> list[type]:
@@ -35,15 +37,18 @@ def deepspeed_globals() -> list[type]:
 
 def screen_pickle(path: str | os.PathLike, checkpoint: str | os.PathLike) -> None:
     """Read the file `path` of the DeepSpeed checkpoint `checkpoint` with the weights-only unpickler (its tensors
-    memory-mapped, not read), allowing `deepspeed_globals()` alone.
+    memory-mapped, not read), allowing `deepspeed_globals()` alone, and bound what it holds
+    (checkpoints/state_bounds.py). Give it a file no one else can change (the screen's private copy): DeepSpeed
+    reads the file again, with pickle.
 
     Raises:
-        CheckpointError: it holds anything else (code among it), or is no torch file at all; nothing of it ran.
+        CheckpointError: it holds anything else (code among it), is no torch file at all, or holds more than a
+            state dict can (a cycle, nesting or sharing beyond any, a tensor past its storage); nothing of it ran.
     """
     path = Path(path)
     try:
         with torch.serialization.safe_globals(deepspeed_globals()):
-            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:  # what the weights-only unpickler refuses
         raise CheckpointError(f"DeepSpeed checkpoint {str(checkpoint)!r}: {path.name} holds something other than "
                               f"tensors, plain values and the classes DeepSpeed writes ({_refused(error)}); a "
@@ -53,4 +58,10 @@ def screen_pickle(path: str | os.PathLike, checkpoint: str | os.PathLike) -> Non
     except Exception as error:  # torch raises several unrelated types for a file that is no torch file
         raise CheckpointError(f"DeepSpeed checkpoint {str(checkpoint)!r}: cannot read {path.name} (truncated, "
                               f"damaged, or no torch file): {str(error).splitlines()[0][:300]}") from None
+    fault = bounds_fault(state, CHECKSUM_VERSION)
+    if fault:
+        raise CheckpointError(f"DeepSpeed checkpoint {str(checkpoint)!r}: {path.name} holds {fault}, which no "
+                              "state dict does; a --deepspeed run never writes that, so the file was altered or not "
+                              "written by gradcache train. It was refused before DeepSpeed read it; resume from "
+                              "another checkpoint (previous.ds) or start afresh")
 

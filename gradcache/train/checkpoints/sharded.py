@@ -33,6 +33,8 @@ from gradcache.train.checkpoints.atomic import (
 )
 from gradcache.train.checkpoints.checksum import files_sha256
 from gradcache.train.checkpoints.model_state import frozen_names
+from gradcache.train.checkpoints.regular_files import PrivateCopy, regular_files
+from gradcache.train.checkpoints.sharded_metadata import METADATA_FILE, ScreenedReader, read_metadata
 from gradcache.train.errors import CheckpointError, DiskFull, out_of_space
 
 FILES_KEY = "files"  # in extra.pt: sha256 of every other file of the folder, checked by check_sharded_files
@@ -98,56 +100,112 @@ def save_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.o
     return folder
 
 
-def check_sharded_files(folder: str | os.PathLike) -> None:
-    """Raise CheckpointError unless `folder` is a whole sharded checkpoint: `extra.pt` passes its checksum, and
-    every shard file named in it is there with the sha256 it was written with (folders written before these
-    checksums are checked for `extra.pt` alone)."""
-    folder = _resolve_sharded(Path(folder))
-    expected = read_checked(folder / EXTRA_FILE).get(FILES_KEY)
-    if expected is None:
-        return
-    actual = files_sha256(folder, exclude=(EXTRA_FILE,))
-    for name, digest in expected.items():
-        if name not in actual:
-            raise CheckpointError(f"sharded checkpoint {str(folder)!r} lacks its file {name}")
-        if actual[name] != digest:
-            raise CheckpointError(f"sharded checkpoint {str(folder)!r}: {name} fails its checksum (truncated, or "
-                                  "changed after it was written)")
+class ScreenedShards:
+    """A sharded checkpoint read once: every file copied into a folder this process alone can write, hashed as it is
+    copied (checkpoints/regular_files.py: no link, nothing but regular files), `extra.pt` checked, each file it
+    lists compared with its sha256, and `.metadata` read without pickle running it (checkpoints/sharded_metadata.py).
+    `dcp.load` then reads the copy through `reader()`: nothing is read from the run folder after the checks, so a
+    file renamed over a shard then is never loaded. Folders written before the shards' sha256 were kept are checked
+    for `extra.pt` and `.metadata` alone. `close` removes the copy (so does collection)."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = _resolve_sharded(Path(folder))
+        present = regular_files(self.folder, self.folder)
+        self.copy = PrivateCopy(self.folder)
+        try:
+            self.copy.add(self.folder, [EXTRA_FILE])
+            with open(self.copy.folder / EXTRA_FILE, "rb") as handle:  # named as the run's file in errors
+                self.extra = read_checked(self.folder / EXTRA_FILE, handle)
+            expected = self.extra.get(FILES_KEY)
+            if expected is not None and not (isinstance(expected, dict) and all(
+                    isinstance(name, str) and "/" not in name and name not in (".", "..", EXTRA_FILE)
+                    for name in expected)):
+                raise CheckpointError(f"sharded checkpoint {str(self.folder)!r}: its {EXTRA_FILE} lists no files a "
+                                      "save writes; it was altered")
+            names = sorted(expected) if expected is not None else [n for n in present if n != EXTRA_FILE]
+            for name in names:
+                if name not in present:
+                    raise CheckpointError(f"sharded checkpoint {str(self.folder)!r} lacks its file {name}")
+            self.copy.add(self.folder, names)
+            for name, digest in (expected or {}).items():
+                if self.copy.sha256[name] != digest:
+                    raise CheckpointError(f"sharded checkpoint {str(self.folder)!r}: {name} fails its checksum "
+                                          "(truncated, or changed after it was written)")
+            if METADATA_FILE not in names:
+                raise CheckpointError(f"sharded checkpoint {str(self.folder)!r} lacks its file {METADATA_FILE}")
+            self.metadata = read_metadata((self.copy.folder / METADATA_FILE).read_bytes(), str(self.folder),
+                                          set(names) - {METADATA_FILE})
+        except BaseException:
+            self.copy.close()
+            raise
+
+    def reader(self) -> ScreenedReader:
+        """What `dcp.load` reads: the copy, with the screened metadata."""
+        return ScreenedReader(self.copy.folder, self.metadata)
+
+    def close(self) -> None:
+        self.copy.close()
 
 
-def sharded_extra(folder: str | os.PathLike) -> dict[str, Any]:
-    """The `extra` of a `save_sharded` folder, without a model: what `--resume` needs to rebuild the run."""
-    folder = _resolve_sharded(Path(folder))
-    return _extra(folder)
-
-
-def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Read a `save_sharded` folder into `model` and `optimizer` (sharded or not, any number of ranks) and
-    return its `extra` (with the `world_size` that saved it). Call on every rank, after sharding and after
-    building the optimizer.
+def check_sharded_files(folder: str | os.PathLike, screened: ScreenedShards | None = None) -> ScreenedShards:
+    """`folder` read and checked once (`ScreenedShards`): a whole sharded checkpoint, `extra.pt` passes its
+    checksum, every shard file named in it is there with the sha256 it was written with, and `.metadata` holds
+    what torch writes alone. Returns the checked copy (`screened`, if given, is returned as it is).
 
     Raises:
-        CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
+        CheckpointError: any of that fails; nothing of the folder ran.
     """
-    folder = _resolve_sharded(Path(folder))
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=SAVED)
-    state = _read(folder, {"model": model_state, "optimizer": optimizer_state})
-    _check_loaded(model, set_state_dict(model, optimizer, model_state_dict=state["model"],
-                                        optim_state_dict=state["optimizer"], options=LOADED))
-    return _extra(folder)
+    return screened if screened is not None else ScreenedShards(folder)
 
 
-def load_sharded_model(folder: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
+def sharded_extra(folder: str | os.PathLike, screened: ScreenedShards | None = None) -> dict[str, Any]:
+    """The `extra` of a `save_sharded` folder, without a model: what `--resume` needs to rebuild the run."""
+    if screened is None:
+        screened = ScreenedShards(folder)
+        try:
+            return _extra(screened)
+        finally:
+            screened.close()
+    return _extra(screened)
+
+
+def load_sharded(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 screened: ScreenedShards | None = None) -> dict[str, Any]:
+    """Read a `save_sharded` folder into `model` and `optimizer` (sharded or not, any number of ranks) and
+    return its `extra` (with the `world_size` that saved it). Call on every rank, after sharding and after
+    building the optimizer. Given `screened` (the folder, checked once before), it is read from there.
+
+    Raises:
+        CheckpointError: `folder` is not a sharded checkpoint, fails its checks, or does not hold `model`'s
+            parameters.
+    """
+    screened = screened or ScreenedShards(folder)
+    try:
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=SAVED)
+        state = _read(screened, {"model": model_state, "optimizer": optimizer_state})
+        _check_loaded(model, set_state_dict(model, optimizer, model_state_dict=state["model"],
+                                            optim_state_dict=state["optimizer"], options=LOADED))
+        return _extra(screened)
+    finally:
+        screened.close()
+
+
+def load_sharded_model(folder: str | os.PathLike, model: nn.Module,
+                       screened: ScreenedShards | None = None) -> dict[str, Any]:
     """Read only the model of a `save_sharded` folder into `model` (sharded or a plain module in one process,
     as `gradcache eval` needs) and return its `extra`; the optimizer state stays on disk.
 
     Raises:
-        CheckpointError: `folder` is not a sharded checkpoint, or it does not hold `model`'s parameters.
+        CheckpointError: `folder` is not a sharded checkpoint, fails its checks, or does not hold `model`'s
+            parameters.
     """
-    folder = _resolve_sharded(Path(folder))
-    state = _read(folder, {"model": get_model_state_dict(model, options=SAVED)})
-    _check_loaded(model, set_model_state_dict(model, state["model"], options=LOADED))
-    return _extra(folder)
+    screened = screened or ScreenedShards(folder)
+    try:
+        state = _read(screened, {"model": get_model_state_dict(model, options=SAVED)})
+        _check_loaded(model, set_model_state_dict(model, state["model"], options=LOADED))
+        return _extra(screened)
+    finally:
+        screened.close()
 
 
 def _check_loaded(model: nn.Module, result: Any) -> None:
@@ -159,8 +217,7 @@ def _check_loaded(model: nn.Module, result: Any) -> None:
                            f"{result.unexpected_keys[:5]}")
 
 
-def _check_holds(folder: Path, model_state: dict[str, Any]) -> None:
-    stored = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+def _check_holds(folder: Path, stored: dict[str, Any], model_state: dict[str, Any]) -> None:
     missing = sorted(k for k in model_state if f"model.{k}" not in stored)
     if missing:
         raise CheckpointError(f"{str(folder)!r} does not hold parameters {missing[:5]}"
@@ -172,24 +229,24 @@ def _check_holds(folder: Path, model_state: dict[str, Any]) -> None:
                                   f"{tuple(value.shape)}: it was saved from another model")
 
 
-def _read(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """Fill `state` (its "model" entry a model state dict) in place from `folder`, after checking that the folder
-    holds every parameter of that model."""
-    _check_holds(folder, state["model"])
-    dcp.load(state, checkpoint_id=str(folder), no_dist=not distributed.is_distributed())
+def _read(screened: ScreenedShards, state: dict[str, Any]) -> dict[str, Any]:
+    """Fill `state` (its "model" entry a model state dict) in place from the screened copy, after checking that the
+    folder holds every parameter of that model."""
+    _check_holds(screened.folder, screened.metadata.state_dict_metadata, state["model"])
+    dcp.load(state, storage_reader=screened.reader(), no_dist=not distributed.is_distributed())
     return state
 
 
-def _extra(folder: Path) -> dict[str, Any]:
+def _extra(screened: ScreenedShards) -> dict[str, Any]:
     """`extra.pt` as the caller of save_sharded gave it (with `world_size`), checked, without the shard checksums."""
-    return {k: v for k, v in read_checked(folder / EXTRA_FILE).items() if k != FILES_KEY}
+    return {k: v for k, v in screened.extra.items() if k != FILES_KEY}
 
 
 def _resolve_sharded(folder: Path) -> Path:
     """`folder`, if it is a sharded checkpoint (choosing between `last.dcp` and `previous.dcp` is
     `gradcache.train.checkpoints.run_checkpoint`'s)."""
-    if not is_sharded_folder(folder):
+    if folder.is_symlink() or not is_sharded_folder(folder):
         hint = (" it is a single-file checkpoint: resume without --fsdp" if folder.is_file()
-                else " give the folder that save_sharded wrote (it holds .metadata and extra.pt)")
+                else " give the folder that save_sharded wrote (it holds .metadata and extra.pt), not a link")
         raise CheckpointError(f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint;{hint}")
     return folder

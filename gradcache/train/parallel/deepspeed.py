@@ -28,7 +28,7 @@ from gradcache import distributed
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, UsageError
-from gradcache.train.parallel.deepspeed_output import deepspeed_output_to_stderr
+from gradcache.train.deepspeed_output import deepspeed_output_to_stderr
 from gradcache.train.parallel.placement import Placement, device_of, one_process_group
 
 AUTO = "auto"

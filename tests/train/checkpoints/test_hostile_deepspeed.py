@@ -9,6 +9,7 @@ full disk while writing `last.ds` or `encode`'s output: 74) and item 7 (SIGTERM 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import re
@@ -332,3 +333,127 @@ def test_sigterm_during_a_save_stops_at_that_checkpoint(tmp_path, tiny_args, cap
     assert "after step 2 of 5" in capsys.readouterr().err
     assert load_checkpoint(run)["step"] == 2
     assert len((run / "train_log.csv").read_text().splitlines()) == 1 + 2  # header, steps 1 and 2: no step 3
+
+
+# --- issue 49 item 1: the screen cannot be raced, links are refused -------------------------------------------
+
+
+def _swap_after_close(monkeypatch, checkpoint: Path, nth: int, marker: Path) -> list[str]:
+    """On the `nth` close of a file the screen read from `checkpoint`, rename payload copies of DeepSpeed's two
+    files over the originals (as an attacker told by inotify would); the names closed, in order, are returned."""
+    from gradcache.train.checkpoints import regular_files
+
+    payloads = {}
+    for name in (MODEL_STATES, OPTIM_STATES):
+        payload = checkpoint.parent / f".{name}.payload"
+        shutil.copy(checkpoint / TAG / name, payload)
+        _plant(payload, marker)
+        payloads[name] = payload
+    closed: list[str] = []
+    original = regular_files.open_regular
+
+    class Swapping(io.BufferedReader):
+        def close(self):
+            was_open = not self.closed
+            super().close()
+            if was_open and self.path.is_relative_to(checkpoint):
+                closed.append(self.path.name)
+                if len(closed) == nth:
+                    for name, payload in payloads.items():
+                        os.replace(payload, checkpoint / TAG / name)
+
+    def open_regular(path, checkpoint_path=None):
+        handle = original(path, checkpoint_path)
+        descriptor = os.dup(handle.fileno())
+        handle.close()
+        reader = Swapping(io.FileIO(descriptor, "rb"))
+        reader.path = Path(path)
+        return reader
+
+    monkeypatch.setattr(regular_files, "open_regular", open_regular)
+    return closed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nth", [1, 2, 3])
+@pytest.mark.parametrize("command", ["export", "resume"])
+def test_a_file_swapped_after_the_screen_closes_it_is_never_read(runs, tmp_path, capsys, monkeypatch, command, nth):
+    """The race of issue 49: payloads renamed over the model and optimizer states right after the screen's 1st,
+    2nd or 3rd close (extra.pt, the model states, the optimizer partition) run no code. After the 3rd, both were
+    screened: DeepSpeed and zero_to_fp32 read the screened private copy, and last.ds loads as it was written (the
+    export equals the run's own model/). After the 1st or 2nd, a swapped file is one the screen has yet to read: it
+    reads the payload, refuses it, and the command falls back to previous.ds (the export equals previous.ds's)."""
+    from safetensors.torch import load_file
+
+    marker = tmp_path / "ran"
+    run = _copy(runs, tmp_path)
+    closed = _swap_after_close(monkeypatch, run / "last.ds", nth, marker)
+    if command == "export":
+        status = _main(["export", str(run), "--output", str(tmp_path / "exported")])
+    else:
+        status = _main(["train", "text", "--resume", str(run), "--steps", "3", "--quiet", "--threads", "1"])
+    err = capsys.readouterr().err
+    monkeypatch.undo()
+    assert not marker.exists()
+    assert closed[:3] == [EXTRA_FILE, MODEL_STATES, OPTIM_STATES], closed
+    assert status == 0, err
+    assert ("falling back to the previous one" in err) == (nth < 3), err
+    if command == "export":
+        if nth < 3:
+            assert main(["export", str(runs / "zero2"), "--checkpoint", "previous", "--output",
+                         str(tmp_path / "reference")]) == 0
+        reference = runs / "zero2" / "model" if nth == 3 else tmp_path / "reference"
+        got, want = (load_file(folder / "model.safetensors") for folder in (tmp_path / "exported", reference))
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            torch.testing.assert_close(got[key], value, rtol=0, atol=0, msg=key)
+    else:
+        assert read_checked(run / "last.ds" / EXTRA_FILE)["step"] == 3
+
+
+@pytest.mark.parametrize("what", ["partition", "extra"])
+def test_a_link_in_last_ds_is_refused_naming_it(runs, tmp_path, capsys, what):
+    """A listed file that is a symbolic link to a file outside the run (whoever can write that one could swap it):
+    refused by name, exit 2 without previous.ds; nothing read through it."""
+    marker = tmp_path / "ran"
+    run = _copy(runs, tmp_path)
+    linked = run / "last.ds" / (TAG + "/" + OPTIM_STATES if what == "partition" else EXTRA_FILE)
+    outside = tmp_path / "shared-tmp" / linked.name
+    outside.parent.mkdir()
+    shutil.copy(linked, outside)
+    if what == "partition":
+        _plant(outside, marker)
+    linked.unlink()
+    linked.symlink_to(outside)
+    shutil.rmtree(run / "previous.ds")
+    status = _main(["eval", str(run)])
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    assert status == errors.USAGE
+    lines = [line for line in err.splitlines() if line.strip() and "warning" not in line.lower()]
+    assert lines[-1].startswith("gradcache: ") and str(linked) in lines[-1] and "symbolic link" in lines[-1], err
+
+
+@pytest.mark.parametrize("graph", ["nested pairs", "holding itself"])
+def test_a_list_bomb_in_extra_pt_ends_at_once_falling_back_or_exiting_2(runs, tmp_path, capsys, graph):
+    """The 450-byte `[a, a]` x64 list (2**64 leaves to a walk that follows every reference) and a list holding
+    itself, in last.ds's extra.pt signed by the current method: previous.ds is evaluated with a warning; without
+    it, exit 2 in one line naming extra.pt; within 60 s, no traceback."""
+    import time
+
+    from tests.train.checkpoints.test_hostile_checksums import _holding_itself, _nested_pairs, _signed
+
+    run = _copy(runs, tmp_path)
+    extra = read_checked(run / "last.ds" / EXTRA_FILE)
+    bomb = _nested_pairs(64) if graph == "nested pairs" else _holding_itself()
+    torch.save(_signed({**extra, "junk": bomb}, 2), run / "last.ds" / EXTRA_FILE)
+    capsys.readouterr()
+    start = time.monotonic()
+    assert _main(["eval", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "falling back to the previous one" in err and "extra.pt" in err and "Traceback" not in err
+    shutil.rmtree(run / "previous.ds")
+    assert _main(["eval", str(run)]) == errors.USAGE
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(run / "last.ds" / EXTRA_FILE) in lines[0], lines
+    assert time.monotonic() - start < 60

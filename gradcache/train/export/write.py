@@ -11,7 +11,6 @@ the libraries that wrote them chose (safetensors writes 0600).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile

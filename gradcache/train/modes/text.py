@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from gradcache.train.export.sentence_transformers import (
 )
 from gradcache.train.modes.base import Mode, OptionGroups
 from gradcache.train.modes.folder_formats import check_folder_format
+from gradcache.train.modes.memory_size import memory_bytes
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text_folders import (
     check_text_folder,
@@ -364,30 +364,6 @@ class Text(Mode):
     def baselines(self, config: RunConfig, data: TextSplits, initial: dict[str, float]) -> dict[str, float]:
         """The pretrained model is the baseline a fine-tune must beat: its scores as `<metric>_initial`."""
         return {f"{key}_initial": value for key, value in initial.items()}
-
-
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def memory_bytes(text: str) -> int:
-    """`--memory-budget`: bytes, as a finite number >= 0 with an optional K, M or G suffix (powers of 1024): 2G, 500M.
-
-    Raises:
-        argparse.ArgumentTypeError: an empty value, not a number, NaN, infinite (`inf`, `1e400`) or negative: the
-            parser exits 2 naming the option.
-    """
-    stripped = text.strip()
-    unit = stripped[-1:].upper() if stripped[-1:].upper() in ("K", "M", "G") else ""
-    examples = "give e.g. 2G, 500M or 1000000 (or omit the option to keep no graph)"
-    try:
-        size = float(stripped[:-1] if unit else stripped) * _UNITS[unit]  # 1e300G: finite, times 2**30 is not
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; {examples}") from None
-    if not math.isfinite(size):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite size in bytes; {examples}")
-    if size < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is a negative size in bytes; {examples}")
-    return int(size)
 
 
 def include_prompt(config: RunConfig) -> bool | None:

@@ -54,7 +54,7 @@ def ours(train_options: Sequence[str], steps: int, folder: Path):
     from gradcache.train.data.order import StepSampler
     from gradcache.train.modes import MODES
     from gradcache.train.train_options import config_from_args, explicit_options
-    from gradcache.train.parallel.placement import placement_for
+    from gradcache.train.parallel.placement_choice import placement_for
     from gradcache.train.preflight import prepare_run
     from gradcache.train.run import Run
 

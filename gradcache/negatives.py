@@ -15,6 +15,7 @@ from typing import Protocol
 
 from torch import nn
 
+from gradcache.ranges import check_int
 from gradcache.registry import LOSSES, STRATEGIES, name_of
 
 
@@ -69,17 +70,13 @@ def negatives_per_anchor(
     """
     strategy_name = name_of(strategy, STRATEGIES, "strategy")
     counting = _counting_loss(loss)
-    for name, value in (("batch_size", batch_size), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}.")
+    check_int(batch_size, "batch_size")
+    check_int(world_size, "world_size")
+    check_int(chunk_size, "chunk_size", optional="the whole batch")
     if batch_size % world_size:
         raise ValueError(f"batch_size {batch_size} is not shared evenly by {world_size} ranks; give a multiple.")
-    if isinstance(hard_negatives, bool) or not isinstance(hard_negatives, int) or hard_negatives < 0:
-        raise ValueError(f"hard_negatives must be an int >= 0, got {hard_negatives!r}.")
-    if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
-        raise ValueError(f"queue_size must be an int >= 0 (0: no queue), got {queue_size!r}.")
+    check_int(hard_negatives, "hard_negatives", at_least=0)
+    check_int(queue_size, "queue_size", at_least=0, meaning="0: no queue")
     local = batch_size // world_size
     seen = batch_size
     if strategy_name == "naive":

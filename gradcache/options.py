@@ -14,6 +14,7 @@ from torch import nn
 from gradcache.distributed import check_fsdp_reduce
 from gradcache.inputs import GetEmbedding, SplitFn
 from gradcache.autocast import HALF_DTYPES
+from gradcache.ranges import is_int
 from gradcache.reused_outputs import check_reuse_outputs
 
 if sys.version_info >= (3, 11):
@@ -210,5 +211,5 @@ def _check_count(name: str, value: Any, least: int, meaning: str) -> None:
 
 
 def _check_int(name: str, value: Any, meaning: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int ({meaning}), got {value!r}.")

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradcache.ranges import check_int
 from gradcache.text_pairs import TextPairs
 
 __all__ = ["PairScorer"]
@@ -55,9 +56,7 @@ class PairScorer(nn.Module):
         super().__init__()
         if not callable(tokenizer):
             raise TypeError(f"tokenizer must be a callable Hugging Face tokenizer, got {type(tokenizer).__name__}")
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
-                                       or max_length < 1):
-            raise ValueError(f"max_length must be None or an int >= 1, got {max_length!r}")
+        check_int(max_length, "max_length", optional="the model's maximum")
         self.model = model
         self.tokenizer = tokenizer
         self.max_length = max_length

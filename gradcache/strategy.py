@@ -16,6 +16,7 @@ from gradcache.inputs import (
 )
 from gradcache.non_finite import NonFiniteLossError
 from gradcache.options import Options, Unpack, checked
+from gradcache.ranges import is_int
 from gradcache.autocast import autocast_context, autocast_off_everywhere, compute_device_type, upcast
 from gradcache.token_chunks import has_token_mask
 from gradcache.token_embeddings import Embedding, values_of, with_values
@@ -26,7 +27,7 @@ Encoders = nn.Module | Sequence[nn.Module]
 
 
 def _check_chunk_size(chunk_size: Any, name: str = "chunk_size") -> None:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+    if not is_int(chunk_size):
         raise TypeError(f"{name} must be an int (or one int per input), got {chunk_size!r}.")
     if chunk_size < 1:
         raise ValueError(f"{name} must be at least 1, got {chunk_size}; use the number of examples per chunk.")

@@ -18,6 +18,13 @@ from gradcache.models.resnet import ResNetEncoder
 from gradcache.models.simclr import SimCLRModel
 from gradcache.models.text import TextEncoder
 from gradcache.models.tokenizer import ByteTokenizer
+from gradcache.models.vision_language import VisionLanguageEncoder, language_model_lora_targets
+from gradcache.models.vision_language_collator import VisionLanguageCollator, VisionLanguageInput
+from gradcache.models.vision_language_presets import (
+    VISION_LANGUAGE_PRESETS,
+    VisionLanguagePreset,
+    build_vision_language_model,
+)
 from gradcache.models.vit import ViTEncoder
 
 __all__ = [
@@ -39,7 +46,14 @@ __all__ = [
     "TextEncoder",
     "ViTConfig",
     "ViTEncoder",
+    "VisionLanguageCollator",
+    "VisionLanguageEncoder",
+    "VisionLanguageInput",
+    "VisionLanguagePreset",
+    "VISION_LANGUAGE_PRESETS",
     "build_image_encoder",
+    "build_vision_language_model",
     "from_pretrained",
+    "language_model_lora_targets",
     "read_pretrained_config",
 ]

@@ -9,11 +9,12 @@ from torch import nn
 
 from gradcache.models.checkpointing import forward_grad_checkpointing
 from gradcache.models.heads import LinearProjection
+from gradcache.ranges import is_int
 
 
 def _feature_size(encoder: nn.Module, name: str) -> int:
     out_dim = getattr(encoder, "out_dim", None)
-    if isinstance(out_dim, bool) or not isinstance(out_dim, int) or out_dim < 1:
+    if not is_int(out_dim, 1):
         raise TypeError(
             f"{name} ({type(encoder).__name__}) has no positive int attribute out_dim (got {out_dim!r}); "
             f"set {name}.out_dim to the size of the features it returns."
@@ -67,7 +68,7 @@ class CLIP(nn.Module):
         super().__init__()
         image_features = _feature_size(image_encoder, "image_encoder")
         text_features = _feature_size(text_encoder, "text_encoder")
-        if isinstance(embed_dim, bool) or not isinstance(embed_dim, int) or embed_dim < 1:
+        if not is_int(embed_dim, 1):
             raise ValueError(f"embed_dim={embed_dim!r} must be a positive int.")
         shared = {id(p) for p in image_encoder.parameters()} & {id(p) for p in text_encoder.parameters()}
         if shared:

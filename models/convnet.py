@@ -7,6 +7,7 @@ from torch import nn
 
 from gradcache.models.checkpointing import run_block
 from gradcache.models.normalization import make_norm_layer
+from gradcache.ranges import is_int
 
 
 class StandardizedConv2d(nn.Conv2d):
@@ -52,7 +53,7 @@ class ConvNet(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("width", width), ("in_channels", in_channels)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value, 1):
                 raise ValueError(f"{name}={value!r} must be a positive int.")
         channels = (width, 2 * width, 4 * width, 8 * width)
         norm_layer = make_norm_layer(norm, groups, channels)

@@ -14,6 +14,7 @@ from gradcache.models.model_positions import max_positions
 from gradcache.models.tokenizer_match import check_tokenizer_model
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 from gradcache.pair_scorer import PairScorer
+from gradcache.ranges import is_int
 
 
 def weights_folder(path: str | os.PathLike) -> Path:
@@ -41,7 +42,7 @@ def pair_length(folder: str | os.PathLike) -> int:
     positions = max_positions(source)
     path = source / "tokenizer_config.json"
     length = read_json_object(path).get("model_max_length") if path.is_file() else None
-    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 2):
+    if length is not None and not is_int(length, 2):
         raise ValueError(f"{path}: model_max_length {length!r} is not a whole number of at least 2 tokens (two "
                          f"special tokens), the most a pair keeps; set it to at most {positions or 512}, or give "
                          "--max-length")

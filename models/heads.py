@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gradcache.ranges import is_int
+
 HEAD_NORMS = ("none", "batch", "layer")
 
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value, 1):
             raise ValueError(f"{name}={value!r} must be a positive int.")
 
 

@@ -20,6 +20,7 @@ from gradcache.models.sentence_transformers_folder import (
     transformer_config,
 )
 from gradcache.models.tokenizer_match import check_tokenizer_model, is_panic
+from gradcache.ranges import is_int
 
 # A generous bound on the characters one token covers (English text averages about 4). The tokenizer reads a text
 # whole before it truncates it, so each text is first cut to max_length x this many characters: a row of hundreds
@@ -155,7 +156,7 @@ class HuggingFaceTokenizer:
     """
 
     def __init__(self, path: str | os.PathLike, max_length: int = 128) -> None:
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        if not is_int(max_length, 2):
             raise ValueError(f"max_length={max_length!r} must be an int of at least 2 (two special tokens).")
         try:
             import transformers

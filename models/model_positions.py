@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+from gradcache.ranges import is_int
+
 POSITION_KEYS = ("max_position_embeddings", "n_positions")  # the first one config.json holds is read
 
 
@@ -36,7 +38,7 @@ def max_positions(model_folder: str | os.PathLike) -> int | None:
         value = values.get(key)
         if value is None or value == -1:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value, 1):
             raise ValueError(f"{path}: {key} {value!r} is not a positive whole number of positions; the folder was "
                              "edited: save the model again, or restore the key")
         return value
@@ -48,7 +50,7 @@ def check_tokens(value: object, name: str, model_folder: str | os.PathLike, leas
     else ValueError (a value that is not an int too: a file's value of the wrong type) whose message begins with
     `name` (an option, "--max-length", or a file and its key, "FOLDER/sentence_bert_config.json: max_seq_length")
     and says the bound and the fix."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ValueError(f"{name} {value!r} is not a whole number of tokens; give one from {least} on")
     if value < least:
         raise ValueError(f"{name} {value} is below {least}, the fewest tokens that hold a text's special tokens; "

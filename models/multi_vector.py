@@ -13,6 +13,7 @@ from torch import nn
 from gradcache.models.huggingface import HuggingFaceEncoder, _load_local_model
 from gradcache.models.multi_vector_folder import MultiVectorLayout, is_multi_vector_folder, read_multi_vector_folder
 from gradcache.token_embeddings import TokenEmbeddings
+from gradcache.ranges import is_int
 
 DEFAULT_TOKEN_DIM = 128  # sentence-transformers' MultiVectorEncoder projects a bare transformer to 128
 # The widest token vector built: ColBERT's are 128 wide, and a projection of 2e9 features (a mistyped option)
@@ -56,7 +57,7 @@ class MultiVectorTextEncoder(nn.Module):
 
     def __init__(self, path_or_model: str | os.PathLike | nn.Module, token_dim: int | None = None) -> None:
         super().__init__()
-        if token_dim is not None and (isinstance(token_dim, bool) or not isinstance(token_dim, int)):
+        if token_dim is not None and not is_int(token_dim):
             raise TypeError(f"token_dim must be an int (the width of each token vector), got {token_dim!r}")
         if token_dim is not None and not 1 <= token_dim <= MAX_TOKEN_DIM:
             raise ValueError(f"token_dim={token_dim} must be from 1 to {MAX_TOKEN_DIM}; ColBERT projects to 128")

@@ -24,6 +24,7 @@ from gradcache.models.sentence_transformers_folder import (
     read_prompts,
     transformer_config,
 )
+from gradcache.ranges import is_int
 
 MODEL_TYPE = "MultiVectorEncoder"
 _KINDS = ("Transformer", "Dense", "MultiVectorMask", "Normalize")  # in this order
@@ -129,7 +130,7 @@ def _dense_features(dense: Path) -> tuple[int, int]:
                          "the model again")
     for key, size in (("out_features", shape[0]), ("in_features", shape[1])):
         value = config.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value != size:
+        if not is_int(value) or value != size:
             raise ValueError(f"{path}: {key} {value!r} is not the {size} of the projection its weights hold "
                              f"({weights}: linear.weight of shape {tuple(shape)}); the folder was edited: set "
                              f"{key} to {size}, or export the model again")

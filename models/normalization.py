@@ -12,6 +12,8 @@ from typing import Callable
 
 from torch import nn
 
+from gradcache.ranges import is_int
+
 NORMS = ("batch", "group")
 
 
@@ -32,7 +34,7 @@ def make_norm_layer(norm: str, groups: int, channel_counts: tuple[int, ...]) -> 
         raise ValueError(f"norm={norm!r} is not supported; choose one of {NORMS}.")
     if norm == "batch":
         return nn.BatchNorm2d
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+    if not is_int(groups, 1):
         raise ValueError(f"groups={groups!r} must be a positive int (the number of GroupNorm groups).")
     bad = [channels for channels in channel_counts if channels % groups]
     if bad:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from gradcache.inputs import SCORED_POSITIONS  # the batch key of positions scored though not attended
+from gradcache.ranges import is_int
 
 STRATEGY = "fixed"  # the one of sentence-transformers' two strategies this program computes ("min" is refused)
 
@@ -30,7 +31,7 @@ class QueryExpansion:
     attend: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.length, bool) or not isinstance(self.length, int):
+        if not is_int(self.length):
             raise TypeError(f"length must be an int (the tokens of every query), got {self.length!r}")
         if self.length < 2:
             raise ValueError(f"length={self.length} must be at least 2 (two special tokens); ColBERT uses 32")

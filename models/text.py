@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from gradcache.models.checkpointing import run_block
+from gradcache.ranges import is_int
 
 POOLINGS = ("mean", "cls", "eos")
 
@@ -53,7 +54,7 @@ class TextEncoder(nn.Module):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("context_length", context_length),
                             ("width", width), ("layers", layers), ("heads", heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value, 1):
                 raise ValueError(f"{name}={value!r} must be a positive int.")
         if width % heads:
             raise ValueError(f"width={width} is not divisible by heads={heads}.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from gradcache.ranges import is_int
+
 
 class ByteTokenizer:
     """texts -> ``[bos] + utf8_bytes + [eos]`` ids, right-padded with ``pad`` to the longest text in the batch.
@@ -32,7 +34,7 @@ class ByteTokenizer:
     vocab_size = 256 + byte_offset
 
     def __init__(self, context_length: int = 64) -> None:
-        if isinstance(context_length, bool) or not isinstance(context_length, int) or context_length < 3:
+        if not is_int(context_length, 3):
             raise ValueError(
                 f"context_length={context_length!r} must be an int of at least 3 (bos, one byte, eos)."
             )

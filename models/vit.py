@@ -7,6 +7,7 @@ from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer
 
 from gradcache.models.checkpointing import run_block
+from gradcache.ranges import is_int
 
 
 class ViTEncoder(nn.Module):
@@ -44,7 +45,7 @@ class ViTEncoder(nn.Module):
         super().__init__()
         for name, value in (("image_size", image_size), ("patch_size", patch_size), ("width", width),
                             ("layers", layers), ("heads", heads), ("mlp_ratio", mlp_ratio)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value, 1):
                 raise ValueError(f"{name}={value!r} must be a positive int.")
         if image_size % patch_size:
             raise ValueError(f"image_size={image_size} is not divisible by patch_size={patch_size}.")

@@ -15,6 +15,7 @@ from torch import nn
 
 from gradcache.integrations.optional import require
 from gradcache.losses import ClipLoss, SigLipLoss
+from gradcache.ranges import check_int
 
 open_clip = require("open_clip", "open-clip", "gradcache.integrations.open_clip")
 
@@ -124,8 +125,7 @@ def build_open_clip(
         >>> cache.step(images, parts.tokenizer(captions))
     """
     check_architecture(architecture)
-    if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1):
-        raise ValueError(f"image_size must be a positive int or None (the architecture's), got {image_size!r}.")
+    check_int(image_size, "image_size", optional="the architecture's")
     if pretrained is not None and not os.path.isfile(pretrained):
         raise ValueError(
             f"pretrained={str(pretrained)!r} is not a file; give the path of a local open_clip checkpoint "

@@ -17,6 +17,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from gradcache.ranges import check_int
+
 from .checks import check_column_tile_size, check_temperature, check_tile_size
 from .queue import make_queue
 
@@ -95,10 +97,8 @@ class LossBase(nn.Module, metaclass=ABCMeta):
 
 def check_counts(loss: nn.Module, seen: object, hard_negatives: object, takes_hard_negatives: bool) -> None:
     """Raise ValueError unless ``seen`` is an int >= 1 and ``hard_negatives`` an int >= 0 that ``loss`` takes."""
-    if isinstance(seen, bool) or not isinstance(seen, int) or seen < 1:
-        raise ValueError(f"seen must be an int >= 1 (the examples one call of the loss sees), got {seen!r}.")
-    if isinstance(hard_negatives, bool) or not isinstance(hard_negatives, int) or hard_negatives < 0:
-        raise ValueError(f"hard_negatives must be an int >= 0, got {hard_negatives!r}.")
+    check_int(seen, "seen", meaning="the examples one call of the loss sees")
+    check_int(hard_negatives, "hard_negatives", at_least=0)
     if hard_negatives and not takes_hard_negatives:
         raise ValueError(
             f"hard_negatives={hard_negatives} needs loss 'infonce'; {type(loss).__name__} takes none."

@@ -7,12 +7,12 @@ reduction over (N, D), cheap next to the N x N similarity work of the loss itsel
 
 from __future__ import annotations
 
-import math
 from numbers import Real
 
 import torch
 
 from gradcache.non_finite import NonFiniteEmbeddingError
+from gradcache.ranges import check_int, is_finite
 
 __all__ = ["check_tile_size", "check_column_tile_size", "check_temperature", "check_finite_number",
            "check_embeddings", "check_same_rows"]
@@ -22,27 +22,14 @@ CHECK_ROWS = 4096  # rows per block of the NaN/inf count
 
 def check_tile_size(tile_size: object) -> int | None:
     """Return ``tile_size`` if it is None or an int >= 1; raise ValueError naming it otherwise."""
-    if tile_size is None:
-        return None
-    if isinstance(tile_size, bool) or not isinstance(tile_size, int):
-        raise ValueError(
-            f"tile_size must be None (dense) or an int >= 1 (rows per tile), got {tile_size!r} "
-            f"of type {type(tile_size).__name__}"
-        )
-    if tile_size < 1:
-        raise ValueError(f"tile_size must be None (dense) or an int >= 1 (rows per tile), got {tile_size}")
-    return tile_size
+    return check_int(tile_size, "tile_size", optional="dense", meaning="rows per tile")
 
 
 def check_column_tile_size(column_tile_size: object, tile_size: int | None) -> int | None:
     """Return ``column_tile_size`` if it is None or an int >= 1 beside a set ``tile_size``; raise otherwise."""
     if column_tile_size is None:
         return None
-    if isinstance(column_tile_size, bool) or not isinstance(column_tile_size, int) or column_tile_size < 1:
-        raise ValueError(
-            f"column_tile_size must be None (square tiles of tile_size) or an int >= 1 (columns per tile), "
-            f"got {column_tile_size!r} of type {type(column_tile_size).__name__}"
-        )
+    check_int(column_tile_size, "column_tile_size", optional="square tiles of tile_size", meaning="columns per tile")
     if tile_size is None:
         raise ValueError(
             f"column_tile_size={column_tile_size} needs tile_size set too: the dense loss (tile_size=None) has no "
@@ -56,7 +43,7 @@ def check_temperature(temperature: object, name: str = "temperature") -> float:
     if isinstance(temperature, bool) or not isinstance(temperature, Real):
         raise ValueError(f"{name} must be a positive real number such as 0.05, got {temperature!r}")
     value = float(temperature)
-    if not math.isfinite(value) or value <= 0.0:
+    if not is_finite(value) or value <= 0.0:
         raise ValueError(
             f"{name} must be a finite number > 0 (it divides the cosine similarity), got {temperature!r}"
         )
@@ -65,7 +52,7 @@ def check_temperature(temperature: object, name: str = "temperature") -> float:
 
 def check_finite_number(value: object, name: str) -> float:
     """Return ``value`` as a float if it is a finite real number; raise ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+    if not is_finite(value):
         raise ValueError(f"{name} must be a finite real number, got {value!r}")
     return float(value)
 

@@ -14,10 +14,9 @@ penalty is a constant (no gradient) and is not divided by the temperature. Modes
 
 from __future__ import annotations
 
-import math
-from numbers import Real
-
 import torch
+
+from gradcache.ranges import check_finite
 
 from .directions import owned_documents
 
@@ -30,12 +29,8 @@ def check_hardness(hardness_mode: object, hardness_strength: object) -> tuple[st
     """Return ``(hardness_mode, hardness_strength)`` if the mode is None or known and the strength finite >= 0."""
     if hardness_mode is not None and hardness_mode not in HARDNESS_MODES:
         raise ValueError(f"hardness_mode must be None or one of {HARDNESS_MODES}, got {hardness_mode!r}")
-    if (isinstance(hardness_strength, bool) or not isinstance(hardness_strength, Real)
-            or not math.isfinite(float(hardness_strength)) or hardness_strength < 0):
-        raise ValueError(
-            f"hardness_strength must be a finite number >= 0 (alpha, added as alpha * similarity to the selected "
-            f"negatives' logits), got {hardness_strength!r}"
-        )
+    check_finite(hardness_strength, "hardness_strength", at_least=0,
+                 meaning="alpha, added as alpha * similarity to the selected negatives' logits")
     if hardness_mode is None and hardness_strength != 0:
         raise ValueError(
             f"hardness_strength={hardness_strength} has no effect without hardness_mode; pick hardness_mode from "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from gradcache.ranges import check_int
+
 from .base import LossBase, check_counts
 from .precision import full_precision
 from .rerank_scores import Activation, check_activation, checked_scores
@@ -74,10 +76,7 @@ class ListwiseRerank(LossBase):
 
 def check_group_size(group_size: object, rows: int) -> int:
     """The number of groups N = M / G; ValueError unless ``group_size`` is an int >= 2 dividing M."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
-        raise ValueError(
-            f"group_size must be an int >= 2 (each query's positive and at least one negative), got {group_size!r}"
-        )
+    check_int(group_size, "group_size", at_least=2, meaning="each query's positive and at least one negative")
     if rows % group_size:
         raise ValueError(
             f"got {rows} scores, not a multiple of group_size={group_size}: the scores must be whole groups, query i's "

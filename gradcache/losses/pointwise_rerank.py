@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
+
+from gradcache.ranges import is_finite
 
 from .base import LossBase, check_counts
 from .precision import full_precision
@@ -53,8 +53,7 @@ class PointwiseRerank(LossBase):
                  pos_weight: float | None = None) -> None:
         super().__init__(temperature, tile_size=None, column_tile_size=None, queue_size=0, queue_warmup=0)
         self.activation = check_activation(activation)
-        if pos_weight is not None and (isinstance(pos_weight, bool) or not isinstance(pos_weight, (int, float))
-                                       or not math.isfinite(pos_weight) or pos_weight <= 0):
+        if pos_weight is not None and (not is_finite(pos_weight) or pos_weight <= 0):
             raise ValueError(f"pos_weight must be None or a finite number > 0, got {pos_weight!r}")
         self.pos_weight = None if pos_weight is None else float(pos_weight)
 

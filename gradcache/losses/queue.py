@@ -44,11 +44,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradcache.ranges import is_int
+
 __all__ = ["EmbeddingQueue", "QueuePair", "SharedQueueCall", "check_queue_options", "make_queue", "queued_negatives"]
 
 
 def _check_count(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int >= 0 (0: off), got {value!r} of type {type(value).__name__}")
     if value < 0:
         raise ValueError(f"{name} must be an int >= 0 (0: off), got {value}; pass 0 to turn it off")

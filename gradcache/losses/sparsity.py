@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gradcache.ranges import check_int
 from gradcache.sparse_rows import SparseRows
 
 from .checks import check_embeddings
@@ -46,11 +47,8 @@ class FlopsRegularizer(nn.Module):
 
     def __init__(self, threshold: int | None = None) -> None:
         super().__init__()
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0):
-            raise ValueError(
-                f"threshold must be None (every row) or an int >= 0 (rows with more non-zeros count), got {threshold!r}"
-            )
-        self.threshold = threshold
+        self.threshold = check_int(threshold, "threshold", at_least=0, optional="every row",
+                                   meaning="rows with more non-zeros count")
 
     def forward(self, embeddings: torch.Tensor | SparseRows) -> torch.Tensor:
         if isinstance(embeddings, SparseRows):  # from the non-zeros: the column sums, (V,)

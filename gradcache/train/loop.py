@@ -31,7 +31,8 @@ from gradcache.train.errors import Preempted, TrainingDiverged, exit_status_of
 from gradcache.train.export.write import MODEL_FOLDER, export_model
 from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes import mode_of
-from gradcache.train.parallel.placement import Placement, placement_for
+from gradcache.train.parallel.placement import Placement
+from gradcache.train.parallel.placement_choice import placement_for
 from gradcache.train.preemption import StopSignals
 from gradcache.train.progress import StepProgress
 from gradcache.train.run import Run, any_rank, peak_memory_mb

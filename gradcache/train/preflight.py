@@ -19,6 +19,7 @@ from gradcache import distributed
 from gradcache.losses.checks import check_temperature, check_tile_size
 from gradcache.losses.queue import check_queue_options
 from gradcache.options import check_chunk_tokens, check_memory_budget
+from gradcache.ranges import is_finite, within
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, run_folder_of
 from gradcache.train.checkpoints.resume import (
     AUTO,
@@ -37,7 +38,7 @@ from gradcache.train.errors import CheckpointError, UsageError
 from gradcache.train.matryoshka_dims import check_dims
 from gradcache.train.modes import mode_of
 from gradcache.train.parallel.deepspeed import run_settings
-from gradcache.train.parallel.placement import local_rank
+from gradcache.train.parallel.placement import check_device, local_rank
 from gradcache.train.run_folder.layout import RUN_FILES
 from gradcache.train.run_folder.lock import (
     RunFolderLock,
@@ -133,7 +134,7 @@ def check_options(config: RunConfig) -> None:
     checks refused by its own checks, then the combinations, the mode's own checks and the model."""
     for option in dataclasses.fields(config):
         value = getattr(config, option.name)
-        if isinstance(value, float) and not math.isfinite(value):
+        if isinstance(value, float) and not is_finite(value):
             raise UsageError(f"--{_dashed(option.name)} must be a finite number, got {value}")
         if not option.metadata.get("modes") or config.mode in option.metadata["modes"]:
             _check_range(option, value)
@@ -161,36 +162,6 @@ def check_options(config: RunConfig) -> None:
     _check_sharding(config)
     check_report_to(config.report_to)
     check_compile(config)
-
-
-def check_device(device: str, world_size: int, local_rank: int) -> None:
-    """--device names a device that holds data and is here: cpu, cuda (cuda:N below the GPU count) or mps; over
-    `world_size` > 1 ranks a GPU of this rank's own: `cuda`, which means cuda:`local_rank` (below the GPU count
-    too), never an explicit cuda:N, which would put every rank of the machine on GPU N. Checked before the
-    process group is joined (gradcache/train/parallel/placement.py) and with the other options."""
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as error:
-        raise UsageError(f"--device {device}: not a device ({error}); use --device cpu, cuda or cuda:N") from error
-    if parsed.type not in ("cpu", "cuda", "mps"):
-        raise UsageError(f"--device {device}: a {parsed.type} device cannot train (its tensors hold no data or "
-                         "this program does not run on it); use --device cpu, cuda or cuda:N")
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: CUDA is not available here; use --device cpu")
-    if parsed.type == "cuda" and parsed.index is not None and world_size > 1:
-        raise UsageError(f"--device {device} with {world_size} processes: every rank would train on GPU "
-                         f"{parsed.index}; use --device cuda, which gives each process its own GPU (cuda:LOCAL_RANK), "
-                         "and choose the GPUs with CUDA_VISIBLE_DEVICES")
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s); use --device "
-                         "cuda (the first, or each process's own under torchrun) or cuda:N below that count")
-    if parsed.type == "cuda" and parsed.index is None and world_size > 1 and local_rank >= torch.cuda.device_count():
-        raise UsageError(f"--device {device} on LOCAL_RANK {local_rank}: this machine has "
-                         f"{torch.cuda.device_count()} GPU(s), so this process has none of its own; start at most "
-                         f"{torch.cuda.device_count()} processes per machine (torchrun --nproc-per-node "
-                         f"{torch.cuda.device_count()})")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
 
 
 def _check_builds(config: RunConfig) -> None:
@@ -268,14 +239,11 @@ def _check_range(option: dataclasses.Field, value: object) -> None:
     """`value` within the bounds of `option`'s metadata (`at_least`, `above`, `at_most`, `below`), if it has any
     and the value is set."""
     meta = option.metadata
+    if value is None or within(value, at_least=meta.get("at_least"), above=meta.get("above"),
+                               at_most=meta.get("at_most"), below=meta.get("below")):
+        return
     low = ("[", meta["at_least"]) if meta.get("at_least") is not None else ("(", meta.get("above"))
     high = ("]", meta["at_most"]) if meta.get("at_most") is not None else (")", meta.get("below"))
-    if value is None or (low[1] is None and high[1] is None):
-        return
-    too_low = low[1] is not None and (value < low[1] if low[0] == "[" else value <= low[1])
-    too_high = high[1] is not None and (value > high[1] if high[0] == "]" else value >= high[1])
-    if not (too_low or too_high):
-        return
     if low[1] is not None and high[1] is not None:
         rule = f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
     elif low[1] is not None:

@@ -17,6 +17,7 @@ from gradcache.integrations.sentence_transformers.spellings import PeerSpellings
 from gradcache.integrations.wrappers import check_wrapper
 from gradcache.losses import ListwiseRerank
 from gradcache.options import Options, Unpack
+from gradcache.ranges import check_int
 
 SCALE, CHUNK_SIZE = 10.0, 32  # the peer's defaults: scale (= 1 / temperature) and mini_batch_size
 PASSED_ON = ("memory_budget", "autocast_dtype", "check_recompute", "fsdp_reduce")  # GradCache options that apply
@@ -136,9 +137,7 @@ class GradCacheCrossEncoderLoss(PeerSpellings, nn.Module):
                 f"{type(self).__name__} expects a CrossEncoder with 1 output label, got {model.num_labels}; "
                 "build it with num_labels=1."
             )
-        if num_negatives is not None and (isinstance(num_negatives, bool) or not isinstance(num_negatives, int)
-                                          or num_negatives < 1):
-            raise ValueError(f"num_negatives must be None (all) or an int >= 1, got {num_negatives!r}.")
+        check_int(num_negatives, "num_negatives", optional="all")
         owner = type(self).__name__
         temperature = temperature_of(owner, temperature, scale, 1.0 / SCALE)
         chunk_size = count_of(owner, "chunk_size", chunk_size, "mini_batch_size", mini_batch_size, CHUNK_SIZE)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, NoReturn
 
+from gradcache.ranges import is_finite, is_int
+
 
 def temperature_of(owner: str, temperature: Any, scale: Any, default: float | None) -> float | None:
     """t from `temperature` = t or `scale` = 1 / t, either or both (agreeing to 1e-9), or `default` for neither.
@@ -14,8 +16,7 @@ def temperature_of(owner: str, temperature: Any, scale: Any, default: float | No
             `owner` (the loss) and the argument names and values.
     """
     for name, value in (("temperature", temperature), ("scale", scale)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
+        if value is not None and (not is_finite(value) or value <= 0):
             raise ValueError(f"{owner} got {name}={value!r}; {name} must be a finite number > 0 "
                              "(scale = 1 / temperature).")
     if temperature is not None and scale is not None and not math.isclose(temperature * scale, 1.0, rel_tol=1e-9):
@@ -36,7 +37,7 @@ def count_of(owner: str, name: str, value: Any, peer_name: str, peer_value: Any,
     for spelling, given in ((name, value), (peer_name, peer_value)):
         if given is None:
             continue
-        if isinstance(given, bool) or not isinstance(given, int):
+        if not is_int(given):
             raise TypeError(f"{owner} got {spelling}={given!r}; {spelling} must be an int >= 1.")
         if given < 1:
             raise ValueError(f"{owner} got {spelling}={given!r}; {spelling} must be an int >= 1.")

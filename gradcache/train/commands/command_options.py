@@ -21,6 +21,7 @@ from gradcache.train.commands.encode import TOWERS
 from gradcache.train.commands.mine import NEGATIVES_FIELD
 from gradcache.train.commands.model import MODEL_HELP
 from gradcache.train.config import RunConfig
+from gradcache.train.data.text.formats import TEXT_LINES, described, listed, table_suffixes
 from gradcache.train.errors import UsageError
 
 _FROM_RUN = object()  # `command_option(default=...)`: the default of the RunConfig field it is `like`
@@ -78,15 +79,15 @@ class PairsOptions:
     negative_keys: list[str] = command_option([], like="negative_keys", nargs="*", help="columns of hard negatives, "
                                               "or one JSONL field holding a list; they join the corpus (default: "
                                               "none)")
-    corpus: str | None = command_option(None, help=f"a .tsv, .csv or .jsonl file of '{CORPUS_ID}' and "
+    corpus: str | None = command_option(None, help=f"a {listed(table_suffixes())} file of '{CORPUS_ID}' and "
                                         f"'{CORPUS_TEXT}' rows to rank instead of the file's own passages; a row's "
                                         "positive is found in it by its text, else by its id")
 
 
 @dataclass
 class EncodeOptions:
-    data: str = command_option(None, required=True, help="texts: a .txt file (one text per line) or a .tsv, .csv or "
-                               ".jsonl table with --key; images: a folder (every image under it, sorted by path), a "
+    data: str = command_option(None, required=True, help=f"texts: a {TEXT_LINES} file (one text per line) or a "
+                               f"{listed(table_suffixes())} table with --key; images: a folder (every image under it, sorted by path), a "
                                "table of image paths with --image-key, or webdataset shards (a .tar, a folder of "
                                "them, a glob or brace pattern: rows in shard order then member order; a member that "
                                "does not decode is skipped and counted on stderr)")
@@ -108,9 +109,9 @@ class EncodeOptions:
 
 @dataclass
 class EvalData:
-    data: str | None = command_option(None, help="a file to score MODEL on, in a format train reads: text: a .tsv, "
-                                      ".csv, .jsonl or .jsonl.gz of (query, positive, hard negatives) rows, every row "
-                                      "scored; a clip or simclr run: its --data kinds, scored on a held-out split of "
+    data: str | None = command_option(None, help="a file to score MODEL on, in a format train reads: text: "
+                                      f"{described()}, of (query, positive, hard negatives) rows, every row scored; "
+                                      "a clip or simclr run: its --data kinds, scored on a held-out split of "
                                       "--test-size (default: a run's own held-out split)")
 
 
@@ -128,7 +129,7 @@ class EvalOptions:
 
 @dataclass
 class MineData:
-    data: str = command_option(None, required=True, help="a .tsv, .csv or .jsonl file of (query, positive) rows")
+    data: str = command_option(None, required=True, help=f"{described()}, of (query, positive) rows")
     output: str = command_option(None, required=True, help=f".jsonl (a '{NEGATIVES_FIELD}' list per row: train with "
                                  f"--negative-keys {NEGATIVES_FIELD}) or .tsv/.csv (columns negative_1 .. "
                                  "negative_K)")

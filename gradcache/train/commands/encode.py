@@ -13,7 +13,7 @@ A multi-vector model (`--kind multi-vector`) writes each text's token vectors to
 (`faiss.read_index`; `index.search(queries, k)` returns rows of the input).
 A SPLADE model (a `--kind sparse` run or a SparseEncoder folder) gives sparse rows instead, unnormalised, as
 `SparseEncoder.encode` does: `.npz` only, in CSR form (`indptr`, `indices`, `data`, `shape`;
-gradcache/train/eval/sparse_rows.py, docs/outputs.md).
+gradcache/train/outputs/sparse_rows.py, docs/outputs.md).
 A cross-encoder has no embeddings: it writes one score per (query, passage) row (gradcache/train/commands/
 pair_scores.py).
 """

@@ -13,6 +13,7 @@ import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from gradcache.train.data.text.formats import file_suffixes, folder_names, listed
 from gradcache.train.errors import DataDiskFull, DataTooLarge
 
 
@@ -26,7 +27,7 @@ def reading_data(data: str, eval_data: str | None = None) -> Iterator[None]:
         # raised from None: the MemoryError's frames, and what they held, are released before the message
         raise DataTooLarge(
             f"ran out of memory while loading {named}; nothing was written. Give the data in a format read as "
-            "the run goes (.jsonl, .tsv, .csv, .jsonl.gz, .parquet or a datasets folder for text; an image folder, "
+            f"the run goes ({listed([*file_suffixes(), *folder_names()])} for text; an image folder, "
             "a caption table or webdataset shards for images), hold out fewer examples (--test-size, a smaller "
             "--eval-data, --eval-reference-size), or run where more memory is free") from None
     except OSError as error:

@@ -6,7 +6,7 @@ never its name.
 |---|---|---|---|
 | `VECTORS` | (D,) L2-normalised float32 | `.npy` (N, D), or `.faiss` (an exact inner-product index) | cosine (eval/retrieval.py) |
 | `TOKEN_VECTORS` | (n_i, D) unit token vectors | `.npz`: `values` (T, D) and `offsets` (N + 1,) | MaxSim (eval/maxsim.py) |
-| `SPARSE_ROWS` | a (V,) nonnegative row | `.npz` in CSR form (eval/sparse_rows.py) | dot product (eval/sparse_retrieval.py) |
+| `SPARSE_ROWS` | a (V,) nonnegative row | `.npz` in CSR form (outputs/sparse_rows.py) | dot product (eval/sparse_retrieval.py) |
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from gradcache.token_embeddings import TokenEmbeddings
 from gradcache.train.eval.embed import embed_texts
 from gradcache.train.eval.maxsim import embed_token_texts, maxsim_scores, ranked_metrics
 from gradcache.train.eval.retrieval import retrieval_metrics
-from gradcache.train.eval.sparse_retrieval import sparse_metrics
-from gradcache.train.eval.sparse_rows import CsrRows, embed_sparse_texts
+from gradcache.train.eval.sparse_retrieval import embed_sparse_texts, sparse_metrics
+from gradcache.train.outputs.sparse_rows import CsrRows
 
 
 def counted(encode: Callable[..., Any], bar: tqdm, rows: Callable[[Any], int] = len) -> Callable[..., Any]:

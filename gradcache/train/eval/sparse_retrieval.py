@@ -20,9 +20,25 @@ import torch
 
 from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.eval.retrieval import RETRIEVAL_DEPTH, retrieval_corpus
-from gradcache.train.eval.sparse_rows import CsrRows, embed_sparse_texts
+from gradcache.train.outputs.sparse_rows import CsrRows
 
 QUERY_BATCH = 256  # query rows scored against the corpus at once: (C, 256) float64 scores
+
+
+@torch.no_grad()
+def embed_sparse_texts(encode: Callable[..., torch.Tensor], tokenizer: Callable, texts: Sequence[str],
+                       device: torch.device, batch_size: int = 256) -> CsrRows:
+    """The (N, V) rows of `texts` in their order, encoded in batches of similar length (sorted by characters, so
+    a batch pads little: a padding token adds nothing to a SPLADE row), kept by their non-zeros batch by batch."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    parts, width = [], 0
+    for start in range(0, len(order), batch_size):
+        tokens = tokenizer([texts[i] for i in order[start:start + batch_size]])
+        rows = encode(**{key: value.to(device) for key, value in tokens.items()})  # (b, V)
+        parts.append(CsrRows.from_dense(rows))
+        width = rows.shape[1]
+    sorted_rows = CsrRows.stacked(parts, width)
+    return sorted_rows.taken(np.argsort(order, kind="stable"))  # back to the texts' order
 
 
 def sparse_ranks(queries: CsrRows, corpus: CsrRows, relevant: np.ndarray) -> np.ndarray:

@@ -19,7 +19,8 @@ from gradcache.train.modes.text import Text
 if TYPE_CHECKING:
     from gradcache.train.config import RunConfig
 
-TEXT_KINDS: dict[str, Text] = {kind.kind: kind for kind in (Text(), MultiVector(), SparseText(), CrossEncoderText())}
+TEXT_KINDS: dict[str, Text] = Text.kinds  # the kinds read their own table without importing this module
+TEXT_KINDS.update({kind.kind: kind for kind in (Text(), MultiVector(), SparseText(), CrossEncoderText())})
 MODES: dict[str, Mode] = {mode.name: mode for mode in (SimCLR(), CLIP(), TEXT_KINDS[Text.kind])}
 DEFAULT_MODE = SimCLR.name  # `gradcache train` without a mode
 

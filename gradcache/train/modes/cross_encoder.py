@@ -26,7 +26,7 @@ from gradcache.losses import ListwiseRerank
 from gradcache.models.cross_encoder import HuggingFaceCrossEncoder, weights_folder
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
-from gradcache.train.data.text.rerank_groups import GroupedRerank, group_size, rerank_batches
+from gradcache.train.data.text.rerank_groups import group_size, rerank_batches
 from gradcache.train.data.text.streamed_rows import StreamedRows
 from gradcache.train.data.text.text_pairs import TextSplits
 from gradcache.train.errors import UsageError
@@ -36,6 +36,7 @@ from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
+from gradcache.train.modes.grouped_rerank import GroupedRerank
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, text_model_folder
 from gradcache.train.modes.text_lengths import check_pair_lengths
 

@@ -24,8 +24,9 @@ from gradcache.models.sentence_transformers_folder import read_sentence_transfor
 from gradcache.models.huggingface_folder import PACKAGED_MODEL, hidden_size
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
-from gradcache.train.data.text.batches import GroupedInfoNCE, TokenizeGroups, text_batches
+from gradcache.train.data.text.batches import TokenizeGroups, text_batches
 from gradcache.train.data.text.built_in import BUILT_IN_HARD, BUILT_IN_TEXT
+from gradcache.train.data.text.formats import described, file_suffixes, folder_names, listed
 from gradcache.train.data.text.sources import load_text_splits, save_data_index
 from gradcache.train.data.text.streamed_rows import StreamedRows, streamed_batches
 from gradcache.train.data.text.text_pairs import TextSplits
@@ -39,6 +40,7 @@ from gradcache.train.modes.base import Mode, OptionGroups
 from gradcache.train.modes.folder_formats import check_folder_format
 from gradcache.train.modes.memory_size import memory_bytes
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
+from gradcache.train.modes.grouped_infonce import GroupedInfoNCE
 from gradcache.train.modes.text_folders import (
     check_text_folder,
     load_text_folder,
@@ -65,13 +67,16 @@ class Text(Mode):
     name = "text"
     help = "text retrieval: fine-tune a Hugging Face encoder on (query, passage, hard negatives) rows, InfoNCE"
     kind = "dense"  # `--kind`: this class trains dense embedders; each other kind is a subclass (TEXT_KINDS)
+    # every kind of text model by its `--kind`: the registry's table (modes/__init__.py's TEXT_KINDS is this dict),
+    # read here without importing the registry, which imports this module
+    kinds: dict[str, Text] = {}
     kind_help = "one pooled vector per text, cosine similarity (a sentence-transformers model)"
     kind_fields: tuple[str, ...] = ()  # the RunConfig fields only this kind reads (`add_kind_options`' options)
     refused: dict[str, str] = {}  # the dense kind's options this kind cannot honour: field -> why (`check`)
     negatives_loss = "infonce"
-    path_data = ("a .tsv, .csv, .jsonl, .jsonl.gz or .parquet file, a folder or pattern of them "
-                 "('part-{000..099}.jsonl'), or a datasets save_to_disk folder, of (query, positive, hard negatives) "
-                 "rows; indexed at start, a .jsonl.gz streamed through --shuffle-buffer")
+    path_data = (f"a {listed(file_suffixes())} file, a folder or pattern of them ('part-{{000..099}}.jsonl'), or "
+                 f"{listed(folder_names())} (save_to_disk), of (query, positive, hard negatives) rows; indexed at "
+                 f"start, a {listed(file_suffixes(streamed=True))} streamed through --shuffle-buffer")
     # the default run: all-MiniLM-L6-v2 on the built-in world, one epoch of 24 steps, a few CPU minutes
     defaults = dict(data=BUILT_IN_TEXT, model=PACKAGED_MODEL, train_size=768, test_size=300, batch_size=32,
                     chunk_size=16, lr=1e-4, base_batch_size=32, warmup=3, weight_decay=0.01, temperature=0.05,
@@ -102,8 +107,8 @@ class Text(Mode):
         data.add_argument("--eval-data", default=default("eval_data"), help="held-out rows given apart from --data, "
                           "in its formats (a file, folder or pattern); the evaluation scores them (default: --test-size "
                           "rows of --data, held out by a seeded permutation)")
-        data.add_argument("--corpus", default=default("corpus"), help="passages as (id, text) rows (.jsonl, .tsv, "
-                          "or .csv; fields id and text) that --data rows name by id: positive_id and negative_ids (or "
+        data.add_argument("--corpus", default=default("corpus"), help="passages as (id, text) rows ("
+                          f"{described(streamed=False)}; fields id and text) that --data rows name by id: positive_id and negative_ids (or "
                           "--positive-key / --negative-keys); also the retrieval corpus of the evaluation")
         data.add_argument("--shuffle-buffer", type=int, default=default("shuffle_buffer"),
                           help=".jsonl.gz --data: parsed rows each loader worker shuffles among")
@@ -135,12 +140,10 @@ class Text(Mode):
                          "the texts sorted by length, --chunk-size still capping the rows (default: fixed chunks of "
                          "--chunk-size rows)")
         add_lora_options(model, default)
-        from gradcache.train.modes import TEXT_KINDS  # the registry of kinds imports this module
-
-        model.add_argument("--kind", default=default("kind"), choices=list(TEXT_KINDS),
+        model.add_argument("--kind", default=default("kind"), choices=list(Text.kinds),
                            help="the kind of model trained from the same rows: " + "; ".join(
-                               f"{name}: {kind.kind_help}" for name, kind in TEXT_KINDS.items()))
-        for kind in TEXT_KINDS.values():
+                               f"{name}: {kind.kind_help}" for name, kind in Text.kinds.items()))
+        for kind in Text.kinds.values():
             kind.add_kind_options(groups, default)
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
@@ -209,9 +212,7 @@ class Text(Mode):
     def check_folder_format(self, name: str, option: str = "--model") -> None:
         """A folder of another kind's own format, which this kind cannot train from, refused naming the kind that
         reads it (modes/folder_formats.py)."""
-        from gradcache.train.modes import TEXT_KINDS  # the registry of kinds imports this module
-
-        check_folder_format(self, name, option, TEXT_KINDS.values())
+        check_folder_format(self, name, option, Text.kinds.values())
 
     def embedding_width(self, config: RunConfig) -> int:
         """The model's hidden size (its config.json, read without loading the weights)."""
@@ -380,9 +381,7 @@ def _folder_pooling(folder: Path) -> str:
 def check_kind_fields(config: RunConfig) -> None:
     """An option that only another `--kind` reads, given a value, is refused (UsageError) naming its kind: a run
     never silently ignores what it was asked."""
-    from gradcache.train.modes import TEXT_KINDS  # the registry of kinds imports this module
-
-    for kind in TEXT_KINDS.values():
+    for kind in Text.kinds.values():
         for name in kind.kind_fields if kind.kind != config.kind else ():
             value, default = getattr(config, name), RunConfig.__dataclass_fields__[name].default
             if value != default:

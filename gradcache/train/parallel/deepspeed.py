@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gradcache import distributed
+from gradcache.ranges import is_int
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CheckpointError, UsageError
@@ -137,11 +138,11 @@ def check_program_config(config: dict[str, Any], path: str | Path) -> None:
 
 
 def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return is_int(value, 1)
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value, 0)
 
 
 def _offload(value: Any) -> bool:

@@ -59,14 +59,12 @@ def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0
 
     Raises:
         UsageError: `collective_timeout` is not a positive, finite number of seconds; `device` cannot hold this
-            rank (preflight's `check_device`: an explicit cuda:N for several ranks, a GPU this machine lacks).
+            rank (`check_device`: an explicit cuda:N for several ranks, a GPU this machine lacks).
     """
     if not 0 < collective_timeout < math.inf:
         raise UsageError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}; "
                          "e.g. --collective-timeout 1800")
     if _launched_world_size() > 1 and dist.is_available() and not dist.is_initialized():
-        from gradcache.train.preflight import check_device  # the option checks' home; here before NCCL meets it
-
         check_device(device, _launched_world_size(), local_rank())
         cuda = device_of(device).type == "cuda"  # NCCL's communicator takes the current GPU
         timeout = datetime.timedelta(seconds=collective_timeout)
@@ -106,7 +104,7 @@ def device_of(name: str) -> torch.device:
     """The device `--device name` trains on, made CUDA's current device (torch.cuda.set_device): NCCL's
     communicator, FSDP2's shards and DeepSpeed's engine are made on the current GPU, so this runs before any of
     them. `cuda` means this process's GPU: cuda:LOCAL_RANK over several ranks, the current one in one process;
-    `cuda:N` means GPU N (preflight's `check_device` refuses it over several ranks: they would share it)."""
+    `cuda:N` means GPU N (`check_device` refuses it over several ranks: they would share it)."""
     device = torch.device(name)
     if device.type != "cuda":
         return device
@@ -115,6 +113,36 @@ def device_of(name: str) -> torch.device:
         device = torch.device("cuda", local_rank() if several else torch.cuda.current_device())
     torch.cuda.set_device(device)
     return device
+
+
+def check_device(device: str, world_size: int, local_rank: int) -> None:
+    """--device names a device that holds data and is here: cpu, cuda (cuda:N below the GPU count) or mps; over
+    `world_size` > 1 ranks a GPU of this rank's own: `cuda`, which means cuda:`local_rank` (below the GPU count
+    too), never an explicit cuda:N, which would put every rank of the machine on GPU N. Checked before the
+    process group is joined (`init_distributed_if_launched`) and with the other options (preflight.py)."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise UsageError(f"--device {device}: not a device ({error}); use --device cpu, cuda or cuda:N") from error
+    if parsed.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"--device {device}: a {parsed.type} device cannot train (its tensors hold no data or "
+                         "this program does not run on it); use --device cpu, cuda or cuda:N")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: CUDA is not available here; use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and world_size > 1:
+        raise UsageError(f"--device {device} with {world_size} processes: every rank would train on GPU "
+                         f"{parsed.index}; use --device cuda, which gives each process its own GPU (cuda:LOCAL_RANK), "
+                         "and choose the GPUs with CUDA_VISIBLE_DEVICES")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s); use --device "
+                         "cuda (the first, or each process's own under torchrun) or cuda:N below that count")
+    if parsed.type == "cuda" and parsed.index is None and world_size > 1 and local_rank >= torch.cuda.device_count():
+        raise UsageError(f"--device {device} on LOCAL_RANK {local_rank}: this machine has "
+                         f"{torch.cuda.device_count()} GPU(s), so this process has none of its own; start at most "
+                         f"{torch.cuda.device_count()} processes per machine (torchrun --nproc-per-node "
+                         f"{torch.cuda.device_count()})")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device {device}: MPS is not available here; use --device cpu")
 
 
 def local_rank() -> int:
@@ -259,14 +287,6 @@ class Sharded(Placement):
 
 def _trains(encoder: nn.Module) -> bool:
     return any(parameter.requires_grad for parameter in encoder.parameters())
-
-
-def placement_for(config: RunConfig) -> Placement:
-    if config.deepspeed is not None:
-        from gradcache.train.parallel.deepspeed import DeepSpeedPlacement
-
-        return DeepSpeedPlacement(config)
-    return Sharded(config) if config.fsdp else Replicated(config)
 
 
 @contextlib.contextmanager

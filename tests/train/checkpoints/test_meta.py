@@ -35,3 +35,16 @@ def test_a_newer_or_an_incomplete_record_is_refused_naming_the_checkpoint():
     del stored["scaler"]
     with pytest.raises(CheckpointError, match=r"RUN/last.pt lacks \['scaler'\]"):
         CheckpointMeta.from_dict(stored, "RUN/last.pt")
+
+
+def test_the_stored_keys_are_the_fields_and_older_records_fill_in_what_they_lack():
+    """The file's keys, pinned: every field once (the options under "args"), read back by the same list."""
+    assert list(_meta().to_dict()) == ["meta_version", "args", "step", "total_steps", "epoch", "batch_in_epoch",
+                                       "scheduler", "scaler", "random_state", "elapsed_s", "baselines", "initial"]
+    stored = {k: v for k, v in _meta().to_dict().items() if k not in ("epoch", "batch_in_epoch", "initial")}
+    read = CheckpointMeta.from_dict(stored)
+    assert (read.epoch, read.batch_in_epoch, read.initial) == (0, 0, {})
+    required = {k: v for k, v in _meta().to_dict().items() if k != "meta_version"}
+    for key in ("args", "step", "total_steps", "scheduler", "scaler", "random_state", "elapsed_s", "baselines"):
+        with pytest.raises(CheckpointError, match=rf"lacks \['{key}'\]"):
+            CheckpointMeta.from_dict({k: v for k, v in required.items() if k != key})

@@ -4,6 +4,7 @@ from gradcache.train.data.images.shapes import (
     COLOURS,
     SHAPE_NAMES,
     TONES,
+    caption_words,
     load_shapes,
     render_shapes,
 )
@@ -14,6 +15,13 @@ def test_same_seed_same_bytes_and_captions():
     assert torch.equal(first.images, second.images)
     assert torch.equal(first.labels, second.labels)
     assert first.captions == second.captions
+
+
+def test_caption_words_are_the_words_the_captions_hold():
+    """Each word of 400 drawn captions is in it, and each of its words is drawn (every size, colour, shape,
+    place and tone appears among 400)."""
+    drawn = {word for caption in render_shapes(400, 8, seed=5).captions for word in caption.split()}
+    assert set(caption_words()) == drawn and caption_words() == sorted(drawn)
 
 
 def test_different_seed_different_images():

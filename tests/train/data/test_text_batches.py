@@ -4,12 +4,8 @@ import torch
 from gradcache import FullBatch, GradCache, NaiveAccumulation
 from gradcache.losses import InfoNCE
 from gradcache.train.data.order import StepSampler
-from gradcache.train.data.text.batches import (
-    GroupedInfoNCE,
-    TokenizeGroups,
-    split_groups,
-    text_batches,
-)
+from gradcache.train.data.text.batches import TokenizeGroups, split_groups, text_batches
+from gradcache.train.modes.grouped_infonce import GroupedInfoNCE
 from gradcache.train.data.text.text_pairs import TextPairs
 
 

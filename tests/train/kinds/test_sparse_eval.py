@@ -13,7 +13,7 @@ from gradcache.models import HuggingFaceTokenizer
 from gradcache.train.commands.model import load_run
 from gradcache.train.config import RunConfig
 from gradcache.train.eval.sparse_retrieval import sparse_metrics
-from gradcache.train.eval.sparse_rows import CsrRows
+from gradcache.train.outputs.sparse_rows import CsrRows
 from gradcache.train.modes import mode_of
 from tests.train.conftest import TINY
 

@@ -18,7 +18,7 @@ from gradcache.train import errors
 from gradcache.train.config import RunConfig
 from gradcache.train.parallel import placement
 from gradcache.train.parallel.deepspeed import DeepSpeedPlacement
-from gradcache.train.preflight import check_device
+from gradcache.train.parallel.placement import check_device
 from tests.train.conftest import TINY
 
 

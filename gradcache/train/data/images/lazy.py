@@ -15,7 +15,7 @@ once, at start (`decoded`), into an in-memory `ImageSet`.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,7 +23,7 @@ from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.held_out import held_out_order
 from gradcache.train.data.images.bit_depth import as_rgb8
-from gradcache.train.data.images.sets import DataSplits, ImageSet, check_descriptions
+from gradcache.train.data.images.sets import DataSplits, DescribedImages, ImageSet
 from gradcache.train.data.worker_failures import ReadingFailed
 from gradcache.train.errors import DataError
 
@@ -64,30 +64,17 @@ def centre_square(image: Image.Image, size: int) -> Image.Image:
     return image.resize((size, size), Image.Resampling.BILINEAR, box=box)
 
 
-@dataclass
-class LazyImageSet:
-    """N image files with what describes them; nothing decoded until drawn.
+@dataclass(kw_only=True)
+class LazyImageSet(DescribedImages):
+    """N image files with what describes them (`DescribedImages`); nothing decoded until drawn.
 
     Args:
         paths: N file paths.
         image_size: the side every image is decoded to.
-        labels: (N,) int64 class indices into `class_names`, or None.
-        captions: N strings, or None.
-        class_names, class_prompts: as in `ImageSet`.
-        skipped: entries left out before training (table rows without a path or caption) and, as the run goes,
-            the files that failed to decode (added by `CountedBatches` in the training process).
     """
 
     paths: list[str]
     image_size: int
-    labels: torch.Tensor | None = None
-    captions: list[str] | None = None
-    class_names: list[str] | None = None
-    class_prompts: list[list[str]] | None = None
-    skipped: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        check_descriptions(len(self.paths), self.labels, self.captions)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -114,13 +101,8 @@ class LazyImageSet:
 
     def subset(self, indices: torch.Tensor) -> LazyImageSet:
         """The files at `indices`, with their labels and captions."""
-        picked = indices.tolist()
-        return LazyImageSet(
-            paths=[self.paths[i] for i in picked], image_size=self.image_size,
-            labels=None if self.labels is None else self.labels[indices],
-            captions=None if self.captions is None else [self.captions[i] for i in picked],
-            class_names=self.class_names, class_prompts=self.class_prompts, skipped=list(self.skipped),
-        )
+        return LazyImageSet(paths=[self.paths[i] for i in indices.tolist()], image_size=self.image_size,
+                            **self.descriptions_at(indices))
 
     def decoded(self, what: str) -> ImageSet:
         """Every image decoded into memory (for the small held-out and reference sets), those that fail skipped,
@@ -143,11 +125,9 @@ class LazyImageSet:
         if not images:
             raise DataError(f"none of the {len(self.paths)} {what} images decoded (first: "
                             f"{self.paths[0] if self.paths else 'none'}); check that the files are images")
-        keep = torch.tensor(kept)
-        return ImageSet(images=torch.stack(images), labels=None if self.labels is None else self.labels[keep],
-                        captions=None if self.captions is None else [self.captions[i] for i in kept],
-                        class_names=self.class_names, class_prompts=self.class_prompts,
-                        skipped=list(self.skipped) + failed)
+        described = self.descriptions_at(torch.tensor(kept))
+        described["skipped"] += failed
+        return ImageSet(images=torch.stack(images), **described)
 
 
 def lazy_split(data: LazyImageSet, test_size: int, seed: int, name: str) -> DataSplits:

@@ -8,14 +8,10 @@ drawn, so a run's memory does not grow with them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from gradcache.train.data.held_out import held_out_order
-
-if TYPE_CHECKING:
-    from gradcache.train.data.images.lazy import LazyImageSet
 
 
 def check_descriptions(count: int, labels: torch.Tensor | None, captions: list[str] | None) -> None:
@@ -26,21 +22,21 @@ def check_descriptions(count: int, labels: torch.Tensor | None, captions: list[s
         raise ValueError(f"captions must hold {count} strings, got {len(captions)}")
 
 
-@dataclass
-class ImageSet:
-    """N images with what describes them.
+@dataclass(kw_only=True)
+class DescribedImages:
+    """N images, in memory (`ImageSet`) or files decoded when drawn (`LazyImageSet`, lazy.py), with what describes
+    them: the fields both share, written once.
 
     Args:
-        images: (N, 3, H, W) uint8.
         labels: (N,) int64 class indices into `class_names`, or None when the source has no classes.
         captions: N strings, or None when the source has no captions.
         class_names: the name of each class, or None.
         class_prompts: for each class, the texts whose mean embedding stands for it in zero-shot
             classification, phrased like the captions; None: "a photo of a {name}".
-        skipped: files that failed to decode and were left out (skip-and-count policy).
+        skipped: what was left out: files that failed to decode (skip-and-count policy) and, for files, entries
+            left out before training (table rows without a path or caption).
     """
 
-    images: torch.Tensor
     labels: torch.Tensor | None = None
     captions: list[str] | None = None
     class_names: list[str] | None = None
@@ -48,11 +44,42 @@ class ImageSet:
     skipped: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        check_descriptions(len(self), self.labels, self.captions)
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def draw(self, index: int) -> tuple[int, torch.Tensor, int, list[str]]:
+        """(the index drawn, its (3, S, S) uint8 image, files read, names that failed)."""
+        raise NotImplementedError
+
+    def subset(self, indices: torch.Tensor) -> DescribedImages:
+        raise NotImplementedError
+
+    def descriptions_at(self, indices: torch.Tensor) -> dict:
+        """The keyword arguments that describe the images at `indices` (1-D int64), in that order."""
+        picked = indices.tolist()
+        return dict(labels=None if self.labels is None else self.labels[indices],
+                    captions=None if self.captions is None else [self.captions[i] for i in picked],
+                    class_names=self.class_names, class_prompts=self.class_prompts, skipped=list(self.skipped))
+
+
+@dataclass(kw_only=True)
+class ImageSet(DescribedImages):
+    """N images in memory with what describes them (`DescribedImages`).
+
+    Args:
+        images: (N, 3, H, W) uint8.
+    """
+
+    images: torch.Tensor
+
+    def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.ndim != 4 or self.images.shape[1] != 3:
             raise ValueError(
                 f"images must be a (N, 3, H, W) uint8 tensor, got {tuple(self.images.shape)} {self.images.dtype}"
             )
-        check_descriptions(self.images.shape[0], self.labels, self.captions)
+        super().__post_init__()
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -63,14 +90,7 @@ class ImageSet:
 
     def subset(self, indices: torch.Tensor) -> ImageSet:
         """The images at `indices`, with their labels and captions."""
-        return ImageSet(
-            images=self.images[indices],
-            labels=None if self.labels is None else self.labels[indices],
-            captions=None if self.captions is None else [self.captions[i] for i in indices.tolist()],
-            class_names=self.class_names,
-            class_prompts=self.class_prompts,
-            skipped=list(self.skipped),
-        )
+        return ImageSet(images=self.images[indices], **self.descriptions_at(indices))
 
 
 @dataclass
@@ -79,7 +99,7 @@ class DataSplits:
     that the evaluation scores, and for SimCLR the training images its kNN evaluation compares them with
     (`reference`: at most --eval-reference-size, drawn once; None: not drawn)."""
 
-    train: ImageSet | LazyImageSet
+    train: DescribedImages
     test: ImageSet
     name: str
     reference: ImageSet | None = None

@@ -13,6 +13,7 @@ frame, evaluated on a 2x supersampled grid and average-pooled for anti-aliased e
 from __future__ import annotations
 
 import math
+from itertools import product
 
 import torch
 import torch.nn.functional as F
@@ -153,6 +154,13 @@ def _caption(size: str, colour: str, shape: str, row: str, column: str, backgrou
         place = f"in the {row} {column}"
     article = "an" if background[0] in "aeiou" else "a"
     return f"a {size} {colour} {shape} {place} on {article} {background} background"
+
+
+def caption_words() -> list[str]:
+    """Every word a caption of `render_shapes` can hold, sorted: the vocabulary of a tokenizer built for them."""
+    sizes, tones = [s[0] for s in SIZES], [t[0] for t in TONES]
+    return sorted({word for parts in product(sizes, COLOURS, SHAPE_NAMES, ROWS, COLUMNS, tones)
+                   for word in _caption(*parts).split()})
 
 
 def load_shapes(train_size: int, test_size: int, image_size: int, seed: int) -> DataSplits:

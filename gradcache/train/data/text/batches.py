@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from gradcache import losses
 from gradcache.train.data.order import StepSampler, step_loader
 from gradcache.train.data.text.indexed_pairs import IndexedPairs
 from gradcache.train.data.text.text_pairs import TextPairs
@@ -61,43 +59,6 @@ def split_groups(passages: torch.Tensor, negatives_per_query: int) -> tuple[torc
     grouped = passages.view(-1, 1 + negatives_per_query, passages.shape[-1])  # (n, 1 + h, D)
     negatives = grouped[:, 1:].reshape(-1, passages.shape[-1]) if negatives_per_query else None  # (n h, D)
     return grouped[:, 0], negatives
-
-
-class GroupedInfoNCE(nn.Module):
-    """InfoNCE(query (n, D), passages (n (1 + h), D) grouped by query, positive first): every query against every
-    positive and hard negative of the batch, over all ranks when the strategy gathers them.
-
-    With a guide (GISTEmbed, `--guide`): `guide_query` (n, D') and `guide_passages` (n (1 + h), D'), the guide
-    model's embeddings of the same texts, drop from each query's softmax the candidates the guide scores above
-    g(q_i, p_i) - margin (`margin_strategy` "absolute") or g(q_i, p_i) - |g(q_i, p_i)| margin ("relative").
-    `infonce` is the InfoNCE, or a `Matryoshka` around it (`--matryoshka-dims`)."""
-
-    def __init__(self, negatives_per_query: int, temperature: float, *, symmetric: bool = False,
-                 tile_size: int | None = None, queue_size: int = 0, queue_warmup: int = 0,
-                 margin_strategy: str = "absolute", margin: float = 0.0) -> None:
-        super().__init__()
-        self.negatives_per_query = negatives_per_query
-        self.infonce = losses.InfoNCE(temperature=temperature, symmetric=symmetric, tile_size=tile_size,
-                                      queue_size=queue_size, queue_warmup=queue_warmup,
-                                      margin_strategy=margin_strategy, margin=margin)
-
-    @property
-    def temperature(self) -> float:
-        inner = self.infonce.loss if isinstance(self.infonce, losses.Matryoshka) else self.infonce
-        return inner.temperature
-
-    def forward(self, query: torch.Tensor, passages: torch.Tensor, guide_query: torch.Tensor | None = None,
-                guide_passages: torch.Tensor | None = None) -> torch.Tensor:
-        if passages.shape[0] != query.shape[0] * (1 + self.negatives_per_query):
-            raise ValueError(f"passages must hold {1 + self.negatives_per_query} rows per query (positive and "
-                             f"{self.negatives_per_query} hard negatives), got {passages.shape[0]} for "
-                             f"{query.shape[0]} queries")
-        positive, negatives = split_groups(passages, self.negatives_per_query)  # (n, D), (n h, D) or None
-        if guide_query is None:
-            return self.infonce(query, positive, negatives)
-        guide_positive, guide_negatives = split_groups(guide_passages, self.negatives_per_query)  # (n, D'), ...
-        guide = (guide_query, guide_positive) + (() if guide_negatives is None else (guide_negatives,))
-        return self.infonce(query, positive, negatives, guide=guide)
 
 
 def text_batches(pairs: TextPairs | IndexedPairs, sampler: StepSampler, tokenizer: Callable, workers: int,

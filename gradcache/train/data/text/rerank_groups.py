@@ -1,5 +1,5 @@
-"""The batches and the loss of `gradcache train text --kind cross-encoder`: per step, each query's group of
-(query, candidate) pairs, and the listwise loss over the groups' scores.
+"""The batches of `gradcache train text --kind cross-encoder`: per step, each query's group of (query, candidate)
+pairs (their listwise loss: `GroupedRerank`, gradcache/train/modes/grouped_rerank.py).
 
 A batch of n queries with h hard negatives each and k in-batch negatives gives n G pairs, G = 1 + k + h, grouped
 by query: query i's positive, then k candidates of the other rows of the batch, then its h hard negatives (the
@@ -12,10 +12,8 @@ or resume. Under torch.distributed each rank draws among its own rows, as the pe
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from gradcache.losses import ListwiseRerank
 from gradcache.train.data.order import StepSampler, epoch_seed, step_loader
 from gradcache.train.data.text.indexed_pairs import IndexedPairs
 from gradcache.train.data.text.text_pairs import TextPairs
@@ -87,29 +85,3 @@ def rerank_batches(pairs: TextPairs | IndexedPairs, sampler: StepSampler, in_bat
                    workers: int) -> DataLoader:
     """A loader of [n G (query, candidate) pairs] per step, in the order `sampler` gives (module docstring)."""
     return step_loader(RowsWithPlace(pairs), sampler, GroupPairs(in_batch_negatives, sampler.seed), workers)
-
-
-class GroupedRerank(nn.Module):
-    """ListwiseRerank with Sigmoid over (M,) scores of M / G groups of G pairs, each query's positive first:
-
-    L = -1/N sum_i log( exp(sigmoid(s_i0) / t) / sum_j exp(sigmoid(s_ij) / t) ),  j = 0 .. G - 1,
-
-    sentence-transformers' cross-encoder (Cached)MultipleNegativesRankingLoss with scale = 1 / t and its default
-    activation_fn (Sigmoid).
-    """
-
-    def __init__(self, group_size: int, temperature: float) -> None:
-        super().__init__()
-        self.group_size = group_size
-        self.rerank = ListwiseRerank(temperature, activation=nn.Sigmoid())
-
-    @property
-    def temperature(self) -> float:
-        return self.rerank.temperature
-
-    def negatives_per_anchor(self, seen: int, hard_negatives: int = 0) -> int:
-        """G - 1: every other pair of a query's group."""
-        return self.group_size - 1
-
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return self.rerank(scores, self.group_size)

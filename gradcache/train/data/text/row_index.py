@@ -26,16 +26,17 @@ import warnings
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from gradcache.train.data.bad_data import SHOWN_SKIPS, SkippedRows
-from gradcache.train.data.text.formats import IndexedFormat, format_named
+from gradcache.train.data.text.formats import IndexedFormat, described, format_named
 from gradcache.train.data.text.formats.text_format import FileRecords, RecordReader
 from gradcache.train.data.text.parallel_index import LineRange, map_line_ranges, parallel_processes
 from gradcache.train.data.text.usable_rows import (
     FIRST_ROWS,
+    PassageIds,
     check_columns,
     check_ids,
     clean_text,
@@ -45,9 +46,6 @@ from gradcache.train.data.text.usable_rows import (
     row_fields,
 )
 from gradcache.train.errors import DataDiskFull, DataError
-
-if TYPE_CHECKING:
-    from gradcache.train.data.text.corpus import PassageCorpus
 
 _INDEX_VERSION = 1
 
@@ -172,7 +170,7 @@ class RowRule(NamedTuple):
     negatives_per_query: int  # h, decided before the pass
     text_format: IndexedFormat
     skip_reasons: int | None  # reasons kept (all when None)
-    corpus: PassageCorpus | None
+    corpus: PassageIds | None
 
 
 class PieceIndex(NamedTuple):
@@ -247,7 +245,7 @@ def build_row_index(files: Sequence[Path], format_name: str, query_key: str = "q
                     positive_key: str = "positive", negative_keys: Sequence[str] = (),
                     negatives_per_query: int | None = None, warn: bool = True,
                     skip_reasons: int | None = SHOWN_SKIPS, on_kept: Callable[[dict], None] | None = None,
-                    corpus: PassageCorpus | None = None, option: str = "--data") -> RowIndex:
+                    corpus: PassageIds | None = None, option: str = "--data") -> RowIndex:
     """Index the usable rows of `files` (all of the format named `format_name`) as the module docstring says: h
     first (given, or from the head of the files), then every row under it, in one pass or, for large `.jsonl`
     files, in byte ranges in parallel processes (parallel_index.py), with the same result.
@@ -261,8 +259,8 @@ def build_row_index(files: Sequence[Path], format_name: str, query_key: str = "q
     """
     text_format = format_named(format_name)
     if not isinstance(text_format, IndexedFormat):
-        raise DataError(f"{option} {str(files[0])!r}: unknown extension {format_name!r}; give a .tsv, .csv, .jsonl "
-                        "or .parquet file, or a datasets folder")
+        raise DataError(f"{option} {str(files[0])!r}: unknown extension {format_name!r}; give "
+                        f"{described(streamed=False)}")
     keys = (query_key, positive_key, tuple(negative_keys))
     h = (first_rows_negatives(_head_records(files, text_format, keys), keys) if negatives_per_query is None
          else negatives_per_query)

@@ -21,12 +21,9 @@ import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from gradcache.train.errors import DataError
-
-if TYPE_CHECKING:
-    from gradcache.train.data.text.corpus import PassageCorpus
 
 NEGATIVE_COLUMN = re.compile(r"(hard_?)?negatives?([_-]?\d+)?", re.IGNORECASE)  # a column named like negatives
 FIRST_ROWS = 1_000  # the default h is the count most of the first FIRST_ROWS rows with a query and positive have
@@ -143,7 +140,16 @@ def check_columns(names: set, keys: tuple[str, str, Sequence[str]], where: str, 
             raise DataError(f"{where} has no column {key!r} (columns: {sorted(names, key=str)}); {fix}")
 
 
-def check_ids(corpus: PassageCorpus, passage_ids: list[str], file: Path | str, line: int) -> None:
+class PassageIds(Protocol):
+    """What reading training rows asks of a `--corpus` (a `PassageCorpus`, corpus.py, which reads its rows with
+    this module and row_index.py): its name, and whether it holds an id."""
+
+    name: str
+
+    def contains_hash(self, passage_id: str) -> bool: ...
+
+
+def check_ids(corpus: PassageIds, passage_ids: list[str], file: Path | str, line: int) -> None:
     """Refuse (DataError naming the file, line and id) an id of `passage_ids` that `corpus` lacks."""
     for passage_id in passage_ids:
         if not corpus.contains_hash(passage_id):

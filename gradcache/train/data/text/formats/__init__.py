@@ -19,8 +19,9 @@ from gradcache.train.data.text.formats.parquet import PARQUET
 from gradcache.train.data.text.formats.text_format import IndexedFormat, StreamedFormat, TextFormat
 from gradcache.train.errors import DataError
 
-__all__ = ["FORMATS", "IndexedFormat", "StreamedFormat", "TextFormat", "file_format", "folder_format",
-           "format_named", "file_suffixes", "is_text_lines", "table_records", "table_separator", "table_suffixes"]
+__all__ = ["FORMATS", "IndexedFormat", "StreamedFormat", "TextFormat", "described", "file_format", "folder_format",
+           "folder_names", "format_named", "file_suffixes", "is_text_lines", "listed", "table_records",
+           "table_separator", "table_suffixes"]
 
 FORMATS: list[TextFormat] = [  # in the order messages list them
     JSONL_GZ,
@@ -43,6 +44,25 @@ def file_suffixes(streamed: bool | None = None) -> list[str]:
     False, the indexed) formats alone when `streamed` is given."""
     return [suffix for text_format in FORMATS for suffix in text_format.suffixes
             if streamed is None or text_format.streamed == streamed]
+
+
+def folder_names(streamed: bool | None = None) -> list[str]:
+    """What a data set folder of each folder format is called in messages ('a datasets folder'), in table order;
+    those of the streamed (or, False, the indexed) formats alone when `streamed` is given."""
+    return [text_format.folder for text_format in FORMATS
+            if text_format.folder is not None and (streamed is None or text_format.streamed == streamed)]
+
+
+def listed(words: list[str]) -> str:
+    """`words` as a message lists them: 'a', 'a or b', 'a, b or c'."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def described(streamed: bool | None = None) -> str:
+    """Every format of the table (the streamed, or False the indexed, alone when `streamed` is given) for help and
+    errors: 'a .jsonl.gz, .jsonl, .tsv, .csv or .parquet file, or a datasets folder'."""
+    folders = folder_names(streamed)
+    return f"a {listed(file_suffixes(streamed))} file" + (f", or {listed(folders)}" if folders else "")
 
 
 def table_suffixes() -> list[str]:
@@ -81,7 +101,7 @@ def table_records(path: str | os.PathLike, option: str = "--data") -> tuple[list
     text_format = file_format(path)
     if text_format is None or not text_format.text_table:
         raise DataError(f"{option} {str(path)!r}: unknown extension {path.suffix.lower()!r}; give a "
-                        f"{' or '.join(table_suffixes())} file")
+                        f"{listed(table_suffixes())} file")
     records = text_format.records(path, ("", "", ()))
     try:
         rows = [(f"line {line}", record) for _, line, record in records]

@@ -42,6 +42,7 @@ class ArrowFolderReader:
 
 class ArrowFolder(IndexedFormat):
     name = "datasets"
+    folder = "a datasets folder"
     unit = "row"
 
     def is_folder(self, path: Path) -> bool:

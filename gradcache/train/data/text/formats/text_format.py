@@ -1,7 +1,8 @@
 """What every text format answers (formats/__init__.py registers each in `FORMATS`).
 
 - `name`: the format's key, which data_index.npz records (a file format's suffix, '.jsonl').
-- `suffixes`: the (lower-case) file suffixes it reads; `is_folder(path)`: whether a folder is one data set of it.
+- `suffixes`: the (lower-case) file suffixes it reads; `is_folder(path)`: whether a folder is one data set of it,
+  and `folder` what such a folder is called in messages.
 - Indexed (`IndexedFormat`): `records(file, keys)`, the records of one file in order, each with its offset (where
   a byte offset, or a row number, lets a reader find it again) and its line or row number; `reader(file,
   header)`, which reads the record at an offset. The row index (row_index.py) keeps only the offsets. A
@@ -45,6 +46,7 @@ class IndexedFormat:
 
     name: str
     suffixes: tuple[str, ...] = ()
+    folder: str | None = None  # what one data set folder of the format is called in messages ('a datasets folder')
     streamed = False
     unit = "line"  # what a record is called in messages: "line 7", "row 7"
     cut_at_newlines = False  # a file may be cut at any newline and its pieces indexed apart (parallel_index.py)
@@ -75,6 +77,7 @@ class StreamedFormat:
 
     name: str
     suffixes: tuple[str, ...] = ()
+    folder: str | None = None
     streamed = True
     text_table = False
     read_errors: tuple[type[BaseException], ...] = (OSError, EOFError)  # a file cut short ends in EOFError

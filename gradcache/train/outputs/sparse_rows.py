@@ -10,7 +10,7 @@ The file is NumPy's `.npz` with exactly those four arrays, readable without scip
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,19 +84,3 @@ class CsrRows:
     def load(cls, path: str | os.PathLike) -> CsrRows:
         with np.load(path) as saved:
             return cls(saved["indptr"], saved["indices"], saved["data"], tuple(int(n) for n in saved["shape"]))
-
-
-@torch.no_grad()
-def embed_sparse_texts(encode: Callable[..., torch.Tensor], tokenizer: Callable, texts: Sequence[str],
-                       device: torch.device, batch_size: int = 256) -> CsrRows:
-    """The (N, V) rows of `texts` in their order, encoded in batches of similar length (sorted by characters, so
-    a batch pads little: a padding token adds nothing to a SPLADE row), kept by their non-zeros batch by batch."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    parts, width = [], 0
-    for start in range(0, len(order), batch_size):
-        tokens = tokenizer([texts[i] for i in order[start:start + batch_size]])
-        rows = encode(**{key: value.to(device) for key, value in tokens.items()})  # (b, V)
-        parts.append(CsrRows.from_dense(rows))
-        width = rows.shape[1]
-    sorted_rows = CsrRows.stacked(parts, width)
-    return sorted_rows.taken(np.argsort(order, kind="stable"))  # back to the texts' order

@@ -1,0 +1,176 @@
+"""The vision-language embedder (models/vision_language.py) and its collator: tiny Qwen2-VL and Idefics3 from a
+config with their processors (tests/vlm_models.py), rows mixing text only, image only, image + text with
+placeholders and two images. GradCache over the encoder against one full-batch backward on every parameter;
+the collator's text against the processor given the markers by hand; the LoRA targets against the vision tower's
+modules."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason='the dev extra installs it: pip install -e ".[dev]"')
+pytest.importorskip("PIL", reason='the dev extra installs it: pip install -e ".[dev]"')
+
+from gradcache import FullBatch, GradCache  # noqa: E402
+from gradcache.losses import InfoNCE  # noqa: E402
+from gradcache.models.vision_language import VisionLanguageEncoder, language_model_lora_targets  # noqa: E402
+from gradcache.models.vision_language_collator import (  # noqa: E402
+    VisionLanguageCollator, VisionLanguageInput,
+)
+from tests.vlm_models import IDEFICS_IMAGE, QWEN_IMAGE, images, tiny_idefics3, tiny_qwen2_vl  # noqa: E402
+
+BUILDERS = {"qwen": tiny_qwen2_vl, "idefics": tiny_idefics3}
+MARKERS = {"qwen": QWEN_IMAGE, "idefics": IDEFICS_IMAGE}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Width-32 models gain nothing from a second thread, and on a busy machine lose seconds to it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def mixed_inputs(seed: int) -> list[VisionLanguageInput]:
+    """Text only, image only, image + text with placeholders (two images), image before text."""
+    pictures = images(4, seed)
+    return [VisionLanguageInput("a cat on the mat"), VisionLanguageInput(images=(pictures[0],)),
+            VisionLanguageInput("<image> the red dog <image>", (pictures[1], pictures[2])),
+            VisionLanguageInput("blue tree", (pictures[3],))]
+
+
+def gradients(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in module.named_parameters() if p.requires_grad}
+
+
+def step(strategy_class, encoder, inputs, chunk_size=None, **options):
+    encoder.zero_grad(set_to_none=True)
+    loss = strategy_class(encoder, InfoNCE(temperature=0.1), chunk_size, **options).step(*inputs)
+    return loss, gradients(encoder)
+
+
+def assert_close(got: dict, want: dict, rel: float = 1e-5) -> None:
+    """Each gradient within `rel` of its own largest entry (or of the model's largest, for one that is zero but
+    for rounding)."""
+    assert got.keys() == want.keys() and want
+    overall = max(w.abs().max().item() for w in want.values())
+    assert overall > 0
+    for name, w in want.items():
+        error, scale = (got[name] - w).abs().max().item(), max(w.abs().max().item(), 1e-4 * overall)
+        assert error <= rel * scale, f"{name}: max error {error:.3g} vs scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("family,pooling,train_vision", [("qwen", "last", True), ("qwen", "mean", False),
+                                                         ("idefics", "last", True)])
+def test_gradcache_over_the_encoder_equals_one_full_batch_backward(family, pooling, train_vision):
+    model, processor = BUILDERS[family](seed=0)
+    encoder = VisionLanguageEncoder(model, pooling=pooling, train_vision=train_vision)
+    collator = VisionLanguageCollator(processor, query_prompt="a photo of ", max_pixels=84 * 84)
+    inputs = collator.queries(mixed_inputs(0)), collator.passages(mixed_inputs(1))
+    want_loss, want = step(FullBatch, encoder, inputs)
+    assert any("visual" in name or "vision_model" in name for name in want) == train_vision
+    got_loss, got = step(GradCache, encoder, inputs, 2)
+    assert torch.allclose(got_loss, want_loss, rtol=1e-5)
+    assert_close(got, want)
+
+
+def test_a_frozen_tower_reused_from_phase_one_gives_the_same_gradients():
+    model, processor = tiny_qwen2_vl(seed=1)
+    encoder = VisionLanguageEncoder(model)
+    assert not any(p.requires_grad for p in encoder.vision_tower.parameters())
+    collator = VisionLanguageCollator(processor)
+    inputs = collator.queries(mixed_inputs(0)), collator.passages(mixed_inputs(1))
+    _, want = step(FullBatch, encoder, inputs)
+    calls = []
+    encoder.vision_tower.patch_embed.register_forward_pre_hook(lambda *_: calls.append(1))  # the tower computes
+    _, got = step(GradCache, encoder, inputs, 2, reuse_outputs=[encoder.vision_tower])
+    assert_close(got, want)
+    assert len(calls) == 4  # phase (1) alone: each side's 2 chunks hold images
+
+
+@pytest.mark.parametrize("family", ["qwen", "idefics"])
+def test_the_collators_text_is_the_processors_with_the_markers_in_place(family):
+    _, processor = BUILDERS[family](seed=0)
+    marker = MARKERS[family]
+    inputs = mixed_inputs(0)
+    got = VisionLanguageCollator(processor, padding_side="right")(inputs, prompt="the ")
+    eos = processor.tokenizer.eos_token
+    texts = [f"the a cat on the mat{eos}", f"the {marker}{eos}", f"the {marker} the red dog {marker}{eos}",
+             f"the {marker}blue tree{eos}"]
+    pictures = [list(item.images) for item in inputs]
+    if family == "qwen":
+        pictures = [image for row in pictures for image in row]
+    want = processor(text=texts, images=pictures, padding=True, padding_side="right", return_tensors="pt")
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("family", ["qwen", "idefics"])
+def test_last_token_pooling_is_the_same_whichever_side_pads(family):
+    model, processor = BUILDERS[family](seed=0)
+    encoder = VisionLanguageEncoder(model).eval()
+    inputs = mixed_inputs(0)
+    left, right = (encoder(**VisionLanguageCollator(processor, padding_side=side)(inputs))
+                   for side in ("left", "right"))
+    alone = torch.cat([encoder(**VisionLanguageCollator(processor)([item])) for item in inputs])
+    assert torch.allclose(left, alone, atol=1e-5) and torch.allclose(right, alone, atol=1e-5)
+    assert torch.allclose(left.norm(dim=1), torch.ones(len(inputs)))
+
+
+def test_max_pixels_resizes_through_the_processor_keeping_the_aspect():
+    _, processor = tiny_qwen2_vl(seed=0)
+    wide = images(2)[1]  # 112 x 56
+    batch = VisionLanguageCollator(processor, max_pixels=56 * 56)([VisionLanguageInput(images=(wide,))])
+    grid = batch["image_grid_thw"]
+    t, h, w = grid[0].tolist()
+    assert h * w * 14 * 14 <= 56 * 56 and w == 2 * h  # patches of 14 pixels, aspect 2:1 kept
+    _, idefics = tiny_idefics3(seed=0)
+    tiles = [VisionLanguageCollator(idefics, max_pixels=pixels)([VisionLanguageInput(images=(wide,))])["pixel_values"]
+             .shape[1] for pixels in (32 * 32, 64 * 64)]
+    assert tiles[0] < tiles[1]
+
+
+def test_bad_inputs_are_refused_by_name():
+    _, processor = tiny_qwen2_vl(seed=0)
+    collator = VisionLanguageCollator(processor, max_length=8)
+    picture = images(1)[0]
+    with pytest.raises(ValueError, match="input 1 has neither text nor an image"):
+        collator([VisionLanguageInput("a cat"), VisionLanguageInput()])
+    with pytest.raises(ValueError, match="input 0 holds 2 <image> placeholders for 1 images"):
+        collator([VisionLanguageInput("<image> a <image>", (picture,))])
+    with pytest.raises(ValueError, match=r"input 1 holds \d+ tokens \(4 of them image tokens\), more than max_le"):
+        collator([VisionLanguageInput("a"), VisionLanguageInput("a cat on the mat", (picture,))])
+    with pytest.raises(ValueError, match="max_pixels=0"):
+        VisionLanguageCollator(processor, max_pixels=0)
+    with pytest.raises(ValueError, match="pooling='cls'"):
+        VisionLanguageEncoder(tiny_qwen2_vl(seed=0)[0], pooling="cls")
+
+
+@pytest.mark.parametrize("family", ["qwen", "idefics"])
+def test_lora_targets_are_the_language_models_linear_layers_alone(family):
+    from peft import LoraConfig, inject_adapter_in_model
+
+    encoder = VisionLanguageEncoder(BUILDERS[family](seed=0)[0])
+    targets = language_model_lora_targets(encoder)
+    vision = {name for name, _ in encoder.named_modules() if name.startswith(("model.visual", "model.vision_model"))}
+    linear = {name for name, m in encoder.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert set(targets) == linear - vision - {n for n in linear if n.startswith("model.connector")}
+    assert language_model_lora_targets(encoder, ("q_proj",)) == [t for t in targets if t.endswith("q_proj")]
+    inject_adapter_in_model(LoraConfig(r=2, target_modules=targets), encoder)
+    trainable = {name for name, p in encoder.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name and not name.startswith(tuple(vision)) for name in trainable)
+    with pytest.raises(ValueError, match="leaves=\\('qkv',\\)"):
+        language_model_lora_targets(encoder, ("qkv",))
+
+
+@pytest.mark.slow  # save_pretrained imports deepspeed where it is installed: seconds
+def test_a_folder_loads_as_the_model_it_was(tmp_path):
+    model, _ = tiny_qwen2_vl(seed=3)
+    model.save_pretrained(tmp_path)
+    loaded = VisionLanguageEncoder(tmp_path).eval()
+    built = VisionLanguageEncoder(model).eval()
+    _, processor = tiny_qwen2_vl(seed=0)
+    batch = VisionLanguageCollator(processor)(mixed_inputs(0))
+    assert torch.allclose(loaded(**batch), built(**batch), atol=1e-6)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from benchmarks import frontier_clip
+from benchmarks.atomic_output import save_figure
 from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, run_point
 from benchmarks.frontier_workloads import (GRAPH_BYTES, GRAPHS_KEPT, WORKLOADS, build_steps, configuration_names,
                                           needs_graph_bytes)
@@ -211,7 +212,7 @@ def plot_frontier(path: Any, rows: list[dict[str, Any]], title: str) -> None:
     axis.grid(True, alpha=0.3)
     axis.set_title(title, fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
     plt.close(figure)
 
 

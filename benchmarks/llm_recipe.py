@@ -63,7 +63,16 @@ from typing import Any
 
 import torch
 
-from benchmarks.flags import HelpFormatter, add_shared_options, integer_list, output_folder
+from benchmarks.atomic_output import replaced
+from benchmarks.flags import (
+    HelpFormatter,
+    OptionParser,
+    add_shared_options,
+    finite_positive,
+    integer_list,
+    output_folder,
+    whole_number,
+)
 from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, reset_peak_rss, run_point
 from benchmarks.report import machine_context, plot_lines, print_table
 from benchmarks.round_robin import medians, per_round_ratio, round_robin
@@ -83,6 +92,10 @@ PAD_ID, BOS_ID, EOS_ID = 0, 2, 3  # SPECIAL's positions: the generated tokenizer
 MAX_POSITIONS = 2048
 GPU_BATCH = 2048
 CPU_MEMORY_BUDGET_GB = 12.0
+MAX_LENGTH = 131_072  # tokens per text: the longest context of the decoders planned here, and more
+MAX_CHUNK_TOKENS = 2**24
+MAX_LORA_RANK = 4_096
+MAX_VOCAB = 262_144  # above Gemma's 256,000; planning writes a word-level tokenizer of this many words
 GPU_MEMORY_BUDGET_GB = 70.0  # an 80 GB H100's memory, less room for the CUDA context and the allocator's slack
 TABLE = ["strategy", "batch", "status", "planned_mb", "peak_mb", "step_s", "min_s", "max_s", "ratio_to_naive",
          "loss_value", "loadavg_1m"]
@@ -132,7 +145,7 @@ SIZE_OPTIONS = {"hidden": "--hidden", "layers": "--layers", "heads": "--heads", 
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    parser = OptionParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="the GPU form: --shape NAME or --model DIR in bf16, "
                         "batch 2048, cuda, gradcache and naive, --memory-budget-gb 70 (each default below that it "
                         "changes is said in its help)")
@@ -194,10 +207,15 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
     args.max_length = args.max_length or (512 if args.gpu else 128)
     if args.memory_budget_gb is None:
         args.memory_budget_gb = GPU_MEMORY_BUDGET_GB if args.gpu else CPU_MEMORY_BUDGET_GB
-    if args.memory_budget_gb <= 0:
-        parser.error(f"--memory-budget-gb {args.memory_budget_gb:g} must be positive (GiB for the weights, the "
-                     "adapter's states and the activations)")
     try:
+        finite_positive(args.memory_budget_gb, "--memory-budget-gb", "GiB for the weights, the adapter's states and "
+                        "the activations")
+        finite_positive(args.time_budget_s, "--time-budget-s", "seconds a point may take")
+        whole_number(args.max_length, "--max-length", 1, MAX_LENGTH, "tokens per text")
+        whole_number(args.lora_rank, "--lora-rank", 1, MAX_LORA_RANK, "a rank past a layer's width adds nothing")
+        whole_number(args.chunk_tokens, "--chunk-tokens", 1, MAX_CHUNK_TOKENS, "padded tokens per chunk")
+        if args.vocab is not None:
+            whole_number(args.vocab, "--vocab", 100, MAX_VOCAB, "the plan writes a tokenizer of that many words")
         args.batch_list = integer_list(args.batches, "--batches")
         args.query_range = integer_list(args.query_words, "--query-words")
         args.passage_range = integer_list(args.passage_words, "--passage-words")
@@ -796,7 +814,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         rows = run_sweep(args, model, tokenizer, built, plans)
     output_dir = output_folder(args)
     document = {"settings": settings, "machine": machine_context(args.threads, args.device), "rows": rows}
-    with open(output_dir / f"{args.name}.json", "w") as handle:
+    with replaced(output_dir / f"{args.name}.json") as handle:
         json.dump(document, handle, indent=1, default=str)
     plot_lines(output_dir / f"{args.name}.png", rows, "batch", [("peak_mb", "peak memory above baseline (MiB)"),
                ("step_s", "step time (s)")], "strategy",

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.atomic_output import replaced
 from benchmarks.flags import HelpFormatter, add_shared_options, output_folder
 from gradcache.cli import main as gradcache
 from gradcache.train.run_folder.log import RunLog
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                        "--threads", str(args.threads), "--output-dir", str(Path(run_folder) / "run")])
     if status:
         raise SystemExit(f"the training run failed with exit status {status}")
-    with open(folder / f"{args.name}.csv", "w", newline="") as handle:
+    with replaced(folder / f"{args.name}.csv", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(readings[0]))
         writer.writeheader()
         writer.writerows(readings)

@@ -12,6 +12,8 @@ import matplotlib
 matplotlib.use("Agg")  # headless: write PNG only
 import matplotlib.pyplot as plt  # noqa: E402
 
+from benchmarks.atomic_output import save_figure  # noqa: E402
+
 COLORS = {"full": "tab:blue", "naive": "tab:orange", "gradcache": "tab:green"}
 STYLES = {"full": "-", "naive": "-", "gradcache": "--"}  # dashed, so GradCache stays visible on FullBatch
 
@@ -67,5 +69,5 @@ def plot_quality(path: Path, rows: Sequence[dict[str, Any]], summary: Sequence[d
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
     plt.close(figure)

@@ -34,6 +34,7 @@ matplotlib.use("Agg")  # headless: write PNG only
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gradcache import negatives_per_anchor  # noqa: E402
+from benchmarks.atomic_output import save_figure  # noqa: E402
 from benchmarks.fresh_process import PeakMemory, report, run_point  # noqa: E402
 from benchmarks.flags import HelpFormatter, add_shared_options, integer_list, output_folder  # noqa: E402
 from benchmarks.report import machine_context, print_table, write_csv  # noqa: E402
@@ -166,7 +167,7 @@ def plot(path: Path, rows: Sequence[dict[str, Any]], summary: Sequence[dict[str,
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
     plt.close(figure)
 
 

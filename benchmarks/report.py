@@ -17,6 +17,8 @@ import torch  # noqa: E402
 
 import gradcache  # noqa: E402
 
+from benchmarks.atomic_output import replaced, save_figure  # noqa: E402
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -39,7 +41,7 @@ def machine_context(threads: int, device: str) -> dict[str, Any]:
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     """Rows as CSV with a fixed column order; a key a row lacks is written empty."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as handle:
+    with replaced(path, newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(columns), extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
@@ -84,5 +86,5 @@ def plot_lines(path: Path, rows: Sequence[dict[str, Any]], x: str, panels: Seque
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
     plt.close(figure)

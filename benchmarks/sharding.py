@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradcache import FullBatch, GradCache
 from gradcache.losses import NTXent
 
+from benchmarks.atomic_output import replaced, save_figure
 from benchmarks.flags import add_output_options, output_folder
 
 # (name, wrapper, strategy, fsdp_reduce, reshard_after_forward)
@@ -170,7 +171,7 @@ def plot(rows: list[dict], path: Path) -> None:
         axis.set_xticks(sorted({r["world_size"] for r in rows}))
     memory.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"step {row['step_s']:6.3f} s  all-gather {row['all_gather']:3d}  "
                   f"reduce-scatter {row['reduce_scatter']:3d}", flush=True)
     output = output_folder(args)
-    with open(output / f"{args.name}.csv", "w", newline="") as handle:
+    with replaced(output / f"{args.name}.csv", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.flags import HelpFormatter, choices
+from benchmarks.flags import HelpFormatter, OptionParser, choices, device_option, finite_positive, writable_folder
 from benchmarks.gpu import lora, memory, program, replay, speed, tiled, vlm
 from benchmarks.gpu.case import Case, device_name, run_case, skipped
 from benchmarks.gpu.journal import FILE_NAME, Journal
@@ -31,7 +31,7 @@ SECTIONS: dict[str, Callable[[Sizes, torch.device], list[Case]]] = {
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n\n")[0],
+    parser = OptionParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
     parser.add_argument("--out", type=Path, default=None,
                         help=f"folder of {FILE_NAME} (default: a new runs/benchmarks/gpu-<time>)")
@@ -75,19 +75,23 @@ def print_plan(plan: Sequence[Case], cap_bytes: int | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """0 when every case that ran is `ok` (skipped ones aside), 1 otherwise, 2 for a bad argument."""
+    """0 when every case that ran is `ok` (skipped ones aside), 1 when one was not or when every case was skipped,
+    2 for a bad argument (one line naming it, before anything runs or is written)."""
     parser = get_args_parser()
     args = parser.parse_args(argv)
+    folder = args.out or Path("runs") / "benchmarks" / f"gpu-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         sections = choices(args.sections, list(SECTIONS), "--sections")
+        if args.memory_cap_gb is not None:
+            finite_positive(args.memory_cap_gb, "--memory-cap-gb", "GB, e.g. 70")
+        device = device_option(args.device)
+        absent = device.type == "cuda" and not torch.cuda.is_available()  # a plan alone needs no device
+        if absent and not args.plan_only:
+            raise ValueError(f"--device {args.device}: CUDA is not available here; use --device cpu (smoke size)")
+        if not args.plan_only:
+            writable_folder(folder, "--out")
     except ValueError as error:
         parser.error(str(error))
-    if args.memory_cap_gb is not None and args.memory_cap_gb <= 0:
-        parser.error(f"--memory-cap-gb {args.memory_cap_gb} must be positive (GB), e.g. 70")
-    device = torch.device(args.device)
-    absent = device.type == "cuda" and not torch.cuda.is_available()  # a plan alone needs no device
-    if absent and not args.plan_only:
-        parser.error(f"--device {args.device}: CUDA is not available here; use --device cpu (smoke size)")
     sizes = SIZES[args.size or ("gpu" if device.type == "cuda" else "smoke")]
     if args.memory_cap_gb is not None:
         cap_bytes: int | None = int(args.memory_cap_gb * GB)
@@ -99,7 +103,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_plan(plan, cap_bytes)
     if args.plan_only:
         return 0
-    folder = args.out or Path("runs") / "benchmarks" / f"gpu-{time.strftime('%Y%m%d-%H%M%S')}"
     context = {**machine_context(torch.get_num_threads(), args.device), "device": device_name(device),
                "device_arg": args.device, "size": sizes.name}
     journal = Journal(folder, context)
@@ -115,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{index}/{len(plan)}] {case.section}/{case.name}: {row['status']}"
               + (f" ({row['error']})" if row.get("error") else ""), flush=True)
     print(f"wrote {journal.path}: " + ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)))
+    if statuses and all(status == "skipped" for status in statuses):
+        print(f"every case was skipped: each plans more than the memory cap ({cap_bytes / GB:.3g} GiB); nothing was "
+              "measured (raise --memory-cap-gb, or choose --size smoke or fewer --sections)", file=sys.stderr)
+        return 1
     return 0 if all(status in ("ok", "skipped") for status in statuses) else 1
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 17
+CONFIG_VERSION = 18
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -101,6 +101,9 @@ class RunConfig:
     lora_targets: list[str] | None = option(None, modes=TEXT, model=True, added=11)  # module names, as peft matches
     # the base model folder's fingerprint when a LoRA run started, compared whenever its model is rebuilt
     base_fingerprint: dict | None = option(None, modes=TEXT, added=17)  # modes/base_fingerprint.py
+    # how it hashes the weight files: "sampled" (64 blocks of a large file) or "full"; runs of version 17
+    # fingerprinted config.json and the weights alone ("weights"), not the tokenizer
+    fingerprint: str = option("sampled", modes=TEXT, added=18, before="weights")
     # the kind of model text trains (modes/__init__.py's TEXT_KINDS): dense vectors, token vectors (late
     # interaction), sparse vocabulary rows (SPLADE), or a cross-encoder scoring each (query, passage) pair
     kind: str = option("dense", modes=TEXT, model=True, added=14)

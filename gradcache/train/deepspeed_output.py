@@ -18,9 +18,18 @@ def deepspeed_output_to_stderr() -> Iterator[None]:
         moved = [(handler, handler.stream) for handler in logging.getLogger("DeepSpeed").handlers
                  if isinstance(handler, logging.StreamHandler) and handler.stream is not sys.stderr]
         for handler, _ in moved:
-            handler.setStream(sys.stderr)
+            _point(handler, sys.stderr)
         try:
             yield
         finally:
             for handler, stream in moved:
-                handler.setStream(stream)
+                _point(handler, stream)
+
+
+def _point(handler: logging.StreamHandler, stream: object) -> None:
+    """`handler` writing to `stream`; the stream it had is flushed first unless it was closed since deepspeed was
+    imported (a caller's captured stdout: `main()` called from a test or a notebook)."""
+    if getattr(handler.stream, "closed", False):
+        handler.stream = stream
+    else:
+        handler.setStream(stream)

@@ -52,6 +52,13 @@ class DataWorkerFailed(RuntimeError):
     exit_status = DATA_ERROR
 
 
+class DataReadFailed(RuntimeError):
+    """Reading a data file at start (a held-out or reference image) raised an error that no decoder raises for a
+    bad file; the message names the error and the file."""
+
+    exit_status = DATA_ERROR
+
+
 class CheckpointError(ValueError):
     """A checkpoint cannot be read, fails its checksum, or does not belong to the run that tries to use it."""
 

@@ -93,10 +93,11 @@ ADDED_IN = {
     15: dict(query_expansion=None, attend_to_expansion=False),
     16: dict(compile=False, compile_backend="inductor"),
     17: dict(deepspeed_settings=None, base_fingerprint=None),
+    18: dict(fingerprint="weights"),
 }
 
 
-@pytest.mark.parametrize("version", range(2, 17))
+@pytest.mark.parametrize("version", range(2, 18))
 def test_each_older_version_gets_the_values_its_run_trained_under(version):
     lacking = {name: value for added, names in ADDED_IN.items() if added > version for name, value in names.items()}
     changed = RunConfig(mode="text", max_length=64, queue_size=5, collective_timeout=9.0, max_bad_share=0.5,

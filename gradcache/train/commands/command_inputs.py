@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.images.files import IMAGE_EXTENSIONS, decode_image
+from gradcache.train.data.images.lazy import DECODE_ERRORS
 from gradcache.train.data.images.shards import decode_head, find_shards, is_shard_spec
 from gradcache.train.data.text.formats import is_text_lines, table_records
 from gradcache.train.errors import DataError
@@ -115,7 +115,7 @@ def decode_images(paths: Sequence[Path], image_size: int) -> torch.Tensor:
     for path in paths:
         try:
             images.append(decode_image(path, image_size))
-        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as error:
+        except DECODE_ERRORS as error:
             raise DataError(f"image {path} does not decode ({error}); every row is embedded in order, so repair "
                             "or remove it") from error
     return torch.stack(images)

@@ -8,13 +8,15 @@ in a worker, an exception becomes a `WorkerFailure` value delivered in place of 
 raises it as `DataWorkerFailed`. A worker that died is found by its exit code (`dead_worker`), in `WorkerLoader`
 when the loader raises and in the training loop for the handler's RuntimeError. Stopping the others: the
 iterator's own shutdown (its SIGTERM, which a worker obeys from its main process: preemption.py), then SIGKILL
-for any still alive. With `--workers 0` nothing is wrapped: an error is raised where it happens, with its
+for any still alive. A worker that sends no batch within BATCH_WAIT_SECONDS (a read that never ends) ends the run
+the same way, naming the wait. With `--workers 0` nothing is wrapped: an error is raised where it happens, with its
 traceback.
 """
 from __future__ import annotations
 
 import multiprocessing
 import signal
+import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 from typing import Any
@@ -25,6 +27,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from gradcache.train.errors import DataWorkerFailed
 
 _STOP_SECONDS = 10.0  # a worker still alive this long after the loader's shutdown is killed
+# the longest the run waits for one batch from its workers: far above any batch's reading time, so that a worker
+# stuck in a read that never ends (a FIFO, a share that stopped answering) stops the run instead of hanging it
+BATCH_WAIT_SECONDS = 600.0
 _running: list = []  # the worker processes of the loader being iterated (for `dead_worker`)
 
 
@@ -47,13 +52,15 @@ class WorkerFailure:
 
 class WorkerLoader(DataLoader):
     """A DataLoader whose iteration raises `DataWorkerFailed` (status 4, one line) when a worker raises or dies,
-    after stopping every worker. The dataset and collate are wrapped (`_ReportedItems`, `_ReportedStream`,
+    or no batch comes within its `timeout` (BATCH_WAIT_SECONDS unless given), after stopping every worker. The dataset and collate are wrapped (`_ReportedItems`, `_ReportedStream`,
     `_ReportedCollate`); arguments as DataLoader's. Batches are pinned (`pin_memory`) when CUDA is initialised
     in this process, as the run's placement does for a CUDA device before the loader is built, so each batch
     crosses to the device without blocking the host (`run.py`)."""
 
     def __init__(self, dataset: Dataset, collate_fn: Callable, **options: Any) -> None:
         options.setdefault("pin_memory", torch.cuda.is_initialized())
+        if options.get("num_workers", 0) > 0:
+            options.setdefault("timeout", BATCH_WAIT_SECONDS)
         reported = _ReportedStream(dataset) if isinstance(dataset, IterableDataset) else _ReportedItems(dataset)
         super().__init__(reported, collate_fn=_ReportedCollate(collate_fn), **options)
 
@@ -64,6 +71,7 @@ class WorkerLoader(DataLoader):
         _running[:] = workers
         failure = None
         while failure is None:
+            asked = time.monotonic()
             try:
                 batch = next(batches)
             except StopIteration:
@@ -71,6 +79,13 @@ class WorkerLoader(DataLoader):
                 return
             except RuntimeError:
                 failure = dead_worker(workers)
+                if failure is None and self.timeout and time.monotonic() - asked >= self.timeout:
+                    failure = DataWorkerFailed(
+                        f"no batch came from the {len(workers)} data-loader workers in {self.timeout:g} s: one is "
+                        "stuck reading (a file that never ends, a disk or network share that stopped answering); "
+                        "the run stopped. Check the data's storage, or run with --workers 0 to see where it waits")
+                    for process in workers:  # stuck in a read: asking it to stop would wait on the read too
+                        process.kill()
                 if failure is None:  # not a worker's death: the loader's own error
                     raise
             else:

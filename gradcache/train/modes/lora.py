@@ -44,6 +44,7 @@ from gradcache.models import HuggingFaceEncoder
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
 from gradcache.train.export.sentence_transformers import write_sentence_transformers_folder
+from gradcache.train.modes.base_fingerprint import METHODS
 
 DEFAULT_DROPOUT = 0.05
 ADAPTER_FOLDER = "adapter"  # RUN/model/adapter (RUN/model/query/adapter and passage/adapter with two towers)
@@ -70,6 +71,11 @@ def add_lora_options(group: argparse._ArgumentGroup, default: Callable[[str], An
                        help="--lora-rank: the LoRA scale numerator, updates scaled by alpha / rank (default: 2 x rank)")
     group.add_argument("--lora-dropout", type=float, default=default("lora_dropout"),
                        help=f"--lora-rank: dropout on the adapters' input, in [0, 1) (default: {DEFAULT_DROPOUT})")
+    group.add_argument("--fingerprint", choices=METHODS, default=default("fingerprint"),
+                       help="--lora-rank: how the base folder's weight files are fingerprinted when the run starts "
+                       "and compared whenever its model is rebuilt: sampled (64 blocks of 64 KiB of a large file: "
+                       "an edit between them is not seen) or full (every byte, each rebuild); config, tokenizer and "
+                       "module files are hashed whole either way (default: sampled)")
     group.add_argument("--lora-targets", type=lora_targets, default=default("lora_targets"),
                        help="--lora-rank: comma-separated names of the layers to adapt, matched as peft matches them "
                        "(a module's name or its last parts) (default: peft's default for the model type, e.g. "

@@ -246,8 +246,10 @@ class Text(Mode):
         if config.lora_rank is not None:  # the base a LoRA run trains on: recorded when it starts, then compared
             folder = text_model_folder(config.model)
             if config.base_fingerprint is None:  # a new run, or one from before fingerprints were recorded
-                return dataclasses.replace(config, base_fingerprint=fingerprint(folder))
-            check_fingerprint(config.base_fingerprint, folder, "--model")
+                method = "sampled" if config.fingerprint == "weights" else config.fingerprint
+                return dataclasses.replace(config, fingerprint=method,
+                                           base_fingerprint=fingerprint(folder, method))
+            check_fingerprint(config.base_fingerprint, folder, "--model", config.fingerprint)
         return config
 
     def check_lengths(self, config: RunConfig, data: TextSplits) -> None:
@@ -275,7 +277,7 @@ class Text(Mode):
         lora = lora_settings(config)
         if lora is not None:  # each tower its own adapter, on the base the run started from
             if config.base_fingerprint is not None:
-                check_fingerprint(config.base_fingerprint, folder, "--model")
+                check_fingerprint(config.base_fingerprint, folder, "--model", config.fingerprint)
             towers = [add_lora(tower, lora) for tower in towers]
         return BiEncoder(*towers)
 

@@ -14,8 +14,9 @@ import contextlib
 import copy
 import dataclasses
 import json
-import sys
 import os
+import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ def read_deepspeed_file(path: str | Path) -> dict[str, Any]:
     except OSError as error:
         raise UsageError(f"--deepspeed {path}: cannot read the file ({error.strerror or error}); give the path of a "
                          "DeepSpeed JSON config.") from None
+    _check_nesting(text, path)
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:
@@ -55,6 +57,29 @@ def read_deepspeed_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise UsageError(f"--deepspeed {path}: the config must be a JSON object, got {type(config).__name__}.")
     return config
+
+
+MAX_NESTING = 8  # levels of objects and arrays: a supported config has 3 (zero_optimization.offload_param)
+_STRINGS = re.compile(r'"(?:\\.|[^"\\])*"')
+_KEY_BEFORE = re.compile(r'"((?:\\.|[^"\\])*)"\s*:\s*$')
+
+
+def _check_nesting(text: str, path: Path) -> None:
+    """UsageError naming the key under which `text` nests objects or arrays deeper than MAX_NESTING, before the
+    parser recurses into them (100,000 levels: a RecursionError)."""
+    flat = _STRINGS.sub(lambda match: " " * len(match.group()), text)  # brackets inside strings are no nesting
+    opened: list[int] = []  # where each level open now began
+    for position, character in enumerate(flat):
+        if character in "[{":
+            opened.append(position)
+            if len(opened) > MAX_NESTING:
+                keys = [_KEY_BEFORE.findall(text[max(0, start - 200):start]) for start in opened]
+                where = ".".join(found[-1] for found in keys if found) or "the top level"
+                raise UsageError(f"--deepspeed {path}: {where} nests objects or arrays deeper than {MAX_NESTING} "
+                                 f"levels (line {text.count(chr(10), 0, position) + 1}); a config this program "
+                                 "supports nests 3: remove the nesting.")
+        elif character in "]}" and opened:
+            opened.pop()
 
 
 def deepspeed_config(path: str | Path, global_batch: int, world_size: int,
@@ -152,7 +177,9 @@ def _offload(value: Any) -> bool:
 
 _OFF = (lambda value: value == {"enabled": False}, '{"enabled": false}: the program decides precision (--precision)')
 _FLAG = (lambda value: isinstance(value, bool), "true or false")
-_SIZE = (_positive_int, "a positive integer (elements)")
+MAX_BUCKET_ELEMENTS = 2**32  # 16 GiB of float32: 8 times DeepSpeed's largest default (stage3_max_live_parameters)
+_SIZE = (lambda value: _positive_int(value) and value <= MAX_BUCKET_ELEMENTS,
+         f"a positive integer of elements, at most {MAX_BUCKET_ELEMENTS:,} (16 GiB of float32)")
 # The keys of a --deepspeed config the program supports, each honoured as DeepSpeed documents it (tested in
 # tests/train/parallel/test_deepspeed_keys.py) and what it may hold; a nested dict is its block's own table. Any
 # other key is refused at start naming it: it would change what trains (managed_gradient_accumulation, elasticity,
@@ -173,7 +200,8 @@ SUPPORTED: dict[str, Any] = {
         "allgather_partitions": _FLAG,
         "reduce_bucket_size": _SIZE, "allgather_bucket_size": _SIZE, "stage3_prefetch_bucket_size": _SIZE,
         "stage3_max_live_parameters": _SIZE, "stage3_max_reuse_distance": _SIZE, "sub_group_size": _SIZE,
-        "stage3_param_persistence_threshold": (_count, "a non-negative integer (elements)"),
+        "stage3_param_persistence_threshold": (lambda value: _count(value) and value <= MAX_BUCKET_ELEMENTS,
+                                               f"a non-negative integer of elements, at most {MAX_BUCKET_ELEMENTS:,}"),
         "offload_optimizer": (_offload, '{"device": "cpu" or "none", "pin_memory": true or false}'),
         "offload_param": (_offload, '{"device": "cpu" or "none", "pin_memory": true or false}, with stage 3'),
     },

@@ -27,6 +27,7 @@ from gradcache import distributed
 from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, run_checkpoint
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import CollectiveFailure, UsageError
+from gradcache.train import launch_environment
 
 
 @contextlib.contextmanager
@@ -58,8 +59,9 @@ def init_distributed_if_launched(device: str, collective_timeout: float = 1800.0
     whether it joined one (the caller then ends it: `launched_process_group`).
 
     Raises:
-        UsageError: `collective_timeout` is not a positive, finite number of seconds; `device` cannot hold this
-            rank (`check_device`: an explicit cuda:N for several ranks, a GPU this machine lacks).
+        UsageError: `collective_timeout` is not a positive, finite number of seconds; torchrun's variables out of
+            bounds (launch_environment.py); `device` cannot hold this rank (`check_device`: an explicit cuda:N for
+            several ranks, a GPU this machine lacks).
     """
     if not 0 < collective_timeout < math.inf:
         raise UsageError(f"--collective-timeout must be a positive number of seconds, got {collective_timeout}; "
@@ -146,13 +148,14 @@ def check_device(device: str, world_size: int, local_rank: int) -> None:
 
 
 def local_rank() -> int:
-    """This process's rank on its machine, torchrun's LOCAL_RANK (0 without it)."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    """This process's rank on its machine, torchrun's LOCAL_RANK (0 without it; bounded: launch_environment.py)."""
+    return launch_environment.local_rank()
 
 
 def _launched_world_size() -> int:
-    """The ranks torchrun started (WORLD_SIZE; 1 without it), known before the process group is joined."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """The ranks torchrun started (WORLD_SIZE; 1 without it), known before the process group is joined (bounded,
+    with RANK and LOCAL_RANK: launch_environment.py)."""
+    return launch_environment.launched_world_size()
 
 
 class Placement:

@@ -4,6 +4,7 @@ strip, a path out of the root) or as they fail (truncated, not an image); 16-bit
 from __future__ import annotations
 
 import io
+import os
 import struct
 import time
 import zlib
@@ -78,8 +79,9 @@ def test_a_bomb_a_strip_a_truncated_file_and_not_an_image_are_refused_quickly(tm
     whole = _png(tmp_path / "whole.png", 64, 64).read_bytes()
     (tmp_path / "cut.png").write_bytes(whole[: len(whole) // 2])
     (tmp_path / "text.png").write_text("not an image")
-    cases = {"bomb.png": "more than 50,000,000: a decompression bomb", "strip.png": "an aspect ratio past 200",
-             "cut.png": "does not decode", "text.png": "does not decode"}
+    os.mkfifo(tmp_path / "fifo.png")
+    cases = {"bomb.png": "over the 256 MiB an image may take", "strip.png": "an aspect ratio past 200",
+             "cut.png": "does not decode", "text.png": "does not decode", "fifo.png": "not a regular file"}
     for name, message in cases.items():
         start = time.monotonic()
         with pytest.raises(BadRowImage, match=message):

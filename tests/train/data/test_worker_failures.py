@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from gradcache.train import errors
 from gradcache.train.data.held_out import held_out_order
-from gradcache.train.data.worker_failures import WorkerLoader, dead_worker
+from gradcache.train.data.worker_failures import BATCH_WAIT_SECONDS, WorkerLoader, dead_worker
 from gradcache.train.errors import DataWorkerFailed
 from gradcache.train.preemption import ignore_stop_signals
 from tests.train.conftest import TINY
@@ -47,6 +47,18 @@ class _Stream(IterableDataset):
         yield torch.tensor(1)
 
 
+class _Stuck(Dataset):
+    """Item 3 never comes back in a worker: a read that never ends (a FIFO, a share that stopped answering)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 3 and get_worker_info() is not None:
+            time.sleep(3600)
+        return torch.tensor(index)
+
+
 def _loader(dataset, workers: int) -> WorkerLoader:
     return WorkerLoader(dataset, collate_fn=torch.stack, batch_size=2, num_workers=workers,
                         worker_init_fn=ignore_stop_signals)
@@ -72,6 +84,18 @@ def test_the_batches_are_the_datasets_and_without_workers_an_error_is_raised_as_
         assert [batch.tolist() for batch in _loader(_Numbers(bad=-1), workers)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     with pytest.raises(KeyError, match="no number 5"):
         list(_loader(_Numbers(bad=5), workers=0))
+
+
+@pytest.mark.slow  # a second's wait, and one more for torch to report the worker
+def test_a_worker_that_sends_no_batch_within_the_wait_stops_the_run_in_one_line():
+    assert _loader(_Numbers(bad=-1), workers=1).timeout == BATCH_WAIT_SECONDS
+    assert _loader(_Numbers(bad=-1), workers=0).timeout == 0  # in the main process: nothing to wait for
+    started = time.monotonic()
+    with pytest.raises(DataWorkerFailed, match=r"no batch came from the 1 data-loader workers in 1 s") as raised:
+        list(WorkerLoader(_Stuck(), collate_fn=torch.stack, batch_size=2, num_workers=1, timeout=1,
+                          worker_init_fn=ignore_stop_signals))
+    assert raised.value.exit_status == errors.DATA_ERROR and "\n" not in str(raised.value)
+    assert time.monotonic() - started < 30 and not multiprocessing.active_children()
 
 
 def test_a_killed_worker_is_one_line_naming_the_signal():

@@ -3,7 +3,8 @@
 PIL's `convert("RGB")` clips integer modes of more than 8 bits: a 16-bit greyscale PNG (mode I;16, or I) turns
 white wherever a value passes 255. `as_rgb8` maps 16-bit samples onto 0..255 first (v * 255 / 65535, rounded),
 so the picture the user gave is the picture trained on. Mode I (32-bit integers) is read on the 16-bit scale,
-which is what a 16-bit PNG or TIFF opens as; values past 65535 are clipped to white.
+which is what a 16-bit PNG or TIFF opens as; values past 65535 are clipped to white. `decode_image` (lazy.py)
+calls it on the kept square, resampled in its own mode, so the arrays here are the size of what is kept.
 """
 from __future__ import annotations
 

@@ -55,22 +55,31 @@ def load_digits(image_size: int, test_size: int, seed: int) -> DataSplits:
 
 
 def list_image_folder(root: str | os.PathLike, image_size: int) -> LazyImageSet:
-    """torchvision's ImageFolder layout, `root/<class name>/<image>` (class names sorted), as paths and labels."""
+    """torchvision's ImageFolder layout, `root/<class name>/<image>` (class names sorted), as paths and labels;
+    an entry with an image's name that is no regular file (a FIFO, socket or device) skipped, counted and named."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"--data {str(root)!r} is not a directory; give an ImageFolder root "
                         "(one sub-folder of images per class) or 'shapes' / 'digits'")
     class_names = sorted(entry.name for entry in root.iterdir() if entry.is_dir())
-    paths, labels = [], []
+    paths, labels, not_files = [], [], []
     for label, name in enumerate(class_names):
         for file in sorted((root / name).rglob("*")):
-            if file.suffix.lower() in IMAGE_EXTENSIONS:
+            if file.suffix.lower() not in IMAGE_EXTENSIONS:
+                continue
+            if file.is_file():  # follows links: a link to a regular file is one
                 paths.append(str(file))
                 labels.append(label)
+            elif not file.is_dir():  # a FIFO, socket or device: reading it may never end
+                not_files.append(f"{file}: not a regular file")
+    if not_files:
+        shown = "; ".join(not_files[:10]) + (" ..." if len(not_files) > 10 else "")
+        warnings.warn(f"skipped {len(not_files)} entries of {root} that are not regular files: {shown}", stacklevel=2)
     if not paths:
         raise DataError(f"--data {str(root)!r} holds no images in class sub-folders "
                         f"(looked for {', '.join(IMAGE_EXTENSIONS)} under root/<class>/)")
-    return LazyImageSet(paths=paths, image_size=image_size, labels=torch.tensor(labels), class_names=class_names)
+    return LazyImageSet(paths=paths, image_size=image_size, labels=torch.tensor(labels), class_names=class_names,
+                        skipped=not_files)
 
 
 def load_image_folder(root: str | os.PathLike, image_size: int, test_size: int, seed: int) -> DataSplits:

@@ -10,35 +10,54 @@ and the names of those that failed; `CountedBatches` (data/bad_data.py) adds the
 --max-bad-share on the share read so far (`BadShare`).
 
 The held-out images and SimCLR's kNN reference set are small and read at every evaluation, so they are decoded
-once, at start (`decoded`), into an in-memory `ImageSet`.
+once, at start (`decoded`), into an in-memory `ImageSet`: a file that fails to decode there is skipped and
+counted too; any other error stops the run with DATA_ERROR (4), one line naming the file.
+
+Every decode is bounded before any pixel is read (decode_budget.py: only regular files are opened, and an image
+whose decode would cost more than DECODE_BUDGET_BYTES is refused from its header, a bad file like any other).
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.held_out import held_out_order
 from gradcache.train.data.images.bit_depth import as_rgb8
+from gradcache.train.data.images.decode_budget import RESAMPLED_AS_DECODED, ImageOverBudget, opened_image
 from gradcache.train.data.images.sets import DataSplits, DescribedImages, ImageSet
 from gradcache.train.data.worker_failures import ReadingFailed
-from gradcache.train.errors import DataError
+from gradcache.train.errors import DataError, DataReadFailed
 
-DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError)
+# How a decoder says a file is no image it can read (PIL's plugins raise SyntaxError for a broken PNG or TIFF
+# chunk, EOFError for a short read), with a non-regular file and an image over the budget: skipped and counted.
+DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError,
+                 ImageOverBudget)
 
 
 EXACT_ASPECT = 16  # up to this aspect ratio an image is resized whole, then cropped; past it only the kept box
 
 
-def decode_image(path: str | Path, image_size: int) -> torch.Tensor:
+def decode_image(path: str | Path | IO[bytes], image_size: int) -> torch.Tensor:
     """(3, image_size, image_size) uint8: the shorter side resized to `image_size`, then centre-cropped
-    (`centre_square`: the work bounded by the pixels kept, whatever the aspect ratio)."""
-    with Image.open(path) as opened:
-        image = as_rgb8(opened)  # 16-bit samples scaled, not clipped
-    cropped = centre_square(image, image_size)
+    (`centre_square`: the work bounded by the pixels kept, whatever the aspect ratio).
+
+    Greyscale of any bit depth and RGB are resampled in their own mode and widened to 8-bit RGB at the kept
+    size; other modes are converted to RGB first (their copy counted in the decode budget: decode_budget.py).
+
+    Raises:
+        one of DECODE_ERRORS: the file is no image this decoder reads, or its decode is over the budget.
+    """
+    with opened_image(path) as opened:
+        if opened.mode in RESAMPLED_AS_DECODED:
+            kept = centre_square(opened, image_size)
+        else:
+            kept = centre_square(opened.convert("RGB"), image_size)
+    cropped = as_rgb8(kept)  # 16-bit samples scaled, not clipped
     return torch.frombuffer(bytearray(cropped.tobytes()), dtype=torch.uint8).view(image_size, image_size, 3).permute(
         2, 0, 1
     )
@@ -118,6 +137,9 @@ class LazyImageSet(DescribedImages):
                 kept.append(index)
             except DECODE_ERRORS:
                 failed.append(path)
+            except Exception as error:  # no decoder's way of failing: the run stops, naming the file
+                raise DataReadFailed(f"{type(error).__name__}: {error} (while reading {path}, a {what} "
+                                     "image)") from error
         if failed:
             shown = ", ".join(failed[:10]) + (" ..." if len(failed) > 10 else "")
             warnings.warn(f"skipped {len(failed)} of {len(self.paths)} {what} images that failed to decode: {shown}",

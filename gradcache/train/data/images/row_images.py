@@ -4,10 +4,11 @@ or --image-root), a list of such values (several images in one row), or the `{"b
 processor resizes it to its pixel budget).
 
 An image is refused (`BadRowImage`, which the reader counts as bad data under --max-bad-share) before it is
-decoded where its header tells: a path that leaves the root (`..`, an absolute path or a link elsewhere), more
-than `MAX_SOURCE_PIXELS` pixels (a decompression bomb: a few KB of PNG that decode to gigabytes), an aspect ratio
-past `MAX_ASPECT` (a 1 x 2,000,000 strip; Qwen2-VL's processor refuses past 200); and after, a file that does not
-decode whole (truncated, not an image). 16-bit samples are scaled to 8 bits, not clipped (`as_rgb8`).
+decoded where its header tells: a path that leaves the root (`..`, an absolute path or a link elsewhere), a file
+that is not a regular one (a FIFO), an image whose decode and the whole RGB copy the processor takes would cost
+more than the per-image budget together (decode_budget.py: a decompression bomb, a few KB of PNG that decode to
+gigabytes), an aspect ratio past `MAX_ASPECT` (a 1 x 2,000,000 strip; Qwen2-VL's processor refuses past 200);
+and after, a file that does not decode whole (truncated, not an image). 16-bit samples are scaled to 8 bits, not clipped (`as_rgb8`).
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from gradcache.train.data.images.bit_depth import as_rgb8
+from gradcache.train.data.images.decode_budget import DECODE_BUDGET_BYTES, ImageOverBudget, decode_cost, opened_image
 
-MAX_SOURCE_PIXELS = 50_000_000  # 150 MB as RGB: past it an image is a bomb or no picture a VLM embeds
 MAX_ASPECT = 200  # the longer side over the shorter: Qwen2-VL's processor's own bound
 
 
@@ -67,16 +68,19 @@ def resolved(path: str | os.PathLike, root: str | os.PathLike) -> Path:
 
 def _decoded(source: Any, name: str) -> Image.Image:
     try:
-        with Image.open(source) as opened:  # reads the header alone
+        with opened_image(source) as opened:  # the header alone; the decode itself within the budget
             width, height = opened.size
-            if width * height > MAX_SOURCE_PIXELS:
-                raise BadRowImage(f"{name} is {width} x {height} pixels, more than {MAX_SOURCE_PIXELS:,}: a "
-                                  "decompression bomb or no picture a VLM embeds; resize it")
+            kept = decode_cost(width, height, opened.mode) + decode_cost(width, height, "RGB")  # whole, for the processor
+            if kept > DECODE_BUDGET_BYTES:
+                raise BadRowImage(f"{name} is {width} x {height} pixels: decoding it and keeping it whole as RGB would "
+                                  f"take {kept / 2**20:,.0f} MiB, over the {DECODE_BUDGET_BYTES // 2**20} MiB an image "
+                                  "may take (a decompression bomb, or a picture larger than a VLM embeds); resize it")
             if max(width, height) > MAX_ASPECT * min(width, height):
                 raise BadRowImage(f"{name} is {width} x {height} pixels, an aspect ratio past {MAX_ASPECT}; crop it")
             opened.load()  # a truncated file fails here, not in the processor
             return as_rgb8(opened)
     except BadRowImage:
         raise
-    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError, SyntaxError) as error:
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError, SyntaxError, EOFError,
+            ImageOverBudget) as error:
         raise BadRowImage(f"{name} does not decode as an image: {error}") from error

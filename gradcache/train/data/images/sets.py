@@ -34,7 +34,8 @@ class DescribedImages:
         class_prompts: for each class, the texts whose mean embedding stands for it in zero-shot
             classification, phrased like the captions; None: "a photo of a {name}".
         skipped: what was left out: files that failed to decode (skip-and-count policy) and, for files, entries
-            left out before training (table rows without a path or caption).
+            left out before training (table rows without a path or caption, folder entries that are no regular
+            files).
     """
 
     labels: torch.Tensor | None = None

@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gradcache.train.launch_environment import launch_variable
+
 # Below this the forks and the extra pass that numbers the lines cost a good part of what P processes save:
 # 64 MB of JSONL is about 100k rows, 0.4 s on one core.
 PARALLEL_BYTES = 64 * 2**20
@@ -64,7 +66,7 @@ def usable_cores() -> int:
     """The cores this process may run on (a scheduler's or a container's allocation), not the machine's, shared
     with the other ranks torchrun started on this node (LOCAL_WORLD_SIZE): they index the same files at once."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(cores // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1), 1)
+    return max(cores // launch_variable("LOCAL_WORLD_SIZE"), 1)
 
 
 def byte_ranges(files: Sequence[Path], parts: int) -> list[LineRange]:

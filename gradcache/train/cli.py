@@ -1,6 +1,6 @@
 """The `gradcache` command: `gradcache train <mode> ...`, `gradcache eval MODEL`, `gradcache export RUN`,
-`gradcache encode MODEL` and `gradcache mine MODEL` (the work of the last three lives in
-gradcache/train/commands/ and gradcache/train/export/).
+`gradcache encode MODEL` and `gradcache mine MODEL` (their work lives in
+gradcache/train/commands/, writing a model folder in gradcache/train/export/).
 
 `main(argv=None) -> int` is the console script's entry point and what tests call. It returns the exit status
 that the raised error's type carries (gradcache/train/errors.py, where every status is explained), with one
@@ -106,7 +106,9 @@ def get_args_parser() -> argparse.ArgumentParser:
 def _default_train_argv(argv: list[str]) -> list[str]:
     """`gradcache train` alone (or with options only) means `gradcache train simclr`."""
     if argv[:1] == ["train"] and (len(argv) == 1 or argv[1].startswith("-") and argv[1] not in ("-h", "--help")):
-        return ["train", "simclr", *argv[1:]]
+        from gradcache.train.modes import DEFAULT_MODE
+
+        return ["train", DEFAULT_MODE, *argv[1:]]
     return argv
 
 
@@ -137,9 +139,11 @@ def _run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.command_options import EVAL_OPTIONS, check_options
     from gradcache.train.commands.evaluate import evaluate
     from gradcache.train.commands.model import load_model
 
+    check_options(args, EVAL_OPTIONS)
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
     metrics = evaluate(model, args.data, args.output, args.corpus, args.query_key, args.positive_key,
@@ -149,33 +153,27 @@ def _run_eval(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_encode(args: argparse.Namespace, argv: list[str]) -> int:
-    from gradcache.train.commands.encode import encode
+    from gradcache.train.commands.command_options import ENCODE_OPTIONS, check_options
+    from gradcache.train.commands.encode import describe, encode, rows_written
     from gradcache.train.commands.model import load_model
-    from gradcache.train.outputs.sparse_rows import CsrRows
 
+    check_options(args, ENCODE_OPTIONS)
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
                        args.passage_prompt)
     embeddings = encode(model, args.data, args.output, args.key, args.image_key, args.tower, args.batch_size,
                         args.pair_keys)
-    rows = len(embeddings["offsets"]) - 1 if isinstance(embeddings, dict) else embeddings.shape[0]
-    if isinstance(embeddings, dict):  # a multi-vector model's token vectors (commands/encode_tokens.py)
-        values = embeddings["values"]
-        what = f"{len(embeddings['offsets']) - 1} texts, {values.shape[0]} token vectors of {values.shape[1]} dimensions"
-    elif isinstance(embeddings, CsrRows):  # a SPLADE model's sparse rows (outputs/sparse_rows.py)
-        what = f"{embeddings.shape[0]} sparse rows of {embeddings.shape[1]} columns, {len(embeddings.data)} non-zeros"
-    elif embeddings.ndim == 1:  # a cross-encoder's scores (commands/pair_scores.py)
-        what = f"{embeddings.shape[0]} scores of (query, passage) rows"
-    else:
-        what = f"{embeddings.shape[0]} embeddings of {embeddings.shape[1]} dimensions"
+    what = describe(model, embeddings)
     print(f"wrote {args.output}: {what} ({model.source})", file=sys.stderr)
-    print_summary({"output": str(args.output), "rows": int(rows), "model": str(model.source)})
+    print_summary({"output": str(args.output), "rows": rows_written(embeddings), "model": str(model.source)})
     return 0
 
 
 def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
+    from gradcache.train.commands.command_options import MINE_OPTIONS, check_options
     from gradcache.train.commands.mine import Guards, mine, negative_keys_of
     from gradcache.train.commands.model import load_model
 
+    check_options(args, MINE_OPTIONS)
     guards = Guards(args.margin, args.relative_margin, *(args.range or (1, None)))
     guards.check()
     model = load_model(args.model, args.device, args.max_length, args.pooling, args.query_prompt,
@@ -195,15 +193,11 @@ def _run_mine(args: argparse.Namespace, argv: list[str]) -> int:
 def _run_export(args: argparse.Namespace, argv: list[str]) -> int:
     from pathlib import Path
 
-    from gradcache.train.export.write import (
-        MODEL_FOLDER,
-        check_output,
-        choose_checkpoint,
-        export_checkpoint,
-    )
+    from gradcache.train.commands.export import choose_checkpoint, export_checkpoint, written_by_a_kind
+    from gradcache.train.export.write import MODEL_FOLDER, check_output
 
     output = args.output if args.output is not None else Path(args.run) / MODEL_FOLDER
-    check_output(output)  # before reading anything
+    check_output(output, written_by_a_kind)  # before reading anything
     saved = choose_checkpoint(args.run, args.checkpoint)
     written = export_checkpoint(saved, output)
     print(f"wrote {written} from {saved}", file=sys.stderr)

@@ -79,7 +79,7 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
         log.log_eval(0, progress.initial)
     sampler = StepSampler(len(data.train), config.batch_size, config.seed, progress.start_step, run.steps, rank,
                           world_size)
-    negatives = negatives_per_anchor(config.strategy, run.mode.loss_kind, config.batch_size, config.chunk_size,
+    negatives = negatives_per_anchor(config.strategy, run.mode.negatives_loss, config.batch_size, config.chunk_size,
                                      world_size, run.mode.hard_negatives(config))  # in-batch; the log adds the queue
     bar = StepProgress(run.steps, progress.start_step, f"gradcache train {config.mode}", config.progress_every,
                        enabled=not config.quiet and rank == 0)
@@ -122,7 +122,8 @@ def _train(config: RunConfig, saved: RunCheckpoint | None, data: Splits, placeme
     whole = placement.whole(run.trained, lambda: nn.ModuleDict({"model": run.mode.build_model(config),
                                                                "loss": run.mode.build_loss(config)}))
     if whole is not None:
-        export_model(config, whole["model"], whole["loss"], Path(config.output_dir) / MODEL_FOLDER, final)
+        export_model(config, whole["model"], whole["loss"], Path(config.output_dir) / MODEL_FOLDER, final,
+                     mode=run.mode)
     if rank != 0:
         return {}
     log.log_eval(run.steps, final)

@@ -325,8 +325,7 @@ def _check_deepspeed(config: RunConfig) -> None:
     if config.deepspeed is None:
         return
     for given, why in ((config.fsdp, "--fsdp: both shard the model; choose one (ZeRO-3 shards parameters too)"),
-                       (config.mode == "clip", "gradcache train clip: the program hands DeepSpeed one encoder and "
-                        "its optimizer, but clip trains two towers and the loss's temperature; use --fsdp or DDP"),
+                       (mode_of(config).deepspeed_refusal is not None, mode_of(config).deepspeed_refusal),
                        (config.separate_towers, "--separate-towers: the program hands DeepSpeed one encoder and its "
                         "optimizer; share the tower or use --fsdp or DDP"),
                        (config.optimizer == "adamw8bit", "--optimizer adamw8bit: ZeRO steps flattened partitions, "

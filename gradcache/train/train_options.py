@@ -100,7 +100,7 @@ def _optimisation_options(parser: argparse.ArgumentParser, mode: Mode, default: 
                      help="on weights, not on biases or norms")
     run.add_argument("--momentum", type=float, default=default("momentum"), help="sgd/lars momentum")
     run.add_argument("--temperature", type=float, default=default("temperature"),
-                     help="loss temperature" + (" (initial; learned)" if mode.name == "clip" else "")
+                     help="loss temperature" + mode.temperature_help
                      + _kind_defaults_help(mode, "temperature"))
     run.add_argument("--matryoshka-dims", type=parse_dims, default=default("matryoshka_dims"),
                      help="Matryoshka: comma-separated embedding widths, largest first (e.g. 384,256,128,64): the loss "
@@ -183,10 +183,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def _kind_defaults_help(mode: Mode, name: str) -> str:
     """The defaults of option `name` that text's `--kind`s set otherwise (`Mode.kind_defaults`), for its help."""
-    if mode.name != "text":
-        return ""
-    from gradcache.train.modes import TEXT_KINDS
+    from gradcache.train.modes import kinds_of
 
-    kinds = [f"--kind {kind.kind} {kind.kind_defaults[name]}" for kind in TEXT_KINDS.values()
-             if name in kind.kind_defaults]
+    kinds = [f"--kind {kind.kind} {kind.kind_defaults[name]}" for kind in kinds_of(mode) if name in kind.kind_defaults]
     return f"; a new run's default with {', '.join(kinds)} (the peers' scale)" if kinds else ""

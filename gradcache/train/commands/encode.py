@@ -6,8 +6,9 @@ training skips it, and stderr says how many and which (its row is absent, the ot
 The embeddings are L2-normalised float32, as the program scores them: every mode trains and ranks by cosine
 similarity, and all-MiniLM-L6-v2 normalises itself (for a folder without a `Normalize` module, the direction of
 its pooled output, which is all that cosine ranking reads). `.npy`: an (N, D) array (`numpy.load`).
-A multi-vector model (`--kind multi-vector`) writes each text's token vectors to a `.npz` instead
-(gradcache/train/commands/encode_tokens.py).
+A multi-vector model (`--kind multi-vector`) writes each text's token vectors to a `.npz` instead (`values` and
+`offsets`, gradcache/train/eval/representations.py: sentence-transformers' `MultiVectorEncoder.encode_query` or
+`encode_document`, text by text).
 `.faiss`: an exact inner-product index (`IndexIDMap2` over `IndexFlatIP`) whose ids are the row numbers
 (`faiss.read_index`; `index.search(queries, k)` returns rows of the input).
 A SPLADE model (a `--kind sparse` run or a SparseEncoder folder) gives sparse rows instead, unnormalised, as
@@ -19,8 +20,8 @@ pair_scores.py).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,43 +35,21 @@ from gradcache.train.commands.command_inputs import (
     read_shard_images,
     read_texts,
 )
-from gradcache.train.commands.model import LoadedModel
-from gradcache.train.commands.encode_tokens import TOKEN_KINDS, encode_tokens
 from gradcache.train.errors import UsageError
-from gradcache.train.eval.embed import embed_images, embed_texts
-from gradcache.train.eval.sparse_retrieval import embed_sparse_texts
-from gradcache.train.outputs.sparse_rows import CsrRows
+from gradcache.train.eval.embed import embed_images
+from gradcache.train.eval.representations import VECTORS, counted
+from gradcache.train.modes.loaded_model import LoadedModel
 
 OUTPUT_SUFFIXES = (".npy", ".faiss", ".npz")
-SPARSE_SUFFIX = ".npz"  # a SPLADE model's rows (CsrRows), or a multi-vector model's tokens (encode_tokens.py)
 TOWERS = ("query", "passage")
 
 
-def counted(encode: Callable[..., torch.Tensor], bar: tqdm) -> Callable[..., torch.Tensor]:
-    """`encode`, advancing `bar` by the rows of every batch it embeds."""
-    def encode_and_count(*args, **kwargs) -> torch.Tensor:
-        embeddings = encode(*args, **kwargs)
-        bar.update(len(embeddings))
-        return embeddings
-
-    return encode_and_count
-
-
-def embed_text_rows(model: LoadedModel, texts: list[str], tower: str, batch_size: int,
-                    description: str) -> np.ndarray:
-    """(N, D) L2-normalised float32 embeddings of `texts` by the `tower` ("query" or "passage") side, in order,
-    with a progress bar on stderr."""
-    encode = model.encode_query if tower == "query" else model.encode_passage
-    with tqdm(total=len(texts), desc=description, unit="text", file=sys.stderr, disable=None) as bar:
-        return embed_texts(counted(encode, bar), model.side_tokenizer(tower), texts, model.device, batch_size)
-
-
-def sparse_text_rows(model: LoadedModel, texts: list[str], tower: str, batch_size: int, description: str) -> CsrRows:
-    """The (N, V) sparse rows of `texts` by a SPLADE model's `tower` side, in order, with a progress bar."""
-    encode = model.encode_query if tower == "query" else model.encode_passage
-    with tqdm(total=len(texts), desc=description, unit="text", file=sys.stderr, disable=None) as bar, \
-            torch.inference_mode():
-        return embed_sparse_texts(counted(encode, bar), model.side_tokenizer(tower), texts, model.device, batch_size)
+def embed_text_rows(model: LoadedModel, texts: list[str], tower: str, batch_size: int, description: str) -> Any:
+    """The embeddings of `texts` by the `tower` ("query" or "passage") side, in order, as the model's kind embeds
+    texts (`Mode.text_embeddings`: (N, D) L2-normalised float32, token vectors, sparse rows), with a progress bar
+    on stderr."""
+    return model.mode.text_embeddings.embed(model.side_encoder(tower), model.side_tokenizer(tower), texts,
+                                            model.device, batch_size, description)
 
 
 def embed_image_rows(model: LoadedModel, images: torch.Tensor, batch_size: int) -> np.ndarray:
@@ -94,7 +73,7 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
         UsageError: a bad option, texts for a model without a text side or images for one without an image side.
         DataError: unusable data (gradcache/train/commands/command_inputs.py).
     """
-    if model.kind == "cross-encoder":  # no embeddings: one score per (query, passage) row (pair_scores.py)
+    if model.score_pairs is not None:  # no embeddings: one score per (query, passage) row (pair_scores.py)
         from gradcache.train.commands.pair_scores import encode_pairs
 
         if key is not None or image_key is not None:
@@ -103,43 +82,38 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
         return encode_pairs(model, data, output, pair_keys, batch_size)
     if pair_keys is not None:
         raise UsageError(f"--pair-keys names a cross-encoder's (query, passage) columns; MODEL ({model.source}) is a "
-                         f"{model.kind} model that embeds texts (--key) or images (drop --pair-keys)")
+                         f"{model.noun} model that embeds texts (--key) or images (drop --pair-keys)")
     if tower not in TOWERS:
         raise UsageError(f"--tower {tower!r}: choose one of {', '.join(TOWERS)}")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-    if model.text_kind in TOKEN_KINDS:  # token vectors: a .npz of values and offsets (commands/encode_tokens.py)
-        return encode_tokens(model, data, output, key, image_key, tower, batch_size)
-    path = check_output(output, OUTPUT_SUFFIXES)
+    texts = model.mode.text_embeddings
+    if texts.only_suffix is not None and Path(output).suffix.lower() not in texts.suffixes:
+        raise UsageError(f"--output {output!r}: MODEL ({model.source}) {texts.only_suffix}")
+    path = check_output(output, texts.suffixes if texts.only_suffix is not None else OUTPUT_SUFFIXES)
     if key is not None and image_key is not None:
         raise UsageError("--key (texts) and --image-key (images) name what to embed: give one of them")
     shards = image_key is None and holds_shards(data)
     images = shards or image_key is not None or Path(data).is_dir()
     if images and not model.embeds_images:
-        raise UsageError(f"--data {data} holds images, but MODEL ({model.source}) embeds {model.kind} texts only; "
+        raise UsageError(f"--data {data} holds images, but MODEL ({model.source}) embeds {model.noun} texts only; "
                          "give texts (a .txt file, or a table with --key)")
     if not images and not model.embeds_text:
         raise UsageError(f"--data {data}: MODEL ({model.source}) embeds images only; give a folder of images or a "
                          "table with --image-key")
-    sparse = model.text_kind == "sparse" and not images
-    if (path.suffix.lower() == SPARSE_SUFFIX) != sparse:
-        gives = "sparse rows: end --output in .npz" if sparse else "dense embeddings: end --output in .npy or .faiss"
-        raise UsageError(f"--output {output}: {SPARSE_SUFFIX} holds the sparse rows of a SPLADE model (--kind sparse) "
-                         f"or the token vectors of a multi-vector model, .npy or .faiss dense embeddings; MODEL "
-                         f"({model.source}) gives {gives}")
-    if sparse:
-        rows = sparse_text_rows(model, read_texts(data, key), tower, batch_size, f"encode {tower}s")
-        write_atomically(path, rows.save)
-        return rows
-    with torch.inference_mode():
-        if shards:
+    written = VECTORS if images else texts
+    if path.suffix.lower() not in written.suffixes:
+        raise UsageError(f"--output {output}: .npz holds the sparse rows of a SPLADE model (--kind sparse) or the "
+                         f"token vectors of a multi-vector model, .npy or .faiss dense embeddings; MODEL "
+                         f"({model.source}) gives {written.gives}")
+    if shards:
+        with torch.inference_mode():
             embeddings = embed_image_rows(model, _shard_images(data, model.image_size), batch_size)
-        elif images:
-            embeddings = embed_image_rows(model, decode_images(read_image_paths(data, image_key),
-                                                               model.image_size), batch_size)
-        else:
-            embeddings = embed_text_rows(model, read_texts(data, key), tower, batch_size, f"encode {tower}s")
-    write_atomically(path, lambda temporary: _write(embeddings, temporary, path.suffix.lower()))
+    elif images:
+        with torch.inference_mode():
+            embeddings = embed_image_rows(model, decode_images(read_image_paths(data, image_key), model.image_size),
+                                          batch_size)
+    else:
+        embeddings = embed_text_rows(model, read_texts(data, key), tower, batch_size, f"encode {tower}s")
+    write_atomically(path, lambda temporary: written.save(embeddings, temporary, path.suffix.lower()))
     return embeddings
 
 
@@ -153,13 +127,15 @@ def _shard_images(data: str, image_size: int) -> torch.Tensor:
     return read.images
 
 
-def _write(embeddings: np.ndarray, temporary: Path, suffix: str) -> None:
-    if suffix == ".npy":
-        with open(temporary, "wb") as handle:
-            np.save(handle, embeddings)
-        return
-    import faiss
+def rows_written(embeddings: Any) -> int:
+    """How many texts, images or pairs `encode` wrote: token vectors come as a list (one tensor per text), every
+    other representation as an array, sparse matrix or scores with one row per input."""
+    return len(embeddings) if isinstance(embeddings, list) else int(embeddings.shape[0])
 
-    index = faiss.IndexIDMap2(faiss.IndexFlatIP(embeddings.shape[1]))
-    index.add_with_ids(np.ascontiguousarray(embeddings, dtype=np.float32), np.arange(len(embeddings), dtype=np.int64))
-    faiss.write_index(index, str(temporary))
+
+def describe(model: LoadedModel, embeddings: Any) -> str:
+    """What `encode` wrote, for the line on stderr."""
+    if model.score_pairs is not None:  # a cross-encoder's scores (commands/pair_scores.py)
+        return f"{embeddings.shape[0]} scores of (query, passage) rows"
+    written = VECTORS if isinstance(embeddings, np.ndarray) else model.mode.text_embeddings
+    return written.describe(embeddings)

@@ -26,20 +26,16 @@ import dataclasses
 import json
 
 import numpy as np
-import torch
 
-from gradcache.train.commands.encode import embed_text_rows, sparse_text_rows
-from gradcache.train.commands.encode_tokens import TOKEN_KINDS, embed_token_rows
+from gradcache.train.commands.encode import embed_text_rows
 from gradcache.train.commands.command_outputs import check_output, write_atomically
 from gradcache.train.commands.command_inputs import Corpus, read_corpus
-from gradcache.train.commands.model import LoadedModel
 from gradcache.train.data.resources import reading_data
 from gradcache.train.data.text.sources import read_text_pairs
 from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.errors import DataError, UsageError
-from gradcache.train.eval.maxsim import maxsim_scores, ranked_metrics
-from gradcache.train.eval.retrieval import retrieval_corpus, retrieval_metrics
-from gradcache.train.eval.sparse_retrieval import sparse_metrics
+from gradcache.train.eval.retrieval import retrieval_corpus
+from gradcache.train.modes.loaded_model import LoadedModel
 
 OUTPUT_SUFFIXES = (".json",)
 
@@ -69,21 +65,9 @@ def text_metrics(model: LoadedModel, pairs: TextPairs, corpus: str | None = None
                  batch_size: int = 256) -> dict[str, float]:
     """recall@1, recall@10, mrr@10, ndcg@10 (%) of `pairs`' queries over the corpus, with the counts."""
     ranked, relevant = pairs_corpus(pairs, corpus)
-    if model.text_kind == "sparse":  # SPLADE rows by dot product (gradcache/train/eval/sparse_retrieval.py)
-        queries = sparse_text_rows(model, pairs.queries, "query", batch_size, "encode queries")
-        passages = sparse_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
-        return {**sparse_metrics(queries, passages, relevant), "queries": len(pairs), "corpus_size": len(ranked),
-                "skipped_rows": len(pairs.skipped)}
-    if model.text_kind in TOKEN_KINDS:  # token vectors, ranked by MaxSim (gradcache/train/eval/maxsim.py)
-        with torch.inference_mode():
-            query_tokens = embed_token_rows(model, pairs.queries, "query", batch_size, "encode queries")
-            passage_tokens = embed_token_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
-        metrics = ranked_metrics(maxsim_scores(query_tokens, passage_tokens), relevant)
-        return {**metrics, "queries": len(pairs), "corpus_size": len(ranked), "skipped_rows": len(pairs.skipped)}
-    with torch.inference_mode():
-        queries = embed_text_rows(model, pairs.queries, "query", batch_size, "encode queries")
-        passages = embed_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
-    metrics = retrieval_metrics(queries, passages, relevant)
+    queries = embed_text_rows(model, pairs.queries, "query", batch_size, "encode queries")
+    passages = embed_text_rows(model, ranked.texts, "passage", batch_size, "encode corpus")
+    metrics = model.mode.text_embeddings.rank(queries, passages, relevant)  # cosine, MaxSim or sparse dot product
     return {**metrics, "queries": len(pairs), "corpus_size": len(ranked), "skipped_rows": len(pairs.skipped)}
 
 
@@ -95,8 +79,6 @@ def run_metrics(model: LoadedModel, data: str | None, test_size: int | None = No
     config = model.config
     mode = mode_of(config)
     if data is not None:
-        if test_size is not None and test_size < 1:
-            raise UsageError(f"--test-size must be at least 1, got {test_size}")
         config = dataclasses.replace(config, data=str(data), test_size=test_size or config.test_size)
     with reading_data(config.data, config.eval_data):
         splits = mode.load_data(config)
@@ -115,14 +97,12 @@ def evaluate(model: LoadedModel, data: str | None, output: str | None = None, co
         DataError: unusable data (the readers' messages), a class folder of `data` missing from `classes`.
     """
     path = None if output is None else check_output(output, OUTPUT_SUFFIXES)
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     if classes is not None:
         metrics = _zero_shot(model, data, classes, corpus, test_size, batch_size)
         if path is not None:
             _write_metrics(path, metrics)
         return metrics
-    if model.kind == "cross-encoder" and data is not None:  # it scores pairs: each row reranks its candidates
+    if model.score_pairs is not None and data is not None:  # it scores pairs: each row reranks its candidates
         from gradcache.train.commands.pair_scores import rerank_metrics_of
 
         if corpus is not None:
@@ -133,15 +113,15 @@ def evaluate(model: LoadedModel, data: str | None, output: str | None = None, co
         if path is not None:
             _write_metrics(path, metrics)
         return metrics
-    if model.kind != "text" and corpus is not None:
-        raise UsageError(f"--corpus ranks passages for a text model; MODEL ({model.source}) is a {model.kind} model")
+    if not model.mode.ranks_passages and corpus is not None:
+        raise UsageError(f"--corpus ranks passages for a text model; MODEL ({model.source}) is a {model.noun} model")
     if data is None and model.config is None:
         raise UsageError(f"MODEL ({model.source}) is a model folder, not a run: give --data, a file of (query, "
                          "positive) rows to score it on")
-    if model.kind != "text" and model.config is None:
-        raise UsageError(f"MODEL ({model.source}) is an exported {model.kind} model: its metrics read the run's "
+    if not model.mode.ranks_passages and model.config is None:
+        raise UsageError(f"MODEL ({model.source}) is an exported {model.noun} model: its metrics read the run's "
                          "options (data keys, kNN, prompts); give the run folder it was exported from")
-    if model.kind == "text" and data is not None:
+    if model.mode.ranks_passages and data is not None:
         metrics = text_metrics(model, read_pairs(data, query_key, positive_key, negative_keys or ()), corpus,
                                batch_size)
     else:
@@ -162,9 +142,9 @@ def _zero_shot(model: LoadedModel, data: str | None, classes: str, corpus: str |
     """`--classes`: zero-shot top-1 of the ImageFolder `data`, after refusing what does not go with it."""
     from gradcache.train.commands.zero_shot import zero_shot_metrics
 
-    if model.kind != "clip":
+    if not (model.embeds_images and model.embeds_text):
         raise UsageError(f"--classes scores a CLIP model's zero-shot accuracy; MODEL ({model.source}) is a "
-                         f"{model.kind} model (drop --classes)")
+                         f"{model.noun} model (drop --classes)")
     if data is None:
         raise UsageError("--classes needs --data, an ImageFolder (one sub-folder of images per class) to classify")
     for value, option in ((corpus, "--corpus"), (test_size, "--test-size")):

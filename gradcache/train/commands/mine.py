@@ -45,7 +45,7 @@ import torch
 from gradcache.train.commands.encode import embed_text_rows
 from gradcache.train.commands.evaluate import pairs_corpus, read_pairs
 from gradcache.train.commands.command_outputs import check_output, write_atomically
-from gradcache.train.commands.model import LoadedModel
+from gradcache.train.modes.loaded_model import LoadedModel
 from gradcache.train.data.text.files import data_files
 from gradcache.train.data.streams import Damaged
 from gradcache.train.data.text.formats import IndexedFormat, TextFormat, file_format, format_named, table_suffixes
@@ -136,16 +136,12 @@ def mine(model: LoadedModel, data: str, output: str, negatives: int, guards: Gua
         DataError: unusable data or corpus.
     """
     path = check_output(output, OUTPUT_SUFFIXES)
-    if model.kind != "text":
-        raise UsageError(f"gradcache mine ranks passages for queries; MODEL ({model.source}) is a {model.kind} "
+    if not model.mode.ranks_passages:
+        raise UsageError(f"gradcache mine ranks passages for queries; MODEL ({model.source}) is a {model.noun} "
                          "model, give a text model")
-    if model.text_kind != "dense":
-        raise UsageError(f"gradcache mine ranks by dense embeddings; MODEL ({model.source}) is a {model.text_kind} "
+    if not model.mode.mines:
+        raise UsageError(f"gradcache mine ranks by dense embeddings; MODEL ({model.source}) is a {model.mode.kind} "
                          "text model: mine with a dense model (a --kind dense run, a sentence-transformers folder)")
-    if isinstance(negatives, bool) or negatives < 1:
-        raise UsageError(f"--negatives must be at least 1, got {negatives}")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     guards.check()
     with warnings.catch_warnings():  # columns named like negatives that no key names: kept below, not unused
         warnings.simplefilter("ignore", UnusedNegatives)

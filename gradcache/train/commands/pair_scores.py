@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from gradcache.train.commands.command_inputs import _column, _existing
 from gradcache.train.commands.command_outputs import check_output, write_atomically
-from gradcache.train.commands.model import LoadedModel
+from gradcache.train.modes.loaded_model import LoadedModel
 from gradcache.train.data.text.text_pairs import TextPairs
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.reranking import evaluate_reranking, score_pairs
@@ -42,8 +42,6 @@ def encode_pairs(model: LoadedModel, data: str, output: str, keys: tuple[str, st
         DataError: unusable data (command_inputs.py).
     """
     path = check_output(output, (".npy",))
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     pairs = read_pair_rows(data, tuple(keys or PAIR_KEYS))
     with torch.inference_mode(), tqdm(total=len(pairs), desc="score pairs", unit="pair", file=sys.stderr,
                                       disable=None) as bar:

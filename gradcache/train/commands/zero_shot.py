@@ -28,7 +28,7 @@ import torch
 
 from gradcache.train.commands.encode import embed_image_rows, embed_text_rows
 from gradcache.train.commands.command_inputs import decode_images
-from gradcache.train.commands.model import LoadedModel
+from gradcache.train.modes.loaded_model import LoadedModel
 from gradcache.train.data.images.files import list_image_folder
 from gradcache.train.errors import DataError
 from gradcache.train.eval.images import zero_shot_top1

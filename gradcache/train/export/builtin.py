@@ -34,9 +34,10 @@ def torchvision_loading_lines(preset: str, encoder: ResNetEncoder, path: str) ->
 
 
 def write_built_in_folder(model: nn.Module, config: PretrainedConfig, image_encoder: nn.Module,
-                          folder: str | os.PathLike) -> None:
+                          folder: str | os.PathLike, use: list[str]) -> None:
     """Write `model` (a `SimCLRModel` or `CLIP` built as `config` says) and `config` into `folder`, plus its image
-    encoder as a torchvision state dict when it is a `ResNetEncoder`, and a README.md with the loading lines."""
+    encoder as a torchvision state dict when it is a `ResNetEncoder`, and a README.md with the loading lines: the
+    mode's `use` (its Python lines, "RUN/model" for the folder), then torchvision's."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -44,14 +45,6 @@ def write_built_in_folder(model: nn.Module, config: PretrainedConfig, image_enco
     save_file({key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()},
               folder / WEIGHTS_FILE)
     (folder / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
-    if config.gradcache_architecture == "simclr":
-        use = ["import gradcache.models", 'model = gradcache.models.from_pretrained("RUN/model")',
-               "features = model.embed(images)  # the representation; model(images) is the projection the loss saw"]
-    else:
-        use = ["import gradcache.models", 'model = gradcache.models.from_pretrained("RUN/model")',
-               'tokenizer = gradcache.models.read_pretrained_config("RUN/model").tokenizer()',
-               "image_embeddings = model.encode_image(images)",
-               'text_embeddings = model.encode_text(**tokenizer(["a large red star"]))']
     sections = [("gradcache", use)]
     if isinstance(image_encoder, ResNetEncoder):
         name = TORCHVISION_FILE.format(preset=config.image_encoder)

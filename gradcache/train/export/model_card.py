@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from torch import nn
 
 from gradcache.train.config import RunConfig
-from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
 
 PLACEHOLDER = "RUN/model"  # what the format writers put where the folder's path goes
 SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "epochs", "optimizer", "lr", "warmup",
@@ -16,23 +17,35 @@ SETTINGS = ("model", "data", "strategy", "batch_size", "chunk_size", "steps", "e
             "seed", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")  # and the run's kind's own fields
 
 
+class Exporter(Protocol):
+    """What export asks of a mode or kind (gradcache/train/modes/base.py `Mode`): its folder, and its card's lines
+    (`card_usage`: the section that prepares images and switches to evaluation mode, `usage_section`, or "")."""
+
+    card_hidden: tuple[str, ...]
+
+    def reads_folder(self, found: Any, folder: Path) -> bool: ...
+
+    def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None: ...
+
+    def card_command(self, config: RunConfig) -> str: ...
+
+    def card_settings(self) -> tuple[str, ...]: ...
+
+    def card_usage(self, config: RunConfig, where: str) -> str: ...
+
+
 def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, config: RunConfig,
-                     metrics: dict[str, Any] | None = None) -> None:
+                     metrics: dict[str, Any] | None, mode: Exporter) -> None:
     """Complete `folder`/README.md (the export being written, to be renamed to `output`): the real path of `output`,
-    the image preprocessing and `eval()` lines of an open_clip or built-in export, the settings of `config`, and
-    `metrics` (the final held-out evaluation) where given."""
+    the image preprocessing and `eval()` lines of an open_clip or built-in export, the command and settings of
+    `config` as its `mode` says, and `metrics` (the final held-out evaluation) where given."""
     readme = Path(folder) / "README.md"
     where = str(Path(output).resolve())
     text = readme.read_text(encoding="utf-8").replace(PLACEHOLDER, where)
-    text += _use_for_images(model_folder_kind(folder), where, config)
-    from gradcache.train.modes import mode_of  # the modes import the exports
-
-    given = {name: getattr(config, name) for name in (*SETTINGS, *mode_of(config).kind_fields)
-             if getattr(config, name) is not None
-             and not (name == "image_size" and config.mode == "text")
-             and not (name == "max_length" and config.mode != "text")}
-    kind = f" --kind {config.kind}" if config.mode == "text" and config.kind != "dense" else ""
-    text += f"\n## Training\n\nTrained with `gradcache train {config.mode}{kind}`:\n\n"
+    text += mode.card_usage(config, where)
+    given = {name: getattr(config, name) for name in (*SETTINGS, *mode.card_settings())
+             if getattr(config, name) is not None and name not in mode.card_hidden}
+    text += f"\n## Training\n\nTrained with `{mode.card_command(config)}`:\n\n"
     text += "| setting | value |\n|---|---|\n" + "".join(
         f"| `--{name.replace('_', '-')}` | {_cell(value)} |\n" for name, value in given.items())
     if metrics:
@@ -46,24 +59,9 @@ def write_model_card(folder: str | os.PathLike, output: str | os.PathLike, confi
     readme.write_text(text, encoding="utf-8")
 
 
-def _use_for_images(kind: ModelFolderKind, where: str, config: RunConfig) -> str:
-    """The lines that prepare images and switch to evaluation mode (dropout, BatchNorm), per folder kind."""
-    if kind is ModelFolderKind.OPEN_CLIP:
-        lines = ["import open_clip",
-                 f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{where}")',
-                 "model.eval()  # evaluation mode: dropout off",
-                 "image_embeddings = model.encode_image(torch.stack([preprocess(image) for image in pil_images]))"]
-    elif kind is ModelFolderKind.BUILT_IN:
-        size = config.image_size
-        lines = ["from torchvision import transforms",
-                 f"preprocess = transforms.Compose([transforms.Resize({size}), transforms.CenterCrop({size}),",
-                 "                                 transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.5] * 3)])"
-                 "  # [-1, 1], as trained",
-                 "model.eval()  # evaluation mode (net.eval() for the torchvision encoder): BatchNorm's running "
-                 "statistics, no dropout",
-                 "images = torch.stack([preprocess(image.convert('RGB')) for image in pil_images])"]
-    else:
-        return ""
+def usage_section(lines: list[str]) -> str:
+    """The card's section of the Python `lines` that prepare images and switch to evaluation mode (a mode's
+    `card_usage`)."""
     return "\n## Images and evaluation mode\n\n```python\nimport torch\n" + "\n".join(lines) + "\n```\n"
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from gradcache.models.open_clip import OpenClipModel, weights_loaded_next
-from gradcache.train.export.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
+from gradcache.train.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
 
 
 def open_clip_state_dict(model: OpenClipModel, logit_scale: torch.Tensor,

@@ -1,41 +1,41 @@
-"""`RUN/model/` written atomically, from a trained model or from any checkpoint of a run.
+"""`RUN/model/` written atomically, from a trained model (the end of a run; `gradcache export RUN` rebuilds one from a
+checkpoint: gradcache/train/commands/export.py).
 
-The mode decides the format (`Mode.export`: sentence-transformers for text, open_clip's files for
-`--model open_clip:ARCH`, gradcache's built-in format otherwise); this module writes it into a temporary folder
+The mode or kind decides the format (`Mode.export`: sentence-transformers for text, open_clip's files for
+`--model open_clip:ARCH`, gradcache's built-in format otherwise) and what the model card says; it is handed in
+(`Exporter`), so this package, below the modes whose folders it writes, never imports them. This module writes it
+into a temporary folder
 beside the output, then renames it into place, so the output is either the previous export or the new one whole,
 never half of one. The files get the permissions the user's umask gives (run_folder/permissions.py), whatever
 the libraries that wrote them chose (safetensors writes 0600).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from gradcache.models.open_clip import weights_loaded_next
-from gradcache.train.checkpoints.run_checkpoint import RunCheckpoint, checkpoint_kinds, kind_in, locate
 from gradcache.train.config import RunConfig
-from gradcache.train.errors import CheckpointError, ModelFolderDiskFull, UsageError, out_of_space
-from gradcache.train.export.model_card import write_model_card
-from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
-from gradcache.train.modes import mode_of
+from gradcache.train.errors import ModelFolderDiskFull, UsageError, out_of_space
+from gradcache.train.export.model_card import Exporter, write_model_card
+from gradcache.train.model_folders import ModelFolderFormat, model_folder_format
 from gradcache.train.run_folder.permissions import as_if_created
 
 MODEL_FOLDER = "model"  # RUN/model/
-CHECKPOINT_CHOICES = ("last", "previous")  # --checkpoint, or a checkpoint file
-_REPLACEABLE = {ModelFolderKind.SENTENCE_TRANSFORMERS, ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS,
-                ModelFolderKind.OPEN_CLIP, ModelFolderKind.BUILT_IN, ModelFolderKind.MULTI_VECTOR,
-                ModelFolderKind.SPARSE_ENCODER, ModelFolderKind.CROSS_ENCODER}
+_REPLACEABLE = {ModelFolderFormat.SENTENCE_TRANSFORMERS, ModelFolderFormat.SENTENCE_TRANSFORMERS_TOWERS,
+                ModelFolderFormat.OPEN_CLIP, ModelFolderFormat.BUILT_IN, ModelFolderFormat.MULTI_VECTOR,
+                ModelFolderFormat.SPARSE_ENCODER, ModelFolderFormat.CROSS_ENCODER}
 
 
-def check_output(output: str | os.PathLike) -> None:
+def check_output(output: str | os.PathLike, own_format: Callable[[Path], bool] = lambda folder: False) -> None:
     """Refuse an `output` that export would not replace: anything but nothing, an empty folder, or a model folder
-    an export wrote (UsageError, before anything is read or written)."""
+    an export wrote, of a format model_folders.py knows or one `own_format` tells (a kind's own: `Mode.reads_folder`)
+    (UsageError, before anything is read or written)."""
     output = Path(output)
     if not output.exists():
         return
@@ -44,31 +44,31 @@ def check_output(output: str | os.PathLike) -> None:
     kind = None
     if output.is_dir():
         try:
-            kind = model_folder_kind(output)
+            kind = model_folder_format(output)
         except UsageError:
             pass
-    if kind not in _REPLACEABLE:
+    if kind not in _REPLACEABLE and not (output.is_dir() and own_format(output)):
         raise UsageError(f"--output {str(output)!r} exists and is not a model folder that gradcache export wrote, so it "
                          "is left alone; give a new folder (or remove that one)")
 
 
 def export_model(config: RunConfig, model: nn.Module, loss: nn.Module, output: str | os.PathLike,
-                 metrics: dict[str, Any] | None = None) -> Path:
-    """Write `model` (with its trained `loss`: CLIP's temperature) in its mode's format to the folder `output`,
-    atomically, replacing a previous export there, with a model card (`metrics`: the final evaluation's, where
-    known); return `output`.
+                 metrics: dict[str, Any] | None = None, *, mode: Exporter) -> Path:
+    """Write `model` (with its trained `loss`: CLIP's temperature) in the format of its `mode` (the run's mode or
+    kind, `mode_of(config)`) to the folder `output`, atomically, replacing a previous export there, with a model card
+    (`metrics`: the final evaluation's, where known); return `output`.
 
     Raises:
         ModelFolderDiskFull: the disk filled (exit status 74), whatever error the writing library made of it;
             `output` keeps what it held.
     """
     output = Path(output)
-    check_output(output)
+    check_output(output, lambda folder: mode.reads_folder(None, folder))
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial"))
     try:
-        mode_of(config).export(config, model, loss, partial)
-        write_model_card(partial, output, config, metrics)
+        mode.export(config, model, loss, partial)
+        write_model_card(partial, output, config, metrics, mode)
         for path in (partial, *partial.rglob("*")):
             as_if_created(path)  # mkdtemp makes 0700 and safetensors writes 0600: set what open() and mkdir() give
         if output.exists():
@@ -100,50 +100,3 @@ def _export_command(config: RunConfig, output: Path) -> str:
     """The command that writes `output` again from the run's last checkpoint."""
     default = Path(config.output_dir) / MODEL_FOLDER if config.output_dir else None
     return f"gradcache export {config.output_dir}" + ("" if output == default else f" --output {output}")
-
-
-def choose_checkpoint(run: str | os.PathLike, checkpoint: str = "last") -> RunCheckpoint:
-    """`--checkpoint`: the run folder's newest good checkpoint (`last`; a damaged last.pt falls back to previous.pt
-    with a warning), its `previous` one, or a checkpoint file or folder given by path.
-
-    Raises:
-        CheckpointError: no such checkpoint, or it fails its checks.
-    """
-    if checkpoint not in CHECKPOINT_CHOICES:
-        return locate(checkpoint).chosen
-    folder = Path(run)
-    if not folder.is_dir():
-        raise CheckpointError(f"run {str(folder)!r} is not a folder; give the run folder of gradcache train")
-    if checkpoint == "last":
-        found = locate(folder)
-        found.warn()
-        return found.chosen
-    kind = kind_in(folder)
-    if kind is not None and (folder / kind.previous_name).exists():
-        chosen = kind(folder / kind.previous_name)
-        chosen.check()
-        return chosen
-    names = [kind.previous_name for kind in checkpoint_kinds()]
-    raise CheckpointError(f"{folder} holds no previous checkpoint ({', '.join(names[:-1])} or {names[-1]}): a run "
-                          "has one after its second save; use --checkpoint last")
-
-
-def export_checkpoint(saved: RunCheckpoint, output: str | os.PathLike) -> Path:
-    """The model of the checkpoint `saved`, rebuilt from the options it stores, exported to `output` (on CPU).
-
-    Raises:
-        CheckpointError: it does not hold a model of its own options.
-        UsageError: `output` is not replaceable, or what the model was built from (a text run's --model folder)
-            is gone.
-    """
-    check_output(output)
-    config = dataclasses.replace(RunConfig.from_dict(saved.meta()["args"]), device="cpu")
-    mode = mode_of(config)
-    try:  # a text run is rebuilt from its --model folder: the architecture and the tokenizer
-        with weights_loaded_next():  # the checkpoint's weights go in below
-            model = mode.build_model(config)
-    except (OSError, ValueError) as error:
-        raise UsageError(f"cannot rebuild the model of {saved} from its --model {config.model}: {error}") from error
-    trained = nn.ModuleDict({"model": model, "loss": mode.build_loss(config)})
-    saved.load(trained)
-    return export_model(config, trained["model"], trained["loss"], output)

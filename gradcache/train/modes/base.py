@@ -5,14 +5,16 @@ encoders; its data (any `Splits`) and batches; its evaluation and baselines; wha
 step; and its options and their defaults. The modes that train an image encoder share `ImageMode`
 (modes/image.py: the image options, the image presets, the built-in image data). A new mode is one subclass
 in this folder, registered in `MODES` (gradcache/train/modes/__init__.py); nothing elsewhere asks what kind
-of mode it is.
+of mode it is. Each kind of text model (`--kind`) is a subclass of `Text` (modes/text.py) registered in `TEXT_KINDS`,
+and answers the same questions, down to how `gradcache encode`, `eval` and `mine` use it (`LoadedModel`,
+modes/loaded_model.py) and what its model card says.
 """
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -22,6 +24,12 @@ from gradcache import losses
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.splits import Splits
+from gradcache.train.eval.representations import VECTORS, Representation
+from gradcache.train.model_folders import ModelFolderFormat
+
+if TYPE_CHECKING:
+    from gradcache.train.checkpoints.meta import CheckpointMeta
+    from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 
 
 class OptionGroups(NamedTuple):
@@ -38,7 +46,7 @@ class Mode:
 
     name: str
     help: str  # one line for `gradcache train --help`
-    loss_kind: str  # the loss's name for gradcache.negatives_per_anchor
+    negatives_loss: str | nn.Module  # the loss's name (or an instance) for gradcache.negatives_per_anchor
     path_data: str  # what a --data path holds, for help and errors
     worker_work = "reading and preparing batches"  # what a data loader worker does, for --workers' help
     defaults: dict[str, Any] = {}  # RunConfig fields whose default differs in this mode
@@ -47,8 +55,16 @@ class Mode:
     sparse_cache: bool = False  # GradCache caches (B, V) rows by their non-zeros (gradcache/sparse_rows.py)
     items: str  # what the data is made of, for help and messages ("images", "rows")
     built_in_help: str  # the built-in data sets `--data` names, for its help
+    kind: str | None = None  # the `--kind` of model it is, in a mode of several (text); None: the mode is one kind
     kind_fields: tuple[str, ...] = ()  # text's `--kind`s: the RunConfig fields only that kind reads
     kind_defaults: dict[str, Any] = {}  # text's `--kind`s: defaults of a new run's options not given (the peer's)
+    temperature_help = ""  # what --temperature's help adds in this mode
+    deepspeed_refusal: str | None = None  # why --deepspeed cannot train this mode, or None
+    # in use (`gradcache encode`, `eval`, `mine`; modes/loaded_model.py)
+    text_embeddings: Representation = VECTORS  # how its texts are embedded, written by encode and ranked by eval
+    ranks_passages = False  # queries rank passages: `eval --data` pairs, `--corpus`
+    mines = False  # `gradcache mine` ranks by its embeddings
+    folder_formats: tuple[ModelFolderFormat, ...] = ()  # the model folders of its own format it loads
 
     # --- options ----------------------------------------------------------------------------------------
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
@@ -149,7 +165,45 @@ class Mode:
         """Scores that show what training bought, given the metrics of the model at step 0."""
         return {}
 
+    # --- in use: gradcache encode, eval, mine -----------------------------------------------------------
+    @property
+    def model_noun(self) -> str:
+        """What messages call a model of it ("a clip model")."""
+        return self.name
+
+    def loaded_from_run(self, request: ModelRequest, run: Path, config: RunConfig, model: nn.Module,
+                        meta: CheckpointMeta, source: str) -> LoadedModel:
+        """A run's `model` (eval mode, on the device), rebuilt from `config`, ready for the commands; UsageError for
+        what `request` asks that the run cannot honour."""
+        raise NotImplementedError
+
+    def reads_folder(self, found: ModelFolderFormat | None, folder: Path) -> bool:
+        """Whether this mode loads the model folder `folder` of format `found` (None: of no format
+        gradcache/train/model_folders.py knows, which a new kind's own folder may be, told by its files)."""
+        return found in self.folder_formats
+
+    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat | None) -> LoadedModel:
+        """The model of `folder` (one it `reads_folder`), in eval mode on the request's device; UsageError for a
+        folder that does not load or what `request` asks that it cannot honour."""
+        raise NotImplementedError
+
     # --- export -----------------------------------------------------------------------------------------
+    def card_command(self, config: RunConfig) -> str:
+        """The command the model card says trained it."""
+        return f"gradcache train {config.mode}"
+
+    def card_settings(self) -> tuple[str, ...]:
+        """The RunConfig fields the model card shows beside the common ones (gradcache/train/export/model_card.py),
+        and those it leaves out (`card_hidden`)."""
+        return self.kind_fields
+
+    card_hidden: tuple[str, ...] = ()  # common settings that mean nothing in this mode
+
+    def card_usage(self, config: RunConfig, where: str) -> str:
+        """What the model card adds after the export's loading lines, for the folder at `where`: how to prepare
+        images and switch to evaluation mode (export/model_card.py's `usage_section`), or nothing."""
+        return ""
+
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """Write the trained `model` (and what users need of `loss`: its temperature) into the empty `folder` in
         the format this mode's users load (gradcache/train/export/), with a README.md of the loading lines."""

@@ -39,20 +39,27 @@ from gradcache.train.export.open_clip import write_open_clip_folder
 from gradcache.train.matryoshka_dims import unwrapped
 from gradcache.train.modes.backbone import BACKBONE_HELP, backbone_options, build_backbone, check_backbone
 from gradcache.train.modes.base import OptionGroups
-from gradcache.train.modes.image import SHARD_PATHS, ImageMode
+from gradcache.train.export.model_card import usage_section
+from gradcache.train.model_folders import ModelFolderFormat
+from gradcache.train.modes.image import SHARD_PATHS, ImageMode, refuse_text_options
+from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.patches import check_patches_tile
 
 
 class CLIP(ImageMode):
     name = "clip"
     help = "CLIP: image-caption pairs, symmetric contrastive loss with a learnable temperature"
-    loss_kind = "clip"
+    negatives_loss = "clip"
     path_data = f"a CSV/TSV of image paths and captions, or webdataset shards of KEY.jpg with KEY.txt ({SHARD_PATHS})"
     defaults = dict(temperature=0.07, lr=2e-3, batch_size=256, chunk_size=64)
     default_epochs = 4
     trim_padding = True  # TextEncoder ignores masked positions, so trimming is exact (open_clip's tokens have no mask)
     model_help = (f"{BACKBONE_HELP}, or open_clip:ARCH for both towers of an open_clip architecture (random init; "
                   "a SigLIP architecture trains with the sigmoid loss and a learned bias)")
+    temperature_help = " (initial; learned)"
+    deepspeed_refusal = ("gradcache train clip: the program hands DeepSpeed one encoder and its optimizer, but clip "
+                         "trains two towers and the loss's temperature; use --fsdp or DDP")
+    folder_formats = (ModelFolderFormat.BUILT_IN, ModelFolderFormat.OPEN_CLIP)
 
     def add_image_mode_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         data, model, run = groups.data, groups.model, groups.run
@@ -186,10 +193,46 @@ class CLIP(ImageMode):
                     width=config.text_width, layers=config.text_layers, heads=config.text_heads)
         preprocessing = {**self.image_preprocessing(config),
                          "tokenizer": f"gradcache.models.ByteTokenizer(context_length={config.context_length})"}
-        pretrained = PretrainedConfig("clip", config.model, backbone_options(config), config.image_size,
+        pretrained = PretrainedConfig(self.name, config.model, backbone_options(config), config.image_size,
                                       config.projection_dim, text_encoder=text, temperature=loss.temperature,
                                       preprocessing=preprocessing)
-        write_built_in_folder(model, pretrained, model.image_tower.encoder, folder)
+        use = ["import gradcache.models", 'model = gradcache.models.from_pretrained("RUN/model")',
+               'tokenizer = gradcache.models.read_pretrained_config("RUN/model").tokenizer()',
+               "image_embeddings = model.encode_image(images)",
+               'text_embeddings = model.encode_text(**tokenizer(["a large red star"]))']
+        write_built_in_folder(model, pretrained, model.image_tower.encoder, folder, use)
+
+    # --- in use: gradcache encode, eval, mine -----------------------------------------------------------
+    def image_model(self, model: nn.Module, source: str, device: torch.device, image_size: int, tokenizer,
+                    **loaded) -> LoadedModel:
+        return LoadedModel(self, source, model, device, tokenizer=tokenizer, encode_query=model.encode_text,
+                           encode_passage=model.encode_text, encode_image=model.encode_image, image_size=image_size,
+                           **loaded)
+
+    def caption_tokenizer(self, config: RunConfig) -> ByteTokenizer | OpenClipTokenizer:
+        return caption_tokenizer(config)
+
+    def folder_tokenizer(self, config: PretrainedConfig) -> ByteTokenizer:
+        return config.tokenizer()
+
+    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat) -> LoadedModel:
+        """A built-in export (ImageMode.load_folder), or an open_clip one (modes/open_clip_folder.py)."""
+        if found != ModelFolderFormat.OPEN_CLIP:
+            return super().load_folder(request, folder, found)
+        from gradcache.train.modes.open_clip_folder import load_open_clip_folder
+
+        refuse_text_options(request, found)
+        return load_open_clip_folder(self, request, folder)
+
+    def card_usage(self, config: RunConfig, where: str) -> str:
+        """An open_clip export: open_clip's own preprocessing and eval mode; a built-in one as ImageMode says."""
+        if open_clip_architecture(config.model) is None:
+            return super().card_usage(config, where)
+        return usage_section([
+            "import open_clip",
+            f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{where}")',
+            "model.eval()  # evaluation mode: dropout off",
+            "image_embeddings = model.encode_image(torch.stack([preprocess(image) for image in pil_images]))"])
 
     def summary(self, loss: nn.Module) -> dict[str, Any]:
         """The learned temperature, and a SigLIP loss's learned bias."""

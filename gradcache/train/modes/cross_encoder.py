@@ -31,21 +31,25 @@ from gradcache.train.data.text.streamed_rows import StreamedRows
 from gradcache.train.data.text.text_pairs import TextSplits
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.reranking import evaluate_reranking
-from gradcache.train.export.cross_encoder import write_cross_encoder_folder
+from gradcache.train.export.cross_encoder import SIGMOID, write_cross_encoder_folder
+from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.folder_kinds import check_folder_kind
 from gradcache.train.modes.grouped_rerank import GroupedRerank
 from gradcache.train.modes.head_weights import listed, missing_head
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, text_model_folder
 from gradcache.train.modes.text_lengths import check_pair_lengths
 
 
+IDENTITY = "torch.nn.modules.linear.Identity"  # the other activation_fn these commands apply
+
+
 class CrossEncoderText(Text):
     kind = "cross-encoder"
     kind_help = ("a reranker: one score per (query, passage) pair read together (a sentence-transformers "
                  "CrossEncoder), listwise loss over each query's positive, in-batch and hard negatives")
-    loss_kind = ListwiseRerank()  # counts G - 1 negatives: hard_negatives() says G - 1
+    negatives_loss = ListwiseRerank()  # counts G - 1 negatives: hard_negatives() says G - 1
     kind_fields = ("in_batch_negatives",)
     kind_defaults = {"temperature": 0.1}  # CachedMultipleNegativesRankingLoss's scale 10
     refused = {  # the dense kind's options a cross-encoder cannot honour (Text.check)
@@ -67,6 +71,10 @@ class CrossEncoderText(Text):
         "fsdp": "the sharded placements wrap the dense encoders only",
         "deepspeed": "the sharded placements wrap the dense encoders only",
     }
+    ranks_passages = False  # it scores pairs: eval reranks each row's candidates (`LoadedModel.score_pairs`)
+    mines = False
+    folder_formats = (ModelFolderFormat.CROSS_ENCODER,)
+    folder_description = "cross-encoder folder (a sentence-transformers CrossEncoder)"
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.run.add_argument(
@@ -77,7 +85,7 @@ class CrossEncoderText(Text):
 
     def check_model(self, config: RunConfig) -> None:
         """The model folder and its tokenizer load offline and belong together (weights not loaded)."""
-        check_folder_kind(self.kind, config.model)
+        self.check_folder_format(config.model)
         check_text_folder("--model", config.model, None, config.max_length)
 
     def random_heads(self, config: RunConfig) -> list[str]:
@@ -160,6 +168,52 @@ class CrossEncoderText(Text):
     def metrics(self, config: RunConfig, model: nn.Module, data: TextSplits,
                 device: torch.device) -> dict[str, float]:
         return evaluate_reranking(model, data.test, seed=config.data_seed)
+
+    # --- in use: gradcache encode, eval, mine -----------------------------------------------------------
+    @property
+    def model_noun(self) -> str:
+        return self.kind
+
+    def loaded_from_run(self, request: ModelRequest, run: Path, config: RunConfig, model: nn.Module,
+                        meta, source: str) -> LoadedModel:
+        """The run's `PairScorer`: (query, passage) pairs, tokenised by it at the run's --max-length (or the
+        request's), to logits."""
+        request.check_max_length(text_model_folder(config.model, "MODEL"))
+        model.max_length = request.max_length or model.max_length
+        return LoadedModel(self, source, model, request.device, config=config, meta=meta, score_pairs=model)
+
+    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat) -> LoadedModel:
+        """A sentence-transformers CrossEncoder folder (a `--kind cross-encoder` export): its logits, truncated as
+        `CrossEncoder` truncates (the tokenizer's model_max_length, at most the model's positions: `pair_length`;
+        a --max-length within those positions), and its activation (Sigmoid or Identity, from
+        config_sentence_transformers.json), each value checked before the model loads."""
+        from gradcache.models.cross_encoder import pair_length
+        from gradcache.models.sentence_transformers_folder import read_json_object
+
+        name = request.name
+        if request.pooling is not None or request.prompts != (None, None):
+            raise UsageError(f"MODEL {name} is a cross-encoder folder: it reads each (query, passage) pair whole, "
+                             "without pooling or prompts (drop --pooling, --query-prompt and --passage-prompt)")
+        path = folder / "config_sentence_transformers.json"
+        activations = {SIGMOID: torch.sigmoid, IDENTITY: lambda scores: scores}
+        try:
+            activation = read_json_object(path).get("activation_fn", SIGMOID)
+        except ValueError as error:
+            raise UsageError(f"MODEL {name}: {error}") from error
+        if not isinstance(activation, str) or activation not in activations:
+            raise UsageError(f"MODEL {name}: {path}: activation_fn {activation!r} is neither {SIGMOID!r} nor "
+                             f"{IDENTITY!r}, the two these commands apply; fix the key, or score it with "
+                             "sentence_transformers.CrossEncoder")
+        request.check_max_length(folder)
+        try:
+            quiet_transformers()
+            length = request.max_length or pair_length(folder)  # before the model loads: a tampered length first
+            scorer = HuggingFaceCrossEncoder(folder, length)
+        except (ImportError, ValueError, OSError) as error:
+            raise UsageError(f"MODEL {name}: {error}") from error
+        scorer = scorer.to(request.device).eval()
+        return LoadedModel(self, f"cross-encoder folder {folder}", scorer, request.device, score_pairs=scorer,
+                           activation=activations[activation])
 
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,17 @@ from gradcache.train.data.images.training_batches import training_batches
 from gradcache.train.data.order import StepSampler
 from gradcache.train.errors import DataError, UsageError
 from gradcache.train.modes.backbone import BACKBONE_HELP, check_backbone
+from gradcache.train.export.model_card import usage_section
+from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import Mode, OptionGroups
+from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
+
+
+def refuse_text_options(request: ModelRequest, found: ModelFolderFormat) -> None:
+    """A text model folder's prompts, asked of an image model's folder: UsageError naming them."""
+    if request.prompts != (None, None):
+        raise UsageError(f"--query-prompt and --passage-prompt apply to text models; MODEL {request.name} is a "
+                         f"{found.value} folder (drop them)")
 
 
 # where webdataset shards are, for the image modes' --data help
@@ -43,6 +54,70 @@ class ImageMode(Mode):
     model_help: str = BACKBONE_HELP  # what --model names in this mode
     worker_work = "decoding and augmenting images"
     built_in_help = f"a built-in data set ({', '.join(BUILT_IN_DATA)}: procedural shapes, scikit-learn's digits)"
+    card_hidden = ("max_length",)
+    folder_formats = (ModelFolderFormat.BUILT_IN,)  # gradcache.models.from_pretrained, of this mode's architecture
+
+    def card_usage(self, config: RunConfig, where: str) -> str:
+        """A built-in export: torchvision's preprocessing as trained, and eval mode (BatchNorm, dropout)."""
+        size = config.image_size
+        return usage_section([
+            "from torchvision import transforms",
+            f"preprocess = transforms.Compose([transforms.Resize({size}), transforms.CenterCrop({size}),",
+            "                                 transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.5] * 3)])"
+            "  # [-1, 1], as trained",
+            "model.eval()  # evaluation mode (net.eval() for the torchvision encoder): BatchNorm's running "
+            "statistics, no dropout",
+            "images = torch.stack([preprocess(image.convert('RGB')) for image in pil_images])"])
+
+    # --- in use: gradcache encode, eval, mine -----------------------------------------------------------
+    def loaded_from_run(self, request: ModelRequest, run: Path, config: RunConfig, model, meta,
+                        source: str) -> LoadedModel:
+        if request.max_length is not None:
+            raise UsageError(f"--max-length applies to text models; the {config.mode} run {run} tokenises captions "
+                             "as it was trained (drop --max-length)")
+        return self.image_model(model, source, request.device, config.image_size, self.caption_tokenizer(config),
+                                config=config, meta=meta)
+
+    def image_model(self, model, source: str, device, image_size: int, tokenizer, **loaded) -> LoadedModel:
+        """A built-in `model` of this mode (a run's, or `from_pretrained`'s) ready for the commands, `tokenizer`
+        its captions' (None: it embeds images alone)."""
+        raise NotImplementedError
+
+    def caption_tokenizer(self, config: RunConfig):
+        """A run's tokenizer of captions, or None: it embeds images alone."""
+        return None
+
+    def reads_folder(self, found: ModelFolderFormat, folder: Path) -> bool:
+        """A built-in folder of this mode's architecture (its config.json's `gradcache_architecture`)."""
+        if found != ModelFolderFormat.BUILT_IN:
+            return super().reads_folder(found, folder)
+        from gradcache.models.pretrained import ARCHITECTURE_KEY, CONFIG_FILE
+
+        try:
+            return json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")).get(ARCHITECTURE_KEY) == self.name
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat) -> LoadedModel:
+        """An exported built-in encoder (gradcache.models.from_pretrained)."""
+        from gradcache.models import from_pretrained, read_pretrained_config
+
+        refuse_text_options(request, found)
+        if request.max_length is not None or request.pooling is not None:
+            raise UsageError(f"--max-length and --pooling apply to text models; MODEL {request.name} is a built-in "
+                             "image encoder that tokenises as it was trained (drop them)")
+        try:
+            config = read_pretrained_config(folder)
+            model = from_pretrained(folder).to(request.device).eval()
+        except (ValueError, OSError) as error:
+            raise UsageError(f"MODEL {request.name}: {error}") from error
+        return self.image_model(model, f"exported {config.gradcache_architecture} model {folder}", request.device,
+                                config.image_size, self.folder_tokenizer(config))
+
+    def folder_tokenizer(self, config):
+        """A built-in folder's tokenizer of captions (from its `PretrainedConfig`), or None: it embeds images
+        alone."""
+        return None
 
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.data.add_argument("--image-size", type=int, default=default("image_size"),

@@ -30,10 +30,12 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.text.text_pairs import TextSplits
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.maxsim import evaluate_maxsim_retrieval
+from gradcache.train.eval.representations import TOKEN_VECTORS
 from gradcache.train.export.multi_vector import write_multi_vector_folder
+from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.folder_kinds import check_folder_kind
 from gradcache.train.modes.text_folders import (
     check_positions,
     check_text_folder,
@@ -43,11 +45,8 @@ from gradcache.train.modes.text_folders import (
     text_model_folder,
 )
 
-KIND = "multi-vector"
-
-
 class MultiVector(Text):
-    kind = KIND
+    kind = "multi-vector"
     kind_help = ("one vector per token, scored by MaxSim (ColBERT's late interaction; a sentence-transformers "
                  "MultiVectorEncoder)")
     trim_padding = True  # the attention ignores trimmed padding and the scoring mask drops it
@@ -63,6 +62,13 @@ class MultiVector(Text):
         "matryoshka_dims": "token vectors are not truncated in training",
         "lora_rank": "the export writes whole weights",
     }
+    text_embeddings = TOKEN_VECTORS
+    mines = False  # mine ranks by dense embeddings
+    folder_formats = (ModelFolderFormat.MULTI_VECTOR,)
+    folder_description = ("multi-vector folder (a sentence-transformers MultiVectorEncoder: a projection of every "
+                          "token after its transformer)")
+    trained_only_by_its_kind = True
+    refused_formats = {ModelFolderFormat.SPARSE_ENCODER: "it pools nothing, so --pooling does not apply to it"}
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.model.add_argument("--token-dim", type=int, default=default("token_dim"),
@@ -90,7 +96,7 @@ class MultiVector(Text):
         """The folder (a MultiVectorEncoder's too) and its tokenizer load offline and belong together; with
         --query-expansion, a length within the model's positions and a tokenizer that can expand. What else
         Text.check_model checks (pooling, LoRA targets, the guide) this kind refuses."""
-        check_folder_kind(self.kind, config.model)
+        self.check_folder_format(config.model)
         check_text_folder("--model", config.model, None, config.max_length)
         check_positions("--query-expansion", config.query_expansion, "--model", config.model)
         if config.query_expansion is not None:
@@ -157,6 +163,37 @@ class MultiVector(Text):
         query_tokenizer, passage_tokenizer = side_tokenizers(config)
         return evaluate_maxsim_retrieval(model.encode_query, model.encode_passage, query_tokenizer, data.test,
                                          device, corpus=corpus, passage_tokenizer=passage_tokenizer)
+
+    # --- in use: gradcache encode, eval, mine -----------------------------------------------------------
+    @property
+    def model_noun(self) -> str:
+        return self.kind
+
+    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat) -> LoadedModel:
+        """A sentence-transformers MultiVectorEncoder folder (a `--kind multi-vector` export): token embeddings,
+        with the folder's tokenizer, max_seq_length, prompts and query expansion unless given."""
+        from gradcache.models import BiEncoder, HuggingFaceTokenizer
+
+        if request.pooling is not None:
+            raise UsageError(f"--pooling {request.pooling}: MODEL {request.name} is a multi-vector model, which pools "
+                             "nothing (drop --pooling)")
+        request.check_max_length(folder)
+        quiet_transformers()
+        try:
+            layout = read_multi_vector_folder(folder)
+            encoder = MultiVectorTextEncoder(folder)
+            tokenizer = HuggingFaceTokenizer(layout.model_path, request.max_length or layout.max_seq_length
+                                             or RunConfig.max_length)
+        except ImportError as error:
+            raise UsageError(str(error)) from error
+        except (ValueError, OSError) as error:
+            raise UsageError(f"MODEL {request.name}: {error}") from error
+        query_prompt, passage_prompt = request.prompts_or(layout.query_prompt, layout.passage_prompt)
+        model = BiEncoder(encoder).to(request.device).eval()
+        return LoadedModel(self, f"multi-vector model folder {folder}", model, request.device, tokenizer=tokenizer,
+                           encode_query=model.encode_query, encode_passage=model.encode_passage,
+                           query_prompt=query_prompt, passage_prompt=passage_prompt,
+                           query_expansion=layout.query_expansion)
 
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:

@@ -23,6 +23,7 @@ from gradcache.train.eval.dimensions import truncated
 from gradcache.train.eval.embed import embed_image_outputs
 from gradcache.train.eval.images import knn_top1, pixel_features
 from gradcache.train.export.builtin import write_built_in_folder
+from gradcache.train.modes.loaded_model import LoadedModel
 from gradcache.train.modes.backbone import backbone_options, build_backbone
 from gradcache.train.modes.base import OptionGroups
 from gradcache.train.modes.image import SHARD_PATHS, ImageMode
@@ -31,7 +32,7 @@ from gradcache.train.modes.image import SHARD_PATHS, ImageMode
 class SimCLR(ImageMode):
     name = "simclr"
     help = "SimCLR: two augmented views per image, NT-Xent loss"
-    loss_kind = "ntxent"
+    negatives_loss = "ntxent"
     path_data = ("an ImageFolder root, or webdataset shards of KEY.jpg with KEY.cls labels for the kNN evaluation "
                  f"({SHARD_PATHS})")
     # the tuned default run (`gradcache train`, a few CPU minutes)
@@ -112,10 +113,16 @@ class SimCLR(ImageMode):
 
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """gradcache's built-in format (`gradcache.models.from_pretrained`); a ResNet backbone also for torchvision."""
-        pretrained = PretrainedConfig("simclr", config.model, backbone_options(config), config.image_size,
+        pretrained = PretrainedConfig(self.name, config.model, backbone_options(config), config.image_size,
                                       config.projection_dim, hidden_dim=config.hidden_dim,
                                       temperature=config.temperature, preprocessing=self.image_preprocessing(config))
-        write_built_in_folder(model, pretrained, model.backbone, folder)
+        use = ["import gradcache.models", 'model = gradcache.models.from_pretrained("RUN/model")',
+               "features = model.embed(images)  # the representation; model(images) is the projection the loss saw"]
+        write_built_in_folder(model, pretrained, model.backbone, folder, use)
+
+    def image_model(self, model: nn.Module, source: str, device: torch.device, image_size: int, tokenizer,
+                    **loaded) -> LoadedModel:
+        return LoadedModel(self, source, model, device, encode_image=model.embed, image_size=image_size, **loaded)
 
     def baselines(self, config: RunConfig, data: DataSplits, initial: dict[str, float]) -> dict[str, float]:
         """kNN on raw pixels (the same reference and held-out images), and on the network as initialised (the

@@ -16,7 +16,7 @@ from torch import nn
 
 from gradcache import losses
 from gradcache.losses.sparse_scores import take_rows
-from gradcache.models import BiEncoder
+from gradcache.models import BiEncoder, HuggingFaceTokenizer
 from gradcache.models.sentence_transformers_folder import SPLADE_POOLING, read_sentence_transformer_folder
 from gradcache.models.splade import SpladeEncoder
 from gradcache.sparse_rows import SparseRows
@@ -25,11 +25,13 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.text.batches import split_groups
 from gradcache.train.data.text.text_pairs import TextSplits
 from gradcache.train.errors import UsageError
+from gradcache.train.eval.representations import SPARSE_ROWS
 from gradcache.train.eval.sparse_retrieval import evaluate_sparse_retrieval
 from gradcache.train.export.sparse_encoder import write_sparse_encoder_folder
+from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import OptionGroups
+from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.text import Text
-from gradcache.train.modes.folder_kinds import check_folder_kind
 from gradcache.train.modes.head_weights import listed, missing_head
 from gradcache.train.modes.text_folders import check_text_folder, quiet_transformers, side_tokenizers, text_model_folder
 
@@ -96,6 +98,10 @@ class SparseText(Text):
         "chunk_tokens": "the sparse cache keeps the rows in chunk order: use --chunk-size",
         "lora_rank": "LoRA adapters are not placed on the masked-language-model head",
     }
+    text_embeddings = SPARSE_ROWS
+    mines = False  # mine ranks by dense embeddings
+    folder_formats = (ModelFolderFormat.SPARSE_ENCODER,)
+    folder_description = "SparseEncoder folder (SPLADE pooling)"
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         groups.run.add_argument("--document-regularizer-weight", type=float,
@@ -108,7 +114,7 @@ class SparseText(Text):
     def check_model(self, config: RunConfig) -> None:
         """The folder (a Hugging Face or a sentence-transformers folder, a SparseEncoder one included) and its
         tokenizer load offline and belong together, and its configuration has a masked-language-model class."""
-        check_folder_kind(self.kind, config.model)
+        self.check_folder_format(config.model)
         check_text_folder("--model", config.model, SPLADE_POOLING, config.max_length)
         import transformers
 
@@ -164,6 +170,30 @@ class SparseText(Text):
         query_tokenizer, passage_tokenizer = side_tokenizers(config)
         return evaluate_sparse_retrieval(model.encode_query, model.encode_passage, query_tokenizer, passage_tokenizer,
                                          data.test, device, corpus=corpus)
+
+    # --- in use: gradcache encode, eval, mine -----------------------------------------------------------
+    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat) -> LoadedModel:
+        """A SparseEncoder folder's SPLADE encoder for both sides, with its tokenizer; the request's prompts where
+        given, else the folder's own."""
+        if request.pooling is not None:
+            raise UsageError(f"--pooling {request.pooling} applies to a dense model folder; MODEL {request.name} is a "
+                             "SparseEncoder folder, which pools as SPLADE (drop --pooling)")
+        request.check_max_length(folder)
+        quiet_transformers()
+        try:
+            layout = read_sentence_transformer_folder(folder)
+            encoder = SpladeEncoder(folder)
+            tokenizer = HuggingFaceTokenizer(folder, request.max_length or layout.max_seq_length
+                                             or RunConfig.max_length)
+        except ImportError as error:
+            raise UsageError(str(error)) from error
+        except (ValueError, OSError) as error:
+            raise UsageError(f"MODEL {request.name}: {error}") from error
+        query_prompt, passage_prompt = request.prompts_or(layout.query_prompt, layout.passage_prompt)
+        model = BiEncoder(encoder).to(request.device).eval()
+        return LoadedModel(self, f"SparseEncoder folder {folder}", model, request.device, tokenizer=tokenizer,
+                           encode_query=model.encode_query, encode_passage=model.encode_passage,
+                           query_prompt=query_prompt, passage_prompt=passage_prompt)
 
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,15 +32,19 @@ from gradcache.train.data.text.streamed_rows import StreamedRows, streamed_batch
 from gradcache.train.data.text.text_pairs import TextSplits
 from gradcache.train.errors import UsageError
 from gradcache.train.eval.retrieval import evaluate_retrieval
-from gradcache.train.export.model_folders import PASSAGE_FOLDER, QUERY_FOLDER
+from gradcache.train.model_folders import PASSAGE_FOLDER, QUERY_FOLDER, ModelFolderFormat
 from gradcache.train.export.sentence_transformers import (
     write_sentence_transformers_folder,
 )
 from gradcache.train.modes.base import Mode, OptionGroups
-from gradcache.train.modes.folder_kinds import check_folder_kind
+from gradcache.train.modes.folder_formats import check_folder_format
+from gradcache.train.modes.memory_size import memory_bytes
+from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.grouped_infonce import GroupedInfoNCE
 from gradcache.train.modes.text_folders import (
     check_text_folder,
+    load_text_folder,
+    query_expansion,
     quiet_transformers,
     side_tokenizers,
     text_model_folder,
@@ -64,10 +67,13 @@ class Text(Mode):
     name = "text"
     help = "text retrieval: fine-tune a Hugging Face encoder on (query, passage, hard negatives) rows, InfoNCE"
     kind = "dense"  # `--kind`: this class trains dense embedders; each other kind is a subclass (TEXT_KINDS)
+    # every kind of text model by its `--kind`: the registry's table (modes/__init__.py's TEXT_KINDS is this dict),
+    # read here without importing the registry, which imports this module
+    kinds: dict[str, Text] = {}
     kind_help = "one pooled vector per text, cosine similarity (a sentence-transformers model)"
     kind_fields: tuple[str, ...] = ()  # the RunConfig fields only this kind reads (`add_kind_options`' options)
     refused: dict[str, str] = {}  # the dense kind's options this kind cannot honour: field -> why (`check`)
-    loss_kind = "infonce"
+    negatives_loss = "infonce"
     path_data = (f"a {listed(file_suffixes())} file, a folder or pattern of them ('part-{{000..099}}.jsonl'), or "
                  f"{listed(folder_names())} (save_to_disk), of (query, positive, hard negatives) rows; indexed at "
                  f"start, a {listed(file_suffixes(streamed=True))} streamed through --shuffle-buffer")
@@ -80,6 +86,14 @@ class Text(Mode):
     items = "rows"
     built_in_help = (f"'{BUILT_IN_TEXT}' (built-in, generated: questions about the residents of an invented world), "
                      f"'{BUILT_IN_HARD}' (the same, each passage also telling of a relative: harder)")
+    card_hidden = ("image_size",)
+    ranks_passages = True
+    mines = True  # dense embeddings: gradcache mine ranks by them (the other kinds set False)
+    folder_formats = (ModelFolderFormat.SENTENCE_TRANSFORMERS, ModelFolderFormat.HUGGING_FACE,
+                      ModelFolderFormat.SENTENCE_TRANSFORMERS_TOWERS)  # each other kind names its own
+    folder_description = "sentence-transformers folder"  # its own format, in messages (modes/folder_formats.py)
+    trained_only_by_its_kind = False  # another kind may train from a folder of its format
+    refused_formats: dict[ModelFolderFormat, str] = {}  # formats of other kinds' folders it cannot train from: why
 
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         data, model, run = groups.data, groups.model, groups.run
@@ -126,12 +140,10 @@ class Text(Mode):
                          "the texts sorted by length, --chunk-size still capping the rows (default: fixed chunks of "
                          "--chunk-size rows)")
         add_lora_options(model, default)
-        from gradcache.train.modes import TEXT_KINDS  # the registry of kinds imports this module
-
-        model.add_argument("--kind", default=default("kind"), choices=list(TEXT_KINDS),
+        model.add_argument("--kind", default=default("kind"), choices=list(Text.kinds),
                            help="the kind of model trained from the same rows: " + "; ".join(
-                               f"{name}: {kind.kind_help}" for name, kind in TEXT_KINDS.items()))
-        for kind in TEXT_KINDS.values():
+                               f"{name}: {kind.kind_help}" for name, kind in Text.kinds.items()))
+        for kind in Text.kinds.values():
             kind.add_kind_options(groups, default)
 
     def add_kind_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
@@ -186,7 +198,7 @@ class Text(Mode):
     def check_model(self, config: RunConfig) -> None:
         """The model folder (and the guide's) and its tokenizer load offline, and belong together; read from each
         folder's config.json and tokenizer files, without loading the weights (the run builds the model once)."""
-        check_folder_kind(self.kind, config.model)
+        self.check_folder_format(config.model)
         check_text_folder("--model", config.model, config.pooling, config.max_length)
         check_lora_targets(config, text_model_folder(config.model))
         pooling = config.pooling or _folder_pooling(text_model_folder(config.model))
@@ -194,8 +206,13 @@ class Text(Mode):
             raise UsageError(f"--exclude-prompt-from-pooling applies to mean pooling; --model {config.model} pools "
                              f"by {pooling!r}: add --pooling mean, or drop the flag")
         if config.guide is not None:
-            check_folder_kind(self.kind, config.guide, "--guide")
+            self.check_folder_format(config.guide, "--guide")
             check_text_folder("--guide", config.guide, None, config.max_length)
+
+    def check_folder_format(self, name: str, option: str = "--model") -> None:
+        """A folder of another kind's own format, which this kind cannot train from, refused naming the kind that
+        reads it (modes/folder_formats.py)."""
+        check_folder_format(self, name, option, Text.kinds.values())
 
     def embedding_width(self, config: RunConfig) -> int:
         """The model's hidden size (its config.json, read without loading the weights)."""
@@ -304,6 +321,29 @@ class Text(Mode):
         return evaluate_retrieval(model.encode_query, model.encode_passage, query_tokenizer, data.test, device,
                                   dims=config.matryoshka_dims, corpus=corpus, passage_tokenizer=passage_tokenizer)
 
+    # --- in use: gradcache encode, eval, mine -----------------------------------------------------------
+    def loaded_from_run(self, request: ModelRequest, run: Path, config: RunConfig, model: nn.Module,
+                        meta, source: str) -> LoadedModel:
+        """Both towers, with the --model folder's tokenizer at the run's --max-length (or the request's), its
+        prompts and query expansion."""
+        folder = text_model_folder(config.model, "MODEL")
+        request.check_max_length(folder)
+        tokenizer = HuggingFaceTokenizer(folder, request.max_length or config.max_length)
+        return LoadedModel(self, source, model, request.device, tokenizer=tokenizer, encode_query=model.encode_query,
+                           encode_passage=model.encode_passage, config=config, meta=meta,
+                           query_prompt=config.query_prompt, passage_prompt=config.passage_prompt,
+                           query_expansion=query_expansion(config))
+
+    def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat) -> LoadedModel:
+        """A shared tower from a sentence-transformers or Hugging Face folder, or a query tower from `query/` and a
+        passage tower from `passage/` (`--separate-towers`' export, with `query/`'s tokenizer)."""
+        if found == ModelFolderFormat.SENTENCE_TRANSFORMERS_TOWERS:
+            return load_text_folder(self, request, folder / QUERY_FOLDER, folder / PASSAGE_FOLDER)
+        return load_text_folder(self, request, folder)
+
+    def card_command(self, config: RunConfig) -> str:
+        return f"gradcache train {self.name}" + ("" if self.kind == Text.kind else f" --kind {self.kind}")
+
     # --- export -----------------------------------------------------------------------------------------
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """A sentence-transformers folder; with --separate-towers one per side, `query/` and `passage/`; with
@@ -329,30 +369,6 @@ class Text(Mode):
         return {f"{key}_initial": value for key, value in initial.items()}
 
 
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def memory_bytes(text: str) -> int:
-    """`--memory-budget`: bytes, as a finite number >= 0 with an optional K, M or G suffix (powers of 1024): 2G, 500M.
-
-    Raises:
-        argparse.ArgumentTypeError: an empty value, not a number, NaN, infinite (`inf`, `1e400`) or negative: the
-            parser exits 2 naming the option.
-    """
-    stripped = text.strip()
-    unit = stripped[-1:].upper() if stripped[-1:].upper() in ("K", "M", "G") else ""
-    examples = "give e.g. 2G, 500M or 1000000 (or omit the option to keep no graph)"
-    try:
-        size = float(stripped[:-1] if unit else stripped) * _UNITS[unit]  # 1e300G: finite, times 2**30 is not
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes; {examples}") from None
-    if not math.isfinite(size):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite size in bytes; {examples}")
-    if size < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is a negative size in bytes; {examples}")
-    return int(size)
-
-
 def include_prompt(config: RunConfig) -> bool | None:
     """The towers' `include_prompt`: False with --exclude-prompt-from-pooling, else the folder's own (None)."""
     return False if config.exclude_prompt_from_pooling else None
@@ -367,9 +383,7 @@ def _folder_pooling(folder: Path) -> str:
 def check_kind_fields(config: RunConfig) -> None:
     """An option that only another `--kind` reads, given a value, is refused (UsageError) naming its kind: a run
     never silently ignores what it was asked."""
-    from gradcache.train.modes import TEXT_KINDS  # the registry of kinds imports this module
-
-    for kind in TEXT_KINDS.values():
+    for kind in Text.kinds.values():
         for name in kind.kind_fields if kind.kind != config.kind else ():
             value, default = getattr(config, name), RunConfig.__dataclass_fields__[name].default
             if value != default:

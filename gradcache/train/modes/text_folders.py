@@ -8,17 +8,24 @@ finding and checking, with its library errors turned into `UsageError` naming th
   `--max-length`, and the query's and passage's (each text after its side's prompt; queries expanded as
   `query_expansion(config)` says).
 - `quiet_transformers()`: no per-load progress bars of transformers on the program's stderr.
+- `load_text_folder(kind, request, folder)`: a dense sentence-transformers or Hugging Face folder as the commands
+  use it (`Text.load_folder`).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gradcache.models import HuggingFaceTokenizer
 from gradcache.models import huggingface_folder
 from gradcache.models.query_expansion import QueryExpansion
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
+
+if TYPE_CHECKING:
+    from gradcache.train.modes.base import Mode
+    from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 
 
 def quiet_transformers() -> None:
@@ -86,3 +93,29 @@ def side_tokenizers(config: RunConfig) -> tuple[Callable, Callable]:
     except ValueError as error:
         raise UsageError(f"--query-expansion {config.query_expansion}: {error}") from error
     return query, tokenizer.with_prompt(config.passage_prompt)
+
+
+def load_text_folder(kind: Mode, request: ModelRequest, folder: Path, passage_folder: Path | None = None
+                     ) -> LoadedModel:
+    """A shared tower from `folder`, or a query tower from `folder` and a passage tower from `passage_folder`
+    (both with `folder`'s tokenizer); the request's prompts where given, else the folder's own."""
+    from gradcache.models import BiEncoder, HuggingFaceEncoder
+    from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
+    from gradcache.train.modes.loaded_model import LoadedModel
+
+    quiet_transformers()
+    request.check_max_length(folder)
+    try:
+        layout = read_sentence_transformer_folder(folder)
+        # the length the folder says it was trained with (sentence-transformers' max_seq_length), else train's
+        length = request.max_length or (layout and layout.max_seq_length) or RunConfig.max_length
+        tokenizer = HuggingFaceTokenizer(folder, length)  # before the weights: a tokenizer of another model is refused
+        encoder = HuggingFaceEncoder(folder, pooling=request.pooling)
+        passage = None if passage_folder is None else HuggingFaceEncoder(passage_folder, pooling=request.pooling)
+    except (ValueError, OSError) as error:
+        raise UsageError(f"MODEL {request.name}: {error}") from error
+    prompts = request.prompts if layout is None else request.prompts_or(layout.query_prompt, layout.passage_prompt)
+    model = BiEncoder(encoder, passage).to(request.device).eval()
+    return LoadedModel(kind, f"model folder {folder}", model, request.device, tokenizer=tokenizer,
+                       encode_query=model.encode_query, encode_passage=model.encode_passage,
+                       query_prompt=prompts[0], passage_prompt=prompts[1])

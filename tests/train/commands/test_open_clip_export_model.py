@@ -38,7 +38,7 @@ def test_encode_and_zero_shot_of_the_export_equal_the_run_folders(tmp_path, caps
 
 
 def test_an_open_clip_too_old_for_local_dir_is_named_not_the_folder(tmp_path, capsys, monkeypatch):
-    from gradcache.train.export.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
+    from gradcache.train.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -57,7 +57,7 @@ def test_a_tampered_open_clip_folder_is_refused_before_it_is_built(tmp_path, cap
                                                                     change):
     from safetensors.torch import save_file
 
-    from gradcache.train.export.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
+    from gradcache.train.model_folders import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS
 
     folder = tmp_path / "model"
     folder.mkdir()

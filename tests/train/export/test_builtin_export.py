@@ -8,9 +8,9 @@ import torch
 import gradcache.models
 from gradcache.cli import main
 from gradcache.train.config import RunConfig
-from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
+from gradcache.train.model_folders import ModelFolderFormat, model_folder_format
 from gradcache.train.export.write import export_model
-from gradcache.train.modes import MODES
+from gradcache.train.modes import MODES, mode_of
 from tests.train.export.helpers import program_model
 
 torchvision = pytest.importorskip("torchvision")
@@ -34,8 +34,8 @@ def test_simclr_from_pretrained_and_torchvision(tmp_path, preset, norm, image_si
         if isinstance(module, torch.nn.BatchNorm2d):  # statistics a run would have learned, not the 0 / 1 start
             module.running_mean.uniform_(-0.5, 0.5)
             module.running_var.uniform_(0.5, 2.0)
-    exported = export_model(config, model, loss, tmp_path / "model")
-    assert model_folder_kind(exported) is ModelFolderKind.BUILT_IN
+    exported = export_model(config, model, loss, tmp_path / "model", mode=mode_of(config))
+    assert model_folder_format(exported) is ModelFolderFormat.BUILT_IN
     images = _images(config.image_size)
     rebuilt = gradcache.models.from_pretrained(exported)
     assert not rebuilt.training

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from gradcache.cli import main
 from gradcache.train.checkpoints.atomic import load_checkpoint
 from gradcache.train.errors import UsageError
-from gradcache.train.export.model_folders import model_folder_kind
+from gradcache.train.model_folders import model_folder_format
 
 SIMCLR = ["--steps", "2", "--checkpoint-every", "1"]  # two saves: previous.pt holds step 1
 
@@ -70,7 +70,7 @@ def test_bad_input_exits_2_naming_the_problem_and_writes_nothing(run, tmp_path, 
     assert "not a model folder that gradcache export wrote" in capsys.readouterr().err
     assert os.listdir(tmp_path / "notes") == ["mine.txt"]
     with pytest.raises(UsageError, match="unknown kind"):
-        model_folder_kind(tmp_path / "notes")
+        model_folder_format(tmp_path / "notes")
 
 
 def test_files_get_the_umask_permissions_not_0600(tmp_path, tiny_args):

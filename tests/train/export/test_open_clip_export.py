@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from gradcache.train.config import RunConfig
-from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
+from gradcache.train.model_folders import ModelFolderFormat, model_folder_format
 from gradcache.train.export.write import export_model
-from gradcache.train.modes import MODES
+from gradcache.train.modes import MODES, mode_of
 from tests.train.test_open_clip_mode import ARCHITECTURE
 
 open_clip = pytest.importorskip("open_clip")
@@ -23,8 +23,8 @@ def test_open_clip_loads_the_export_strictly_and_embeds_as_trained(tmp_path):
     model, loss = mode.build_model(config).eval(), mode.build_loss(config)
     with torch.no_grad():
         loss.logit_scale.fill_(math.log(1 / 0.031))
-    exported = export_model(config, model, loss, tmp_path / "model")
-    assert model_folder_kind(exported) is ModelFolderKind.OPEN_CLIP
+    exported = export_model(config, model, loss, tmp_path / "model", mode=mode_of(config))
+    assert model_folder_format(exported) is ModelFolderFormat.OPEN_CLIP
     images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))  # in [0, 1]
     tokens = open_clip.get_tokenizer(ARCHITECTURE)(["a large red star", "a blue circle"])
     with torch.no_grad():

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from gradcache.cli import main
 from gradcache.models import HuggingFaceTokenizer
-from gradcache.train.export.model_folders import ModelFolderKind, model_folder_kind
+from gradcache.train.model_folders import ModelFolderFormat, model_folder_format
 from tests.tiny_text_model import write_tiny_bert
 from tests.train.conftest import text_args
 from tests.train.export.helpers import program_model
@@ -41,7 +41,7 @@ def test_shared_tower_loads_in_sentence_transformers_and_transformers(tmp_path, 
     model_folder = tiny_bert if base == "plain" else st_bert
     assert main(text_args(model_folder, tmp_path / "run")) == 0
     exported = tmp_path / "run" / "model"
-    assert model_folder_kind(exported) is ModelFolderKind.SENTENCE_TRANSFORMERS
+    assert model_folder_format(exported) is ModelFolderFormat.SENTENCE_TRANSFORMERS
     config, model, _ = program_model(tmp_path / "run")
     want = _program(config, model.encode_query)
 
@@ -67,7 +67,7 @@ def test_shared_tower_loads_in_sentence_transformers_and_transformers(tmp_path, 
 def test_separate_towers_are_two_folders_each_its_own_side(tmp_path, tiny_bert):
     assert main(text_args(tiny_bert, tmp_path / "run", "--separate-towers")) == 0
     exported = tmp_path / "run" / "model"
-    assert model_folder_kind(exported) is ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS
+    assert model_folder_format(exported) is ModelFolderFormat.SENTENCE_TRANSFORMERS_TOWERS
     assert "query" in (exported / "README.md").read_text()
     config, model, _ = program_model(tmp_path / "run")
     queries = _sentence_transformer(exported / "query").encode(TEXTS, convert_to_tensor=True)

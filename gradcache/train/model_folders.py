@@ -1,7 +1,8 @@
-"""What a model folder is, by the files it holds: the one place that tells the kinds apart, for `gradcache export`
-(which writes them) and for the commands that read any MODEL argument (encode, eval, mine).
+"""What format a model folder is in, by the files it holds: the one place that tells the formats apart, for
+`gradcache export` (which writes them), for the modes and kinds (which read their own) and for the commands that read
+any MODEL argument (encode, eval, mine).
 
-| kind | recognised by | load it with |
+| format | recognised by | load it with |
 |---|---|---|
 | `RUN` | `last.pt`, `previous.pt`, `last.dcp` or `previous.dcp` | `gradcache export RUN`, `gradcache eval RUN` |
 | `MULTI_VECTOR` | `modules.json` + `model_type` "MultiVectorEncoder" in `config_sentence_transformers.json` | `MultiVectorEncoder(folder)` |
@@ -13,7 +14,7 @@
 | `BUILT_IN` | `config.json` with `gradcache_architecture` + `model.safetensors` | `gradcache.models.from_pretrained(folder)` |
 | `HUGGING_FACE` | any other `config.json` (written by `save_pretrained`) | `transformers.AutoModel.from_pretrained(folder)` |
 
-A run's `model/` folder is one of the middle eight (gradcache/train/export/).
+A run's `model/` folder is one of the middle eight (gradcache/train/export/, each mode's `export`).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ RUN_CHECKPOINTS = (FileCheckpoint.name, FileCheckpoint.previous_name, ShardedChe
                    ShardedCheckpoint.previous_name)
 
 
-class ModelFolderKind(str, enum.Enum):
+class ModelFolderFormat(str, enum.Enum):
     RUN = "run"
     MULTI_VECTOR = "multi-vector"
     SENTENCE_TRANSFORMERS = "sentence-transformers"
@@ -47,33 +48,33 @@ class ModelFolderKind(str, enum.Enum):
     HUGGING_FACE = "hugging-face"
 
 
-def model_folder_kind(folder: str | os.PathLike) -> ModelFolderKind:
-    """The kind of the model folder `folder` (the table of the module docstring).
+def model_folder_format(folder: str | os.PathLike) -> ModelFolderFormat:
+    """The format of the model folder `folder` (the table of the module docstring).
 
     Raises:
-        UsageError: `folder` is not a folder, or holds none of the files that tell a kind (the message lists them);
+        UsageError: `folder` is not a folder, or holds none of the files that tell a format (the message lists them);
             the commands map it to exit status 2.
 
     Example:
-        >>> model_folder_kind("runs/text-20261201-110000/model")
-        <ModelFolderKind.SENTENCE_TRANSFORMERS: 'sentence-transformers'>
+        >>> model_folder_format("runs/text-20261201-110000/model")
+        <ModelFolderFormat.SENTENCE_TRANSFORMERS: 'sentence-transformers'>
     """
     path = Path(folder)
     if not path.is_dir():
         raise UsageError(f"model {str(path)!r} is not a folder; give a run folder, its model/ folder, a "
                          "sentence-transformers or Hugging Face model folder")
     if any((path / name).exists() for name in RUN_CHECKPOINTS):
-        return ModelFolderKind.RUN
+        return ModelFolderFormat.RUN
     if is_multi_vector_folder(path):
-        return ModelFolderKind.MULTI_VECTOR
+        return ModelFolderFormat.MULTI_VECTOR
     if (path / "modules.json").is_file():
         if _is_cross_encoder(path):
-            return ModelFolderKind.CROSS_ENCODER
-        return ModelFolderKind.SPARSE_ENCODER if _lists_splade_pooling(path) else ModelFolderKind.SENTENCE_TRANSFORMERS
+            return ModelFolderFormat.CROSS_ENCODER
+        return ModelFolderFormat.SPARSE_ENCODER if _lists_splade_pooling(path) else ModelFolderFormat.SENTENCE_TRANSFORMERS
     if all((path / side / "modules.json").is_file() for side in (QUERY_FOLDER, PASSAGE_FOLDER)):
-        return ModelFolderKind.SENTENCE_TRANSFORMERS_TOWERS
+        return ModelFolderFormat.SENTENCE_TRANSFORMERS_TOWERS
     if (path / OPEN_CLIP_WEIGHTS).is_file() and (path / OPEN_CLIP_CONFIG).is_file():
-        return ModelFolderKind.OPEN_CLIP
+        return ModelFolderFormat.OPEN_CLIP
     config = path / CONFIG_FILE
     if config.is_file():
         try:
@@ -81,8 +82,8 @@ def model_folder_kind(folder: str | os.PathLike) -> ModelFolderKind:
         except (OSError, json.JSONDecodeError) as error:
             raise UsageError(f"model {str(path)!r}: cannot read {CONFIG_FILE}: {error}") from error
         if isinstance(values, dict) and ARCHITECTURE_KEY in values:
-            return ModelFolderKind.BUILT_IN
-        return ModelFolderKind.HUGGING_FACE
+            return ModelFolderFormat.BUILT_IN
+        return ModelFolderFormat.HUGGING_FACE
     raise UsageError(f"model {str(path)!r} is a folder of an unknown kind: it holds none of {', '.join(RUN_CHECKPOINTS)} "
                      f"(a run folder), modules.json (sentence-transformers), {QUERY_FOLDER}/ and {PASSAGE_FOLDER}/ "
                      f"(separate towers), {OPEN_CLIP_WEIGHTS} (open_clip) or {CONFIG_FILE} (gradcache or Hugging "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gradcache.models.huggingface import HF_POOLINGS
+from gradcache.ranges import within
 from gradcache.train.commands.command_inputs import CORPUS_ID, CORPUS_TEXT
 from gradcache.train.commands.encode import TOWERS
 from gradcache.train.commands.mine import NEGATIVES_FIELD
@@ -183,7 +184,7 @@ def check_options(args: argparse.Namespace, groups: tuple[type, ...]) -> None:
             value, at_least = getattr(args, field.name), field.metadata["at_least"]
             if value is None or at_least is None:
                 continue
-            if isinstance(value, bool) or value < at_least:
+            if isinstance(value, bool) or not within(value, at_least=at_least):  # NaN too
                 why = f" ({field.metadata['why']})" if field.metadata["why"] else ""
                 raise UsageError(f"{_flags(field)[0]} must be at least {at_least:g}{why}, got {value}")
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from gradcache.ranges import check_int
+
 PLACEHOLDER = "<image>"  # where a row's text wants an image; the rows' images fill them in order
 # Qwen2-VL's family wraps each image's tokens in these (its chat template writes them); others expand alone.
 QWEN_VISION_BOUNDS = ("<|vision_start|>", "<|vision_end|>")
@@ -56,8 +58,7 @@ class VisionLanguageCollator:
                  query_prompt: str = "", passage_prompt: str = "", padding_side: str = "left",
                  end_token: str | None = None) -> None:
         for name, value in (("max_pixels", max_pixels), ("max_length", max_length)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} must be a positive int or None")
+            check_int(value, name, optional="no bound")
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side={padding_side!r}: choose 'left' or 'right'")
         self.processor = processor

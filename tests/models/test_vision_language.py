@@ -142,7 +142,7 @@ def test_bad_inputs_are_refused_by_name():
         collator([VisionLanguageInput("<image> a <image>", (picture,))])
     with pytest.raises(ValueError, match=r"input 1 holds \d+ tokens \(4 of them image tokens\), more than max_le"):
         collator([VisionLanguageInput("a"), VisionLanguageInput("a cat on the mat", (picture,))])
-    with pytest.raises(ValueError, match="max_pixels=0"):
+    with pytest.raises(ValueError, match="max_pixels must be None .no bound. or an int >= 1, got 0"):
         VisionLanguageCollator(processor, max_pixels=0)
     with pytest.raises(ValueError, match="pooling='cls'"):
         VisionLanguageEncoder(tiny_qwen2_vl(seed=0)[0], pooling="cls")

@@ -1,6 +1,8 @@
 """A `--model open_clip:ARCH` model's RUN/model loads strictly in open_clip, at the trained temperature and image
 size, and embeds as the program does."""
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -42,17 +44,21 @@ def test_open_clip_loads_the_export_strictly_and_embeds_as_trained(tmp_path):
 
 
 @pytest.mark.slow
-def test_export_and_eval_do_not_warn_of_random_weights_they_then_load(tmp_path, caplog, capsys):
+def test_export_and_eval_do_not_warn_of_random_weights_they_then_load(tmp_path):
     """open_clip logs "No pretrained weights loaded ... initialized randomly" for the model a run starts from (true
-    there); `gradcache export` and `gradcache eval` rebuild that model only to load the trained weights into it."""
-    from gradcache.cli import main
+    there); `gradcache export` and `gradcache eval` rebuild that model only to load the trained weights into it.
+    Each command runs as a user runs it, in a process of its own: in the slow stage's one process, the notice of
+    the run went missing after the tests before it (a logging state this test cannot see), which this test's
+    control then reported as the run's silence."""
     from tests.train.test_open_clip_mode import RUN
 
+    def command(*arguments: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "gradcache", *arguments], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
     run = tmp_path / "run"
-    with caplog.at_level("WARNING"):
-        assert main([*RUN, "--output-dir", str(run)]) == 0
-        assert "initialized randomly" in caplog.text  # a new run starts from random weights, and says so
-        caplog.clear()
-        assert main(["export", str(run), "--output", str(tmp_path / "again")]) == 0
-        assert main(["eval", str(run)]) == 0
-    assert "initialized randomly" not in caplog.text and "initialized randomly" not in capsys.readouterr().err
+    assert "initialized randomly" in command(*RUN, "--output-dir", str(run))  # a new run starts from random weights
+    assert "initialized randomly" not in command("export", str(run), "--output", str(tmp_path / "again"))
+    assert "initialized randomly" not in command("eval", str(run))

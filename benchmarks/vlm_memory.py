@@ -13,7 +13,7 @@ scale 20 (ours: InfoNCE at temperature 0.05 over the normalised embeddings, the 
 forward and backward, not the optimizer. Ours splits each column by itself (no `split_fn`: each chunk holds its
 rows' images, told by `num_images_per_sample`), in the same mini-batches of rows as the peer.
 
-Exactness: at ``--check-size`` (16) every side's gradient on every trainable parameter against one full-batch
+Exactness: at ``--check-size`` (64, so 4 chunks of 16) every side's gradient on every trainable parameter against one full-batch
 backward (FullBatch), relative to the largest entry (accumulation is not a large batch: its error is reported,
 not required). Memory: each (side, N) point in a fresh process (``fresh_process.py``), a step at N = 4 first
 (initialisation not counted), then the peak RSS above the baseline over one step at N (CUDA:
@@ -66,7 +66,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.add_argument("--sizes", default="64,128,256,512", help="comma-separated N of the memory points")
     parser.add_argument("--time-sizes", default="64,256", help="comma-separated N timed round robin ('' none)")
-    parser.add_argument("--check-size", type=int, default=16, help="N of the exactness check (0: none)")
+    parser.add_argument("--check-size", type=int, default=64,
+                        help="N of the exactness check, more than --chunk so that it splits (0: none)")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
     parser.add_argument("--chunk", type=int, default=16, help="our chunk_size and their mini_batch_size")
     parser.add_argument("--width", type=int, default=256, help="the language model's hidden size")
@@ -315,7 +316,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         return []
     _sides(args.sides)  # refuse bad flags before any work
     if args.chunk < 1 or args.check_size < 0:
-        raise ValueError(f"--chunk must be >= 1 and --check-size >= 0, got {args.chunk} and {args.check_size}")
+        get_args_parser().error(f"--chunk must be at least 1 and --check-size at least 0, got {args.chunk} and "
+                                f"{args.check_size}")
+    if 0 < args.check_size <= args.chunk:  # one chunk is the full batch: the check could not fail
+        get_args_parser().error(f"--check-size {args.check_size} is not more than --chunk {args.chunk}, so nothing "
+                                "is split and the check could not fail; give a larger --check-size, or 0 for none")
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(args.model_dir or Path(scratch) / "tiny-qwen2-vl")
         args.model_dir = str(save_model(folder, args.width, args.text_layers, args.vision_width, args.vision_blocks))

@@ -44,7 +44,15 @@ def test_sweep_checks_exactness_and_measures_every_side(tmp_path: Path, monkeypa
 def test_bad_flags_are_named_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--sides: unknown side 'peer'"):
         bench.main(["--sides", "gradcache,peer", "--output-dir", str(tmp_path)])
-    with pytest.raises(ValueError, match="--chunk must be >= 1"):
-        bench.main(["--chunk", "0", "--output-dir", str(tmp_path)])
+    assert not (tmp_path / "vlm_memory.csv").exists()
+
+
+@pytest.mark.parametrize("flags, named", [(["--chunk", "0"], "--chunk must be at least 1"),
+                                          (["--check-size", "16", "--chunk", "16"], "--check-size 16 is not more")])
+def test_bad_sizes_exit_2_naming_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str],
+                                          named: str) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        bench.main([*flags, "--output-dir", str(tmp_path)])
+    assert stopped.value.code == 2 and named in capsys.readouterr().err
     assert not (tmp_path / "vlm_memory.csv").exists()
 

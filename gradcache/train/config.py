@@ -25,7 +25,7 @@ from typing import Any
 
 from gradcache.train.errors import CheckpointError
 
-CONFIG_VERSION = 18
+CONFIG_VERSION = 19
 _SAME = object()  # `before` of a field whose older runs trained under its default
 
 
@@ -39,7 +39,8 @@ def option(default: Any, *, modes: tuple[str, ...] = (), model: bool = False, at
         run_local=run_local or kept_unless_given, kept_unless_given=kept_unless_given, added=added, before=before))
 
 
-SIMCLR, CLIP, TEXT, IMAGES = ("simclr",), ("clip",), ("text",), ("simclr", "clip")
+SIMCLR, CLIP, TEXT, VLM, IMAGES = ("simclr",), ("clip",), ("text",), ("vlm",), ("simclr", "clip")
+ROWS = TEXT + VLM  # the modes that train on rows of queries and passages (their keys, prompts, LoRA)
 
 
 @dataclass
@@ -81,29 +82,29 @@ class RunConfig:
     text_layers: int = option(2, modes=CLIP, model=True, at_least=1)
     text_heads: int = option(4, modes=CLIP, model=True, at_least=1)
     grad_checkpointing: bool = False
-    pooling: str | None = option(None, modes=TEXT, added=3)  # None: the folder's own (sentence-transformers), else mean
-    max_length: int = option(128, modes=TEXT, at_least=2, why="two special tokens", added=3)  # most tokens per text
+    pooling: str | None = option(None, modes=ROWS, added=3)  # None: the folder's own (sentence-transformers), else mean
+    max_length: int = option(128, modes=ROWS, at_least=2, why="two special tokens", added=3)  # most tokens per text
     separate_towers: bool = option(False, modes=TEXT, model=True, added=3)  # a query and a passage encoder
-    query_key: str = option("query", modes=TEXT, added=3)
-    positive_key: str = option("positive", modes=TEXT, added=3)
-    negative_keys: list[str] | None = option(None, modes=TEXT, added=3)  # columns, or one list-valued JSONL field
-    negatives_per_query: int | None = option(None, modes=TEXT, at_least=0, added=3)  # h; None: what most rows have
+    query_key: str = option("query", modes=ROWS, added=3)
+    positive_key: str = option("positive", modes=ROWS, added=3)
+    negative_keys: list[str] | None = option(None, modes=ROWS, added=3)  # columns, or one list-valued JSONL field
+    negatives_per_query: int | None = option(None, modes=ROWS, at_least=0, added=3)  # h; None: what most rows have
     corpus: str | None = option(None, modes=TEXT, added=9, path=True)  # (id, text) passages that rows name by id
     symmetric: bool = option(False, modes=TEXT, added=3)  # InfoNCE in both directions
     guide: str | None = option(None, modes=TEXT, added=8, path=True)  # a frozen model whose similarities mask false negatives
     guide_margin: float = option(0.0, modes=TEXT, added=8)
     guide_margin_strategy: str = option("absolute", modes=TEXT, added=8)  # or "relative"
     # LoRA adapters (modes/lora.py); None rank: every weight trained; None alpha, dropout, targets: their defaults there
-    lora_rank: int | None = option(None, modes=TEXT, model=True, at_least=1, added=11)
-    lora_alpha: float | None = option(None, modes=TEXT, above=0, added=11)
-    lora_dropout: float | None = option(None, modes=TEXT, at_least=0, below=1, why="a probability of dropping",
+    lora_rank: int | None = option(None, modes=ROWS, model=True, at_least=1, added=11)
+    lora_alpha: float | None = option(None, modes=ROWS, above=0, added=11)
+    lora_dropout: float | None = option(None, modes=ROWS, at_least=0, below=1, why="a probability of dropping",
                                         added=11)
-    lora_targets: list[str] | None = option(None, modes=TEXT, model=True, added=11)  # module names, as peft matches
+    lora_targets: list[str] | None = option(None, modes=ROWS, model=True, added=11)  # module names, as peft matches
     # the base model folder's fingerprint when a LoRA run started, compared whenever its model is rebuilt
-    base_fingerprint: dict | None = option(None, modes=TEXT, added=17)  # modes/base_fingerprint.py
+    base_fingerprint: dict | None = option(None, modes=ROWS, added=17)  # modes/base_fingerprint.py
     # how it hashes the weight files: "sampled" (64 blocks of a large file) or "full"; runs of version 17
     # fingerprinted config.json and the weights alone ("weights"), not the tokenizer
-    fingerprint: str = option("sampled", modes=TEXT, added=18, before="weights")
+    fingerprint: str = option("sampled", modes=ROWS, added=18, before="weights")
     # the kind of model text trains (modes/__init__.py's TEXT_KINDS): dense vectors, token vectors (late
     # interaction), sparse vocabulary rows (SPLADE), or a cross-encoder scoring each (query, passage) pair
     kind: str = option("dense", modes=TEXT, model=True, added=14)
@@ -119,9 +120,17 @@ class RunConfig:
     attend_to_expansion: bool = option(False, modes=TEXT, added=15)
     in_batch_negatives: int = option(4, modes=TEXT, at_least=0, added=14)  # --kind cross-encoder: per query, per step
     # decoder embedders and prompts: texts prepended to queries and to passages (sentence-transformers' prompts)
-    query_prompt: str | None = option(None, modes=TEXT, added=12)
-    passage_prompt: str | None = option(None, modes=TEXT, added=12)
+    query_prompt: str | None = option(None, modes=ROWS, added=12)
+    passage_prompt: str | None = option(None, modes=ROWS, added=12)
     exclude_prompt_from_pooling: bool = option(False, modes=TEXT, added=12)  # False: the folder's own, else included
+    # vision-language rows (gradcache train vlm): each side's images beside its text, paths under --image-root (None:
+    # the data file's folder); None negative image keys: the field `negative_images` where the rows have it
+    query_image_key: str = option("query_image", modes=VLM, added=19)
+    positive_image_key: str = option("positive_image", modes=VLM, added=19)
+    negative_image_keys: list[str] | None = option(None, modes=VLM, added=19)
+    image_root: str | None = option(None, modes=VLM, path=True, added=19)
+    max_pixels: int | None = option(None, modes=VLM, at_least=1, added=19)  # per image; None: the processor's own
+    train_vision: bool = option(False, modes=VLM, model=True, added=19)  # False: the vision tower frozen, run once
     # optimisation
     strategy: str = "gradcache"
     batch_size: int = option(128, at_least=2, why="a contrastive batch needs at least 2 examples")  # over every rank
@@ -129,8 +138,8 @@ class RunConfig:
     tile_size: int | None = None  # checked by the loss
     queue_size: int = option(0, added=4)  # past embeddings kept as extra negatives (the loss's queue_size)
     queue_warmup: int = option(0, added=4)  # steps (micro-batches under naive) before the queue is used
-    memory_budget: int | None = option(None, modes=TEXT, added=7)  # bytes of graphs GradCache keeps (checked there)
-    chunk_tokens: int | None = option(None, modes=TEXT, added=7)  # chunks of at most this many padded tokens
+    memory_budget: int | None = option(None, modes=ROWS, added=7)  # bytes of graphs GradCache keeps (checked there)
+    chunk_tokens: int | None = option(None, modes=ROWS, added=7)  # chunks of at most this many padded tokens
     matryoshka_dims: list[int] | None = option(None, added=8)  # the loss also on these column prefixes (Matryoshka)
     epochs: int | None = option(None, at_least=1)  # None with steps None: the mode's default_epochs
     steps: int | None = option(None, at_least=1)

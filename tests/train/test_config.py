@@ -115,7 +115,7 @@ def test_the_fields_that_fix_the_parameters_shapes():
 
     assert set(MODEL_FIELDS) == {"mode", "model", "width", "norm", "image_size", "hidden_dim", "projection_dim",
                                  "context_length", "text_width", "text_layers", "text_heads", "separate_towers",
-                                 "lora_rank", "lora_targets", "kind", "token_dim"}
+                                 "lora_rank", "lora_targets", "kind", "token_dim", "train_vision"}
 
 
 def test_the_fields_a_resume_may_give_anew():

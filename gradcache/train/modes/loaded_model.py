@@ -6,10 +6,10 @@ folder of its own format (`Mode.load_folder`); gradcache/train/commands/model.py
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -100,6 +100,9 @@ class LoadedModel:
             `query_expansion`); None: not at all.
         score_pairs: a model that scores (query, passage) pairs instead of embedding them (a cross-encoder): pairs
             -> (B,) logits; `activation` is what predict applies to them.
+        embed_inputs: a vision-language model: (inputs, tower) -> (B, D), each input a text, its images or both
+            (`gradcache.models.VisionLanguageInput`, images opened), embedded as the `tower` side ("query" or
+            "passage") with that side's prompt and the model's pixel budget.
     """
 
     mode: ModelKind
@@ -118,6 +121,7 @@ class LoadedModel:
     query_expansion: QueryExpansion | None = None
     score_pairs: Callable[[list[tuple[str, str]]], torch.Tensor] | None = None
     activation: Callable[[torch.Tensor], torch.Tensor] = torch.sigmoid
+    embed_inputs: Callable[[Sequence[Any], str], torch.Tensor] | None = None
 
     def side_tokenizer(self, tower: str) -> Callable[[list[str]], dict[str, torch.Tensor]]:
         """texts -> tokens of the `tower` side ("query" or "passage"): after that side's prompt, if any; queries
@@ -139,6 +143,11 @@ class LoadedModel:
     @property
     def embeds_images(self) -> bool:
         return self.encode_image is not None
+
+    @property
+    def embeds_inputs(self) -> bool:
+        """A vision-language model: each input a text, its images or both, embedded as one (`embed_inputs`)."""
+        return self.embed_inputs is not None
 
     @property
     def noun(self) -> str:

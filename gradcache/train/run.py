@@ -101,7 +101,8 @@ class Run:
         self.scheduler = warmup_cosine(self.optimizer, self._warmup_steps(fresh=saved is None), self.steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding,
-                                       self.mode.chunk_sizes(config), self.mode.sparse_cache)
+                                       self.mode.chunk_sizes(config), self.mode.sparse_cache,
+                                       self.mode.reused_modules(config, self.model))
         self.checkpoint = placement.checkpoint(config.output_dir)
         self._parameters = [p for p in self.trained.parameters() if p.requires_grad]  # after placing: the shards
         self.last_saved: RunCheckpoint | None = None

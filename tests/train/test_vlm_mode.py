@@ -181,3 +181,92 @@ def test_a_resume_after_a_kill_continues_with_the_same_losses(tmp_path, killed_a
     assert whole.keys() == resumed.keys() and not any(key.startswith("model.visual.") for key in whole)
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
+
+
+def _brute_force(asked: np.ndarray, candidates: np.ndarray, relevant: np.ndarray) -> dict[str, float]:
+    """recall@1, recall@10, mrr@10, ndcg@10 (%) by a loop over the rows: the 1-based rank of each row's relevant
+    candidate among all candidates by inner product."""
+    sums = dict.fromkeys(METRICS, 0.0)
+    for vector, want in zip(asked, relevant):
+        scores = candidates @ vector
+        rank = 1 + int((scores > scores[want]).sum())
+        sums["recall@1"] += rank == 1
+        sums["recall@10"] += rank <= 10
+        sums["mrr@10"] += 1.0 / rank if rank <= 10 else 0.0
+        sums["ndcg@10"] += 1.0 / np.log2(rank + 1.0) if rank <= 10 else 0.0
+    return {key: 100.0 * value / len(asked) for key, value in sums.items()}
+
+
+def test_held_out_retrieval_ranks_both_ways_as_a_brute_force_loop():
+    """40 rows over 30 distinct positives (some rows share one: one candidate) and 40 distinct queries, each text
+    embedded by its side (the query and passage prompts differ): both directions against a loop."""
+    from gradcache.train.data.vision_language import RowSide, VisionLanguageRow
+    from gradcache.train.eval.vision_language_retrieval import evaluate_vision_language_retrieval
+
+    generator = np.random.default_rng(0)
+    vectors: dict[tuple[str, str], np.ndarray] = {}
+
+    def embed(inputs, tower):
+        rows = []
+        for item in inputs:
+            key = (tower, item.text)
+            if key not in vectors:
+                vector = generator.normal(size=8)
+                vectors[key] = vector / np.linalg.norm(vector)
+            rows.append(vectors[key])
+        return torch.tensor(np.stack(rows), dtype=torch.float32)
+
+    rows = [VisionLanguageRow(RowSide(f"query {k}"), RowSide(f"passage {k % 30}")) for k in range(40)]
+    got = evaluate_vision_language_retrieval(embed, rows, None)
+    queries = np.stack([vectors[("query", f"query {k}")] for k in range(40)])
+    passages = np.stack([vectors[("passage", f"passage {k}")] for k in range(30)])
+    by_positive = np.array([k % 30 for k in range(40)])
+    want = {f"query_to_positive_{key}": value
+            for key, value in _brute_force(queries, passages, by_positive).items()}
+    want.update({f"positive_to_query_{key}": value
+                 for key, value in _brute_force(passages[by_positive], queries, np.arange(40)).items()})
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-4), key
+    assert 0 < want["query_to_positive_mrr@10"] < 100
+
+
+def _idefics3_folder(folder: Path) -> Path:
+    model, processor = tiny_idefics3(padding_side="left")
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2_vl", "idefics3"])
+def test_a_lora_run_on_a_vlm_folder_exports_what_sentence_transformers_encodes_as_gradcache_encode(tmp_path, family):
+    """A tiny VLM folder and rows of text and PNG images (text only, image only, both): `--lora-rank 4` trains;
+    RUN/model loads in SentenceTransformer, and a text, an image and an image + text pair embed as `gradcache encode
+    RUN --key text --image-key image` embeds them (cosine 0.9999)."""
+    from PIL import Image
+    from sentence_transformers import SentenceTransformer
+
+    from tests.train.vlm_rows import write_png_rows
+
+    folder = (write_tiny_qwen2_vl(tmp_path / family, padding_side="left") if family == "qwen2_vl"
+              else _idefics3_folder(tmp_path / family))
+    rows = write_png_rows(tmp_path / "rows", 24)
+    run = tmp_path / "run"
+    assert main(["train", "vlm", "--model", str(folder), "--data", str(rows), "--lora-rank", "4", "--test-size", "8",
+                 "--batch-size", "8", "--chunk-size", "4", "--steps", "2", "--warmup", "1", "--lr", "1e-2",
+                 "--workers", "0", "--threads", "1", "--quiet", "--output-dir", str(run)]) == 0
+    assert (run / "model" / "adapter" / "adapter_config.json").is_file()
+    inputs = [{"text": "a cat sits on the mat"}, {"image": "images/0.png"},
+              {"text": "the red dog", "image": "images/1.png"}]
+    table = tmp_path / "rows" / "inputs.jsonl"
+    table.write_text("".join(json.dumps(row) + "\n" for row in inputs))
+    assert main(["encode", str(run), "--data", str(table), "--key", "text", "--image-key", "image",
+                 "--tower", "passage", "--output", str(tmp_path / "ours.npy")]) == 0
+    ours = np.load(tmp_path / "ours.npy")
+    pictures = [Image.open(tmp_path / "rows" / "images" / f"{k}.png").convert("RGB") for k in (0, 1)]
+    model = SentenceTransformer(str(run / "model"), device="cpu")
+    theirs = model.encode([inputs[0]["text"], pictures[0], {"text": inputs[2]["text"], "image": pictures[1]}],
+                          convert_to_numpy=True, normalize_embeddings=True)
+    cosine = (ours * theirs).sum(axis=1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    assert cosine.min() >= 0.9999, cosine

@@ -1,6 +1,6 @@
 """The options of the modes that train on rows of queries and passages (`gradcache train text` and `vlm`, RunConfig's
 `ROWS` fields), declared once here for both: the rows' keys, the prompts, `--max-length` and GradCache's chunking
-by memory and by tokens; and the check of the prompts. Each mode adds its own (`--model`, `--pooling`, its data)."""
+by memory and by tokens, `--eval-data` and `--negatives-per-query`; and the check of the prompts. Each mode adds its own (`--model`, `--pooling`, its data)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,20 @@ def add_row_key_options(data: argparse._ArgumentGroup, default: Callable[[str], 
                       help="column (field) of each query's positive passage")
     data.add_argument("--negative-keys", nargs="*", default=default("negative_keys"),
                       help="columns of hard negatives, or one JSONL field holding a list (default: none)")
+
+
+def add_eval_data_option(data: argparse._ArgumentGroup, default: Callable[[str], Any]) -> None:
+    """`--eval-data`: held-out rows apart from `--data`."""
+    data.add_argument("--eval-data", default=default("eval_data"), help="held-out rows given apart from --data, "
+                      "in its formats (a file, folder or pattern); the evaluation scores them (default: --test-size "
+                      "rows of --data, held out by a seeded permutation)")
+
+
+def add_negatives_option(data: argparse._ArgumentGroup, default: Callable[[str], Any], built_in: str) -> None:
+    """`--negatives-per-query`: h; `built_in` says what the mode's built-in data has."""
+    data.add_argument("--negatives-per-query", type=int, default=default("negatives_per_query"),
+                      help="hard negatives h per query: a --data file's rows with fewer are skipped (default: "
+                      f"the count most rows have); {built_in}")
 
 
 def add_max_length_option(model: argparse._ArgumentGroup, default: Callable[[str], Any], what: str) -> None:

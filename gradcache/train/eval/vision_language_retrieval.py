@@ -17,22 +17,33 @@ import numpy as np
 import torch
 
 from gradcache.models import VisionLanguageInput
-from gradcache.train.data.vision_language import opened_input
+from gradcache.train.data.vision_language import RowSide, VisionLanguageRow, opened_input
 from gradcache.train.eval.retrieval import retrieval_metrics
 
 DIRECTIONS = ("query_to_positive", "positive_to_query")
 EVAL_BATCH = 64  # inputs opened and embedded at a time
 
 
-def distinct(sides: Sequence[Hashable]) -> tuple[list[Hashable], np.ndarray]:
-    """The distinct `sides` in first-seen order, and (N,) the place of each side among them."""
+def side_key(side: RowSide) -> Hashable:
+    """What makes two sides one candidate: the same text and the same image values (a path, datasets' bytes; an
+    image in memory, the built-in data's, by its identity), under the same root."""
+    images = tuple(value if isinstance(value, (str, Path)) else
+                   (value.get("path"), value.get("bytes")) if isinstance(value, dict) else id(value)
+                   for value in side.images)
+    return side.text, images, side.root
+
+
+def distinct(sides: Sequence[RowSide]) -> tuple[list[RowSide], np.ndarray]:
+    """The distinct `sides` (`side_key`) in first-seen order, and (N,) the place of each side among them."""
     index: dict[Hashable, int] = {}
+    kept: list[RowSide] = []
     for side in sides:
-        index.setdefault(side, len(index))
-    return list(index), np.array([index[side] for side in sides], dtype=np.int64)
+        if index.setdefault(side_key(side), len(kept)) == len(kept):
+            kept.append(side)
+    return kept, np.array([index[side_key(side)] for side in sides], dtype=np.int64)
 
 
-def embedded(embed: Callable[[list[VisionLanguageInput], str], torch.Tensor], sides: Sequence[Hashable],
+def embedded(embed: Callable[[list[VisionLanguageInput], str], torch.Tensor], sides: Sequence[RowSide],
              image_root: Path | None, tower: str) -> np.ndarray:
     """(N, D) float32 embeddings of `sides` as the `tower` side ("query" or "passage"), their images opened
     `EVAL_BATCH` at a time."""
@@ -42,7 +53,7 @@ def embedded(embed: Callable[[list[VisionLanguageInput], str], torch.Tensor], si
 
 
 def evaluate_vision_language_retrieval(embed: Callable[[list[VisionLanguageInput], str], torch.Tensor],
-                                       rows: Sequence, image_root: Path | None) -> dict[str, float]:
+                                       rows: Sequence[VisionLanguageRow], image_root: Path | None) -> dict[str, float]:
     """The module docstring's metrics of the held-out `rows` (`VisionLanguageRow`s), each side embedded by
     `embed(inputs, tower)` (`LoadedModel.embed_inputs`' contract: L2-normalised (B, D))."""
     queries, query_of = distinct([row.query for row in rows])

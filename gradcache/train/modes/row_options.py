@@ -1,6 +1,7 @@
 """The options of the modes that train on rows of queries and passages (`gradcache train text` and `vlm`, RunConfig's
-`ROWS` fields), declared once here for both: the rows' keys, the prompts, `--max-length` and GradCache's chunking
-by memory and by tokens, `--eval-data` and `--negatives-per-query`; and the check of the prompts. Each mode adds its own (`--model`, `--pooling`, its data)."""
+`ROWS` fields), declared once here for both: the rows' keys, `--eval-data`, `--negatives-per-query`, the prompts,
+`--max-length` and GradCache's chunking by memory and by tokens; and the check of the prompts. Each mode adds its
+own (`--model`, `--pooling`, its data)."""
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,8 @@
 """`gradcache train vlm --lora-rank 4` on the tiny Qwen2-VL folder and rows of text and PNG images, under
-`--deepspeed` ZeRO-2 on two forked gloo ranks, against the same run on one process without sharding: the same
-losses and the same adapter (RUN/model/adapter), the frozen vision tower reused on every rank. LoRA dropout is
-off: the ranks would draw other masks than one process does."""
+`--deepspeed` ZeRO-2 and under `--fsdp` (FSDP2: each decoder layer and vision block a unit) on two forked gloo
+ranks, against the same run on one process without sharding: the same losses and the same adapter
+(RUN/model/adapter), the frozen vision tower reused on every rank. LoRA dropout is off: the ranks would draw other
+masks than one process does."""
 from __future__ import annotations
 
 import contextlib
@@ -45,29 +46,41 @@ def _adapter(run: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def zero2_on_ranks(rank: int, world_size: int, root: str) -> int:
+PLACEMENTS = ("zero2", "fsdp")
+
+
+def sharded_on_ranks(rank: int, world_size: int, root: str) -> list[int]:
     os.environ["LOCAL_RANK"] = str(rank)  # torchrun sets it; DeepSpeed reads it
     root = Path(root)
     with contextlib.redirect_stderr(io.StringIO()):
-        return main(_argv(root, "zero2", "--deepspeed", str(root / "zero2.json")))
+        return [main(_argv(root, "zero2", "--deepspeed", str(root / "zero2.json"))),
+                main(_argv(root, "fsdp", "--fsdp"))]
 
 
-@pytest.mark.slow
-def test_deepspeed_zero2_on_two_ranks_trains_the_adapter_of_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """The two-rank runs, then the reference on one process."""
     pytest.importorskip("deepspeed", reason='pip install -e ".[deepspeed]"')
     from tests.multiprocess import run_on_ranks
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # gloo on CPU, also where a GPU is present
     import deepspeed  # noqa: F401  imported once here, inherited by the forked ranks
 
-    write_tiny_qwen2_vl(tmp_path / "qwen2_vl", padding_side="left")
-    write_png_rows(tmp_path / "rows", 40)
-    (tmp_path / "zero2.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
-    assert run_on_ranks(zero2_on_ranks, 2, str(tmp_path)) == [0, 0]
+    root = tmp_path_factory.mktemp("vlm_sharded")
+    write_tiny_qwen2_vl(root / "qwen2_vl", padding_side="left")
+    write_png_rows(root / "rows", 40)
+    (root / "zero2.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    assert run_on_ranks(sharded_on_ranks, 2, str(root)) == [[0, 0], [0, 0]]
     with contextlib.redirect_stderr(io.StringIO()):
-        assert main(_argv(tmp_path, "one")) == 0
-    assert _losses(tmp_path / "zero2") == pytest.approx(_losses(tmp_path / "one"), rel=1e-5)
-    ours, reference = _adapter(tmp_path / "zero2"), _adapter(tmp_path / "one")
+        assert main(_argv(root, "one")) == 0
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PLACEMENTS)
+def test_two_ranks_train_the_adapter_of_one_process(runs, name):
+    assert _losses(runs / name) == pytest.approx(_losses(runs / "one"), rel=1e-5)
+    ours, reference = _adapter(runs / name), _adapter(runs / "one")
     assert ours.keys() == reference.keys()
     for key, value in reference.items():
         torch.testing.assert_close(ours[key], value, rtol=1e-5, atol=1e-7, msg=key)

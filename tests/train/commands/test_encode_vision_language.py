@@ -143,3 +143,16 @@ def test_a_table_with_neither_key_and_a_model_of_another_kind_are_refused(tmp_pa
                              module=torch.nn.Identity(), device=torch.device("cpu"), tokenizer=lambda texts: {})
     with pytest.raises(UsageError, match="give one of them"):
         encode(text_model, str(data), str(tmp_path / "e.npy"), key="text", image_key="image")
+
+
+def test_a_text_file_and_a_folder_of_images(tmp_path, tiny):
+    encoder, processor = tiny
+    _, pictures = write_rows(tmp_path, [])
+    (tmp_path / "texts.txt").write_text("a cat\nthe red dog\n")
+    model, collator = loaded(encoder, processor)
+    texts = encode(model, str(tmp_path / "texts.txt"), str(tmp_path / "t.npy"), tower="query")
+    want = reference(encoder, collator, [VisionLanguageInput("a cat"), VisionLanguageInput("the red dog")], QUERY)
+    np.testing.assert_allclose(texts, want, atol=1e-5)
+    folder = encode(model, str(tmp_path / "pictures"), str(tmp_path / "i.npy"))  # sorted by path: 0.png .. 3.png
+    want = reference(encoder, collator, [VisionLanguageInput(images=(p,)) for p in pictures], PASSAGE)
+    np.testing.assert_allclose(folder, want, atol=1e-5)

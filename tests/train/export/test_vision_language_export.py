@@ -162,3 +162,19 @@ def test_a_lora_model_is_written_merged_and_its_adapter_loads_on_the_base(tmp_pa
                                atol=1e-5, rtol=0)
     card = (written / "README.md").read_text()
     assert str(base) in card and "PeftModel.from_pretrained" in card
+
+
+def test_sentence_transformers_refuses_what_the_collator_refuses(tmp_path):
+    """Placeholders that do not match the images: the chat template raises, as the collator does."""
+    import jinja2
+    from sentence_transformers import SentenceTransformer
+
+    base, processor = base_folder("qwen2-vl", tmp_path / "base")
+    write_vision_language_folder(VisionLanguageEncoder(base).eval(), processor, tmp_path / "model", base=str(base),
+                                 max_length=None, max_pixels=None, query_prompt=None, passage_prompt=None)
+    model = SentenceTransformer(str(tmp_path / "model"), device="cpu")
+    picture = images(1)[0]
+    with pytest.raises(ValueError, match="placeholders"):
+        VisionLanguageCollator(processor)([VisionLanguageInput("<image> <image> a cat", (picture,))])
+    with pytest.raises(jinja2.TemplateError, match="2 <image> placeholders for 1 images"):
+        model.encode([{"image": picture, "text": "<image> <image> a cat"}])

@@ -43,11 +43,10 @@ from torch import nn
 from gradcache.models import HuggingFaceEncoder
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
-from gradcache.train.export.sentence_transformers import write_sentence_transformers_folder
+from gradcache.train.export.sentence_transformers import ADAPTER_FOLDER, write_sentence_transformers_folder
 from gradcache.train.modes.base_fingerprint import METHODS
 
 DEFAULT_DROPOUT = 0.05
-ADAPTER_FOLDER = "adapter"  # RUN/model/adapter (RUN/model/query/adapter and passage/adapter with two towers)
 LORA_OPTIONS = ("lora_alpha", "lora_dropout", "lora_targets")  # meaningful only with --lora-rank
 _ALL_LINEAR = "all-linear"  # peft's name for every Linear layer (a model without a head has no output layer)
 _SUPPORTED = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)  # and transformers' Conv1D, by name

@@ -28,6 +28,7 @@ from gradcache import distributed
 from gradcache.models import VisionLanguageCollator, VisionLanguageEncoder, build_vision_language_model
 from gradcache.models import language_model_lora_targets
 from gradcache.models.vision_language import VLM_POOLINGS
+from gradcache.models.vision_language_folder import is_vision_language_folder, read_vision_language_folder
 from gradcache.models.vision_language_presets import VISION_LANGUAGE_PRESETS
 from gradcache.train.config import RunConfig
 from gradcache.train.data.order import StepSampler
@@ -40,7 +41,9 @@ from gradcache.train.data.vision_language import (
     vision_language_batches,
 )
 from gradcache.train.errors import UsageError
+from gradcache.train.eval.vision_language import vision_language_embedder
 from gradcache.train.eval.vision_language_retrieval import evaluate_vision_language_retrieval
+from gradcache.train.export.vision_language import write_vision_language_folder
 from gradcache.train.model_folders import ModelFolderFormat
 from gradcache.train.modes.base import Mode, OptionGroups
 from gradcache.train.modes.base_fingerprint import check_fingerprint, with_base_fingerprint
@@ -232,8 +235,6 @@ class VisionLanguage(Mode):
     # --- evaluation -------------------------------------------------------------------------------------
     def metrics(self, config: RunConfig, model: nn.Module, data: VisionLanguageSplits,
                 device: torch.device) -> dict[str, float]:
-        from gradcache.train.eval.vision_language import vision_language_embedder  # MERGE: to the top
-
         embed = vision_language_embedder(model, self.collator(config), device, EMBED_BATCH)
         return evaluate_vision_language_retrieval(embed, data.test, data.image_root)
 
@@ -252,8 +253,6 @@ class VisionLanguage(Mode):
                         meta, source: str) -> LoadedModel:
         """The run's embedder with `--model`'s processor at the run's `--max-length` (or the request's), its
         `--max-pixels` and prompts."""
-        from gradcache.train.eval.vision_language import vision_language_embedder  # MERGE: to the top
-
         embed = vision_language_embedder(model, self.collator(config, request.max_length), request.device,
                                          EMBED_BATCH)
         return LoadedModel(self, source, model, request.device, embed_inputs=embed, config=config, meta=meta,
@@ -262,17 +261,12 @@ class VisionLanguage(Mode):
     def reads_folder(self, found: ModelFolderFormat | None, folder: Path) -> bool:
         """A Hugging Face VLM folder or a SentenceTransformer folder holding one (models/vision_language_folder.py):
         asked before the text kinds, which would read either format."""
-        from gradcache.models.vision_language_folder import is_vision_language_folder  # MERGE: to the top
-
         return found in (ModelFolderFormat.HUGGING_FACE, ModelFolderFormat.SENTENCE_TRANSFORMERS) \
             and is_vision_language_folder(folder)
 
     def load_folder(self, request: ModelRequest, folder: Path, found: ModelFolderFormat | None) -> LoadedModel:
         """The folder's embedder with its processor, pooling, pixel budget and prompts (the request's prompts and
         `--max-length` where given)."""
-        from gradcache.eval.vision_language import vision_language_embedder  # MERGE: to the top
-        from gradcache.models.vision_language_folder import read_vision_language_folder  # MERGE: to the top
-
         try:
             read = read_vision_language_folder(folder)
         except (ValueError, OSError) as error:
@@ -294,8 +288,6 @@ class VisionLanguage(Mode):
     def export(self, config: RunConfig, model: nn.Module, loss: nn.Module, folder: Path) -> None:
         """A SentenceTransformer folder of the embedder and its processor; with `--lora-rank` the model merged with
         its adapter, and the adapter in `adapter/` (export/vision_language.py)."""
-        from gradcache.train.export.vision_language import write_vision_language_folder  # MERGE: to the top
-
         write_vision_language_folder(model, processor(config), folder, base=config.model,
                                      max_length=config.max_length, max_pixels=config.max_pixels,
                                      query_prompt=config.query_prompt, passage_prompt=config.passage_prompt)

@@ -198,12 +198,18 @@ def test_gradcache_with_the_tower_reused_trains_the_adapter_of_the_full_batch(tm
 
 
 @pytest.mark.slow
-def test_a_resume_after_a_kill_continues_with_the_same_losses(tmp_path, killed_after_step):
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_resume_after_a_kill_continues_with_the_same_losses(tmp_path, killed_after_step, qwen_folder, lora):
     """4 steps at once, and 4 steps killed after step 3 (the checkpoint of step 2) then resumed: the same losses
-    and the same trained weights (the frozen tower rebuilt from the preset's seed)."""
+    and the same trained weights, the frozen tower rebuilt (the preset's, from its seed; with `--lora-rank` on the
+    tiny Qwen2-VL folder and its rows of images, the base from the folder: the checkpoint holds the adapter alone)."""
     from gradcache.train.checkpoints.atomic import load_checkpoint
+    from tests.train.vlm_rows import write_png_rows
 
     argv = ["train", "vlm", *TINY_VLM, "--steps", "4", "--checkpoint-every", "2"]
+    if lora:
+        argv += ["--model", str(qwen_folder), "--data", str(write_png_rows(tmp_path / "rows", 24)),
+                 "--test-size", "8", "--lora-rank", "4"]  # LoRA dropout on: replayed exactly
     assert main([*argv, "--output-dir", str(tmp_path / "whole")]) == 0
     killed_after_step(3, [*argv, "--output-dir", str(tmp_path / "cut")])
     assert load_checkpoint(tmp_path / "cut")["step"] == 2
@@ -211,8 +217,11 @@ def test_a_resume_after_a_kill_continues_with_the_same_losses(tmp_path, killed_a
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "whole")
     whole, resumed = (load_checkpoint(tmp_path / name)["model"] for name in ("whole", "cut"))
     assert whole.keys() == resumed.keys() and not any(".visual." in key for key in whole)
+    assert all("lora_" in key for key in whole) == lora
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
+    suffix = "_initial" if lora else "_random_init"  # a folder's step 0 is the pretrained model
+    assert f"query_to_positive_recall@1{suffix}" in _run_metrics(tmp_path / "cut")
 
 
 def _brute_force(asked: np.ndarray, candidates: np.ndarray, relevant: np.ndarray) -> dict[str, float]:

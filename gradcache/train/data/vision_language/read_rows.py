@@ -26,7 +26,7 @@ from gradcache.train.config import RunConfig
 from gradcache.train.data.bad_data import SkippedRows
 from gradcache.train.data.streams import Damaged
 from gradcache.train.data.text.files import data_files
-from gradcache.train.data.text.formats import format_named
+from gradcache.train.data.text.formats import TextFormat, format_named
 from gradcache.train.data.text.formats.jsonl import json_value
 from gradcache.train.data.text.usable_rows import FIRST_ROWS
 from gradcache.train.data.vision_language.record_rows import Unusable, record_row, with_negatives
@@ -92,7 +92,7 @@ def read_rows(config: RunConfig, data: str, option: str, image_root: Path | None
     return ReadRows(kept, skipped, h)
 
 
-def _file_records(text_format, file: Path, wanted: tuple, names: set,
+def _file_records(text_format: TextFormat, file: Path, wanted: tuple, names: set,
                   skipped: SkippedRows) -> Iterator[tuple[str, dict]]:
     """(where, record) of each record of `file`; the fields met added to `names`; a streamed line that is no JSON
     object, or a streamed file's damage, skipped and counted.

@@ -25,6 +25,7 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
     """`rows` (flat: each value a string or None) in the format `path`'s suffix names, or as a datasets folder
     when `path` has none."""
     columns = list(dict.fromkeys(key for row in rows for key in row))
+    path.parent.mkdir(parents=True, exist_ok=True)
     name = path.name.lower()
     if name.endswith(".jsonl.gz"):
         with gzip.open(path, "wt", encoding="utf-8") as handle:

@@ -19,7 +19,7 @@ from PIL import Image
 from gradcache.models.vision_language_collator import VisionLanguageCollator
 from gradcache.train.data.order import StepSampler
 from gradcache.train.data.vision_language import load_vision_language_splits, vision_language_batches
-from gradcache.train.data.vision_language.opened_input import opened_row
+from gradcache.train.data.vision_language.opened_input import opened_input
 from gradcache.train.errors import DataError, TooMuchBadData
 from tests.train.data.vision_language.row_files import png, vlm_config, write_rows
 from tests.vlm_models import tiny_qwen2_vl
@@ -56,9 +56,10 @@ def test_batches_group_passages_by_query_and_do_not_depend_on_the_workers(tmp_pa
     assert len(by_process) == len(by_worker) == 4
     for step, ((queries, passages), (worker_queries, worker_passages), drawn) in enumerate(
             zip(by_process, by_worker, sampler())):
-        opened = [opened_row(splits.train[index], splits.image_root) for _, index in drawn]
-        want_queries = collator.queries([query for query, _ in opened])
-        want_passages = collator.passages([side for _, group in opened for side in group])  # [p_1, n_1, p_2, n_2..]
+        rows, root = [splits.train[index] for _, index in drawn], splits.image_root
+        want_queries = collator.queries([opened_input(row.query, root) for row in rows])
+        want_passages = collator.passages([opened_input(side, root) for row in rows
+                                           for side in (row.positive, *row.negatives)])  # [p_1, n_1, p_2, n_2 ..]
         assert _equal(queries, want_queries) and _equal(passages, want_passages), step
         assert _equal(queries, worker_queries) and _equal(passages, worker_passages), step
         assert queries["input_ids"].shape[0] == 4 and passages["input_ids"].shape[0] == 8

@@ -146,6 +146,7 @@ def test_a_key_given_that_no_row_has_is_refused_naming_it_and_the_columns(tmp_pa
         load_vision_language_splits(vlm_config(path, query_image_key="picture"))
     with pytest.raises(DataError, match=r"no column 'hard'.*--negative-keys"):
         load_vision_language_splits(vlm_config(path, negative_keys=["hard"]))
+    png(tmp_path / "a.png")
     image_only = write_rows(tmp_path / "images.jsonl", [{"query_image": "a.png", "positive": "p"}] * 3)
     assert load_vision_language_splits(vlm_config(image_only, test_size=1)).train[0].query == RowSide(None, ("a.png",))
     neither = write_rows(tmp_path / "neither.jsonl", [{"text": "q", "positive": "p"}] * 3)
@@ -171,7 +172,7 @@ def test_held_out_rows_follow_the_text_rule_and_never_train(tmp_path, seed):
     assert [row.query.text for row in splits.test] == [f"q{k}" for k in order[:size]]
     assert [row.query.text for row in splits.train] == [f"q{k}" for k in order[size:]]
     assert not {row.where for row in splits.test} & {row.where for row in splits.train}
-    assert load_vision_language_splits(vlm_config(path, data_seed=seed, test_size=7)).test.__len__() == 7
+    assert len(load_vision_language_splits(vlm_config(path, data_seed=seed, test_size=7)).test) == 7
     with pytest.raises(DataError, match="--test-size"):
         load_vision_language_splits(vlm_config(path, test_size=53))
 
@@ -193,7 +194,7 @@ def test_built_in_rows_are_the_shapes_in_three_kinds(tmp_path):
     shapes, held = render_shapes(7, 32, seed=2), render_shapes(4, 32, seed=2 + 1_000_003)
 
     def pixels(image: Image.Image) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1)
 
     assert splits.negatives_per_query == 0 and splits.image_root is None and splits.name == BUILT_IN_VLM
     for index, row in enumerate(splits.train):
@@ -225,3 +226,15 @@ def test_bytes_value_that_is_no_image_is_bad_data(tmp_path):
     buffer = io.BytesIO()
     Image.new("RGB", (3, 4), (9, 8, 7)).save(buffer, format="PNG")
     assert opened_input(RowSide("t", ({"bytes": buffer.getvalue(), "path": None},)), None).images[0].size == (3, 4)
+
+
+def test_shards_in_several_folders_resolve_under_their_own(tmp_path):
+    for part in ("a", "b"):
+        png(tmp_path / part / "x.png", 5 + (part == "b"), 5)
+        write_rows(tmp_path / part / "rows.jsonl", [{"query": f"q{k}", "positive_image": "x.png"} for k in range(3)])
+    splits = load_vision_language_splits(vlm_config(tmp_path / "*" / "rows.jsonl", eval_data=str(
+        tmp_path / "a" / "rows.jsonl")))
+    assert splits.image_root == (tmp_path / "a").resolve() and len(splits.train) == 6
+    assert [row.positive.root for row in splits.train] == [None] * 3 + [(tmp_path / "b").resolve()] * 3
+    widths = [opened_input(row.positive, splits.image_root).images[0].size[0] for row in splits.train]
+    assert widths == [5, 5, 5, 6, 6, 6]

@@ -284,7 +284,7 @@ def _idefics3_folder(folder: Path) -> Path:
 def test_a_lora_run_on_a_vlm_folder_exports_what_sentence_transformers_encodes_as_gradcache_encode(tmp_path, family):
     """A tiny VLM folder and rows of text and PNG images (text only, image only, both): `--lora-rank 4` trains;
     RUN/model loads in SentenceTransformer, and a text, an image and an image + text pair embed as `gradcache encode
-    RUN --key text --image-key image` embeds them (cosine 0.9999)."""
+    RUN --key text --image-key image` embeds them (cosine 0.9999); RUN/model trains again as a --model."""
     from PIL import Image
     from sentence_transformers import SentenceTransformer
 
@@ -311,3 +311,9 @@ def test_a_lora_run_on_a_vlm_folder_exports_what_sentence_transformers_encodes_a
                           convert_to_numpy=True, normalize_embeddings=True)
     cosine = (ours * theirs).sum(axis=1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
     assert cosine.min() >= 0.9999, cosine
+    # the SentenceTransformer folder is a --model too: its Transformer module's model and processor
+    again = tmp_path / "again"
+    assert main(["train", "vlm", "--model", str(run / "model"), "--data", str(rows), "--test-size", "8",
+                 "--batch-size", "8", "--chunk-size", "4", "--steps", "1", "--workers", "0", "--threads", "1",
+                 "--quiet", "--output-dir", str(again)]) == 0
+    assert json.loads((again / "metrics.json").read_text())["steps"] == 1

@@ -60,7 +60,8 @@ def test_the_mode_is_registered_under_its_name():
     (["--train-vision", "--fsdp"], ["--train-vision under --fsdp", "--deepspeed"]),
     (["--query-prompt", "  "], ["--query-prompt", "is empty"]),
     (["--model", "no-such-preset"], ["--model no-such-preset", "tiny-qwen2-vl"]),
-    (["--lora-rank", "4", "--lora-targets", "qkv"], ["--lora-targets qkv", "language model"]),
+    (["--lora-rank", "4", "--lora-targets", "q_proj,qkv"], ["--lora-targets q_proj,qkv: 'qkv'", "language model",
+                                                             "k_proj, o_proj, q_proj"]),
 ])
 def test_bad_options_exit_2_naming_them_and_write_nothing(tmp_path, capsys, extra, fragments):
     """`qkv` is a leaf of the vision tower alone: LoRA never adapts it."""

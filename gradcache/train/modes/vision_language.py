@@ -152,18 +152,20 @@ class VisionLanguage(Mode):
 
     def check_model(self, config: RunConfig) -> None:
         """`--model` is a preset or a VLM folder of a family read here with its processor (config.json alone), and
-        `--lora-targets` name layers of its language model (its shapes built on the meta device)."""
+        every `--lora-targets` name is a leaf name of a linear layer of its language model (its shapes built on the
+        meta device)."""
         check_vision_language_model("--model", config.model)
         settings = lora_settings(config)
         if settings is None or settings.targets is None:
             return
         with torch.device("meta"):
             skeleton = _skeleton(config)
-        try:
-            lora_targets(skeleton, settings)
-        except ValueError as error:
-            raise UsageError(f"--lora-targets {','.join(settings.targets)} on --model {config.model}: {error}") \
-                from error
+        leaves = sorted({name.rsplit(".", 1)[-1] for name in language_model_lora_targets(skeleton.model)})
+        unknown = [target for target in settings.targets if target not in leaves]
+        if unknown:
+            raise UsageError(f"--lora-targets {','.join(settings.targets)}: {', '.join(map(repr, unknown))} names no "
+                             f"linear layer of the language model of --model {config.model} (LoRA never adapts the "
+                             f"vision tower); its layers are named {', '.join(leaves)}")
 
     def embedding_width(self, config: RunConfig) -> int:
         """The language model's hidden size: the preset's, or the folder's config.json's (nothing built)."""

@@ -1,7 +1,7 @@
 """`gradcache train vlm --lora-rank 4` on the tiny Qwen2-VL folder and rows of text and PNG images, under
 `--deepspeed` ZeRO-2 and under `--fsdp` (FSDP2: each decoder layer and vision block a unit) on two forked gloo
 ranks, against the same run on one process without sharding: the same losses and the same adapter
-(RUN/model/adapter), the frozen vision tower reused on every rank. LoRA dropout is off: the ranks would draw other
+(RUN/model/adapter), the frozen vision tower reused on every rank; ZeRO-3 on two ranks exits 2 before writing. LoRA dropout is off: the ranks would draw other
 masks than one process does."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gradcache.cli import main
+from gradcache.train import errors
 from tests.train.vlm_rows import write_png_rows
 from tests.vlm_models import write_tiny_qwen2_vl
 
@@ -54,7 +55,8 @@ def sharded_on_ranks(rank: int, world_size: int, root: str) -> list[int]:
     root = Path(root)
     with contextlib.redirect_stderr(io.StringIO()):
         return [main(_argv(root, "zero2", "--deepspeed", str(root / "zero2.json"))),
-                main(_argv(root, "fsdp", "--fsdp"))]
+                main(_argv(root, "fsdp", "--fsdp")),
+                main(_argv(root, "zero3", "--deepspeed", str(root / "zero3.json")))]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +71,11 @@ def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("vlm_sharded")
     write_tiny_qwen2_vl(root / "qwen2_vl", padding_side="left")
     write_png_rows(root / "rows", 40)
-    (root / "zero2.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
-    assert run_on_ranks(sharded_on_ranks, 2, str(root)) == [[0, 0], [0, 0]]
+    for stage in (2, 3):
+        (root / f"zero{stage}.json").write_text(json.dumps({"zero_optimization": {"stage": stage}}))
+    # ZeRO-3 would gather the vision tower's parameters on the ranks whose chunk holds an image alone: refused
+    assert run_on_ranks(sharded_on_ranks, 2, str(root)) == [[0, 0, errors.UsageError.exit_status]] * 2
+    assert not (root / "zero3").exists()
     with contextlib.redirect_stderr(io.StringIO()):
         assert main(_argv(root, "one")) == 0
     return root

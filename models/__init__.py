@@ -20,6 +20,11 @@ from gradcache.models.text import TextEncoder
 from gradcache.models.tokenizer import ByteTokenizer
 from gradcache.models.vision_language import VisionLanguageEncoder, language_model_lora_targets
 from gradcache.models.vision_language_collator import VisionLanguageCollator, VisionLanguageInput
+from gradcache.models.vision_language_folder import (
+    VisionLanguageFolder,
+    is_vision_language_folder,
+    read_vision_language_folder,
+)
 from gradcache.models.vision_language_presets import (
     VISION_LANGUAGE_PRESETS,
     VisionLanguagePreset,
@@ -48,12 +53,15 @@ __all__ = [
     "ViTEncoder",
     "VisionLanguageCollator",
     "VisionLanguageEncoder",
+    "VisionLanguageFolder",
     "VisionLanguageInput",
     "VisionLanguagePreset",
     "VISION_LANGUAGE_PRESETS",
     "build_image_encoder",
     "build_vision_language_model",
     "from_pretrained",
+    "is_vision_language_folder",
     "language_model_lora_targets",
     "read_pretrained_config",
+    "read_vision_language_folder",
 ]

@@ -4,6 +4,7 @@ processor, and a row longer than `max_length` refused by name rather than trunca
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -113,6 +114,42 @@ class VisionLanguageCollator:
         else:
             text = self.image_marker * count + text
         return f"{prompt}{text}{self.end_token}"
+
+    @property
+    def chat_template(self) -> str:
+        """`text` as a Jinja chat template, for a processor that renders messages (sentence-transformers renders
+        every input, text, image or both, as one user message): the system messages' texts as the prompt, then the
+        user's texts with each `<image>` placeholder taking the next image's marker, else the images' markers
+        before the text, then the end token; an input with neither, or with placeholders that do not match its
+        images, raises as `text` does. The same input renders to the same string as `text(item, index, prompt)`."""
+        marker, end = (json.dumps(token, ensure_ascii=False) for token in (self.image_marker, self.end_token))
+        placeholder = json.dumps(PLACEHOLDER, ensure_ascii=False)
+        return "".join((
+            '{%- set ns = namespace(prompt="", text="", images=0) -%}',
+            "{%- for message in messages -%}",
+            '{%- if message["content"] is string -%}{%- set parts = [{"type": "text", "text": message["content"]}] -%}',
+            '{%- else -%}{%- set parts = message["content"] -%}{%- endif -%}',
+            "{%- for part in parts -%}",
+            '{%- if part["type"] == "image" -%}{%- set ns.images = ns.images + 1 -%}',
+            '{%- elif part["type"] == "text" and message["role"] == "system" -%}',
+            '{%- set ns.prompt = ns.prompt + part["text"] -%}',
+            '{%- elif part["type"] == "text" -%}{%- set ns.text = ns.text + part["text"] -%}',
+            '{%- else -%}{{- raise_exception("an input holds a " ~ part["type"] ~ "; give text and images only") -}}',
+            "{%- endif -%}{%- endfor -%}{%- endfor -%}",
+            f"{{%- set placeholders = ns.text.count({placeholder}) -%}}",
+            "{%- if not ns.text and not ns.images -%}",
+            '{{- raise_exception("an input has neither text nor an image; give it one or the other") -}}',
+            "{%- endif -%}",
+            "{%- if placeholders and placeholders != ns.images -%}",
+            f'{{{{- raise_exception("an input holds " ~ placeholders ~ " " ~ {placeholder} ~ " placeholders for " ~ '
+            f'ns.images ~ " images; give one per image, or none to put the images before the text") -}}}}',
+            "{%- endif -%}",
+            "{{- ns.prompt -}}",
+            f"{{%- if placeholders -%}}{{{{- ns.text.replace({placeholder}, {marker}) -}}}}",
+            f"{{%- else -%}}{{%- for _ in range(ns.images) -%}}{{{{- {marker} -}}}}{{%- endfor -%}}{{{{- ns.text -}}}}",
+            "{%- endif -%}",
+            f"{{{{- {end} -}}}}",
+        ))
 
     def _check_lengths(self, batch: dict[str, torch.Tensor]) -> None:
         if self.max_length is None:

@@ -16,14 +16,16 @@ PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat1
 
 def build_strategy(config: RunConfig, encoders: nn.Module | list[nn.Module], loss: nn.Module,
                    scaler: torch.amp.GradScaler, trim_padding: bool,
-                   chunk_size: int | tuple[int, ...] | None = None, sparse_cache: bool = False) -> Strategy:
+                   chunk_size: int | tuple[int, ...] | None = None, sparse_cache: bool = False,
+                   reuse_outputs: list[nn.Module] | None = None) -> Strategy:
     """`--strategy` over the encoders; `full` takes the whole batch at once and ignores `--chunk-size`;
     `chunk_size` (one per input) replaces `--chunk-size` where the mode gives one; `--memory-budget` and
-    `--chunk-tokens` (text mode's options; None elsewhere) go to the strategy as its options of those names, and
-    `sparse_cache` (the mode's) too."""
+    `--chunk-tokens` (the row modes' options; None elsewhere) go to the strategy as its options of those names, and
+    `sparse_cache` and `reuse_outputs` (the mode's: `Mode.reused_modules`, a frozen vision tower) too."""
     chunk_size = config.chunk_size if chunk_size is None else chunk_size
     return STRATEGIES[config.strategy](
         encoders, loss, None if config.strategy == "full" else chunk_size, trim_padding=trim_padding,
         autocast_dtype=PRECISIONS[config.precision], scaler=scaler, fsdp_reduce=config.fsdp_reduce,
         memory_budget=config.memory_budget, chunk_tokens=config.chunk_tokens, sparse_cache=sparse_cache,
+        reuse_outputs=reuse_outputs or None,
     )

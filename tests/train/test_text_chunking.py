@@ -48,7 +48,7 @@ def test_the_hard_world_is_other_data_than_the_default(tmp_path, tiny_bert):
 
 @pytest.mark.parametrize("size, expected", [("1000", 1000), ("2K", 2048), ("1.5M", 3 * 2**19), ("2g", 2 * 2**30)])
 def test_memory_budget_sizes(size, expected):
-    from gradcache.train.modes.text import memory_bytes
+    from gradcache.train.modes.memory_size import memory_bytes
 
     assert memory_bytes(size) == expected
 

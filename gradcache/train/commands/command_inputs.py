@@ -7,9 +7,13 @@
   (gradcache/train/data/images/files.py: shorter side resized, centre crop); or webdataset shards (a `.tar`, a
   folder of them, a glob or brace pattern: gradcache/train/data/images/shards.py's reader), their samples in
   shard order (the shard paths sorted) then member order (the order of the samples in each tar);
-- a corpus (`--corpus`): a `.tsv`, `.csv` or `.jsonl` table of `id` and `text` rows, ids distinct.
+- a corpus (`--corpus`): a `.tsv`, `.csv` or `.jsonl` table of `id` and `text` rows, ids distinct;
+- a vision-language model's inputs: a table's rows, each one input of its text (`--key`), its images (`--image-key`:
+  a path under the table's folder, a list of them, or `{"bytes", "path"}`, opened as training opens them,
+  gradcache/train/data/images/row_images.py) or both; a `.txt` file's lines (texts) or a folder's images.
 Rows keep their order and are never skipped (row i of the output is row i of the input): an empty file, a
-missing column, an empty corpus text or an image that does not decode raises DataError (exit status 2). Shards
+missing column, an empty corpus text, an image that does not decode or an input row with neither text nor an image
+raises DataError (exit status 2). Shards
 are the exception, as in training: a member that does not decode (or a truncated shard's tail) is skipped and
 counted, and `read_shard_images` names it, so that the caller can say so; the rows are then the samples that
 decode, still in shard and member order.
@@ -22,12 +26,15 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from gradcache.models.vision_language_collator import VisionLanguageInput
 from gradcache.train.data.images.files import IMAGE_EXTENSIONS, decode_image
 from gradcache.train.data.images.lazy import DECODE_ERRORS
+from gradcache.train.data.images.row_images import BadRowImage, row_images
 from gradcache.train.data.images.shards import decode_head, find_shards, is_shard_spec
 from gradcache.train.data.text.formats import is_text_lines, table_records
 from gradcache.train.errors import DataError
@@ -207,3 +214,73 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
         first = next(identifier for identifier in ids if ids.count(identifier) > 1)
         raise DataError(f"--corpus {path}: {repeated} repeated ids (e.g. {first!r}); ids must be distinct")
     return Corpus(ids=ids, texts=texts)
+
+
+@dataclass(frozen=True)
+class InputRow:
+    """One input of a vision-language model: `where` it is in --data (for messages), its `text` ("" for none),
+    its image value as the row holds it (None, a path, a list of them, or `{"bytes", "path"}`), and the folder
+    its paths resolve under (`root`)."""
+
+    where: str
+    text: str
+    images: Any
+    root: Path
+
+    def opened(self) -> VisionLanguageInput:
+        """The input with its images opened (8-bit RGB, as training opens them).
+
+        Raises:
+            DataError: an image that cannot be used (a path outside `root`, a decompression bomb, an extreme
+                aspect ratio, a file that does not decode), naming the row and why.
+        """
+        try:
+            images = row_images(self.images, self.root)
+        except BadRowImage as error:
+            raise DataError(f"--data {self.where}: {error}; every row is embedded in order, so repair or remove "
+                            "it") from error
+        return VisionLanguageInput(text=self.text or None, images=tuple(images))
+
+
+def read_input_rows(path: str | os.PathLike, key: str | None, image_key: str | None) -> list[InputRow]:
+    """A vision-language model's inputs in `path`, in order: each table row's text (column `key`) and image value
+    (column `image_key`), either column or both; each line of a `.txt` file (a text); each image under a folder
+    (sorted by path).
+
+    Raises:
+        DataError: no such path; a table without a column named, or with neither named; a text that is not a
+            string; a row with neither text nor an image (named); no row.
+    """
+    path = _existing(path, "--data")
+    if path.is_dir():
+        return [InputRow(f"{path} image {file.relative_to(path)}", "", file.name, file.parent)
+                for file in read_image_paths(path, None)]
+    if is_text_lines(path):
+        texts = read_texts(path, None)
+        empty = next((number for number, text in enumerate(texts, start=1) if not text.strip()), None)
+        if empty is not None:
+            raise DataError(f"--data {path} line {empty} is empty; every line is embedded as one text, so fill it "
+                            "in or remove it")
+        return [InputRow(f"{path} line {number}", text, None, path.parent)
+                for number, text in enumerate(texts, start=1)]
+    if key is None and image_key is None:
+        raise DataError(f"--data {path} is a table: name its texts' column with --key, its images' with "
+                        "--image-key, or both (each row is then one input of its text and its images)")
+    records, names = table_records(path, "--data")
+    for column, option in ((key, "--key"), (image_key, "--image-key")):
+        if column is not None and column not in names:
+            raise DataError(f"{path} has no column {column!r} (columns: {sorted(names)}); name it with {option}")
+    rows = []
+    for where, record in records:
+        place = f"{path} {where}"
+        text = "" if key is None else _text(record.get(key), f"--data {place}", key)
+        images = None if image_key is None else record.get(image_key)
+        if not text and images in (None, "", [], ()):
+            named = " and ".join(f"{option} {column!r}" for column, option in ((key, "--key"),
+                                 (image_key, "--image-key")) if column is not None)
+            raise DataError(f"--data {place} has neither text nor an image ({named}); every row is embedded as "
+                            "one input, so fill it in or remove the row")
+        rows.append(InputRow(place, text, images, path.parent))
+    if not rows:
+        raise DataError(f"--data {path} has no rows")
+    return rows

@@ -96,9 +96,11 @@ class EncodeOptions:
                                  "or FILE.faiss (an exact inner-product index whose ids are the row numbers); a "
                                  "SPLADE model (--kind sparse): FILE.npz, its sparse rows in CSR form (indptr, "
                                  "indices, data, shape)")
-    key: str | None = command_option(None, help="the table column (JSONL field) of the texts")
+    key: str | None = command_option(None, help="the table column (JSONL field) of the texts; a vision-language "
+                                     "MODEL: with --image-key or alone, each row one input of its text and images")
     image_key: str | None = command_option(None, help="the table column of image paths (relative to the table's "
-                                           "folder)")
+                                           "folder); a vision-language MODEL: a path, a list of paths or {bytes, "
+                                           "path} per row, with --key or alone (other models: one of the two)")
     pair_keys: list[str] | None = command_option(None, nargs=2, metavar=("QUERY", "PASSAGE"), help="a cross-encoder "
                                                  "MODEL (--kind cross-encoder): the two table columns of each (query, "
                                                  "passage) row to score; --output FILE.npy then holds one score per "

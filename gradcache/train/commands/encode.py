@@ -16,6 +16,11 @@ A SPLADE model (a `--kind sparse` run or a SparseEncoder folder) gives sparse ro
 gradcache/train/outputs/sparse_rows.py, docs/outputs.md).
 A cross-encoder has no embeddings: it writes one score per (query, passage) row (gradcache/train/commands/
 pair_scores.py).
+A vision-language model (`LoadedModel.embeds_inputs`) embeds each row of a table as one input: its text (`--key`),
+its images (`--image-key`: a path under the table's folder, a list of them, or `{"bytes", "path"}`) or both, as
+the `--tower` side with that side's prompt; a `.txt` file's lines and a folder's images are inputs too. A row with
+neither, an image that cannot be used (row_images.py) or an input longer than the model's length is refused naming
+the row (exit 2): no row is skipped.
 """
 from __future__ import annotations
 
@@ -25,17 +30,20 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from gradcache.train.commands.command_outputs import check_output, write_atomically
 from gradcache.train.commands.command_inputs import (
+    InputRow,
     decode_images,
     holds_shards,
     read_image_paths,
+    read_input_rows,
     read_shard_images,
     read_texts,
 )
-from gradcache.train.errors import UsageError
+from gradcache.train.errors import DataError, UsageError
 from gradcache.train.eval.embed import embed_images
 from gradcache.train.eval.representations import VECTORS, counted
 from gradcache.train.modes.loaded_model import LoadedModel
@@ -89,8 +97,18 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
     if texts.only_suffix is not None and Path(output).suffix.lower() not in texts.suffixes:
         raise UsageError(f"--output {output!r}: MODEL ({model.source}) {texts.only_suffix}")
     path = check_output(output, texts.suffixes if texts.only_suffix is not None else OUTPUT_SUFFIXES)
+    if model.embeds_inputs:  # each row one input of its text, its images or both
+        if path.suffix.lower() not in VECTORS.suffixes:
+            raise UsageError(f"--output {output}: MODEL ({model.source}) gives {VECTORS.gives}")
+        if holds_shards(data):
+            raise UsageError(f"--data {data}: webdataset shards are not read for a vision-language model; give a "
+                             "table of rows with --key and --image-key, a .txt file or a folder of images")
+        embeddings = embed_input_rows(model, read_input_rows(data, key, image_key), tower, batch_size)
+        write_atomically(path, lambda temporary: VECTORS.save(embeddings, temporary, path.suffix.lower()))
+        return embeddings
     if key is not None and image_key is not None:
-        raise UsageError("--key (texts) and --image-key (images) name what to embed: give one of them")
+        raise UsageError(f"--key (texts) and --image-key (images) name what to embed: give one of them (MODEL "
+                         f"({model.source}) is a {model.noun} model; a vision-language model takes both)")
     shards = image_key is None and holds_shards(data)
     images = shards or image_key is not None or Path(data).is_dir()
     if images and not model.embeds_images:
@@ -115,6 +133,39 @@ def encode(model: LoadedModel, data: str, output: str, key: str | None = None, i
         embeddings = embed_text_rows(model, read_texts(data, key), tower, batch_size, f"encode {tower}s")
     write_atomically(path, lambda temporary: written.save(embeddings, temporary, path.suffix.lower()))
     return embeddings
+
+
+def embed_input_rows(model: LoadedModel, rows: list[InputRow], tower: str, batch_size: int) -> np.ndarray:
+    """(N, D) L2-normalised float32 embeddings of a vision-language model's input `rows`, in order, by the `tower`
+    side (`LoadedModel.embed_inputs`), `batch_size` rows' images open at a time, with a progress bar on stderr.
+
+    Raises:
+        DataError: a row whose image cannot be used, or that the model refuses (longer than its length), named.
+    """
+    chunks = []
+    with tqdm(total=len(rows), desc=f"encode {tower}s", unit="input", file=sys.stderr, disable=None) as bar:
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start:start + batch_size]
+            inputs = [row.opened() for row in batch]
+            try:
+                chunks.append(model.embed_inputs(inputs, tower))
+            except DataError:
+                raise
+            except ValueError:  # the model refuses an input: say which row, from the rows one at a time
+                _refused_row(model, batch, inputs, tower)
+                raise
+            bar.update(len(batch))
+    return F.normalize(torch.cat(chunks).float(), dim=1).numpy()
+
+
+def _refused_row(model: LoadedModel, rows: list[InputRow], inputs: list[Any], tower: str) -> None:
+    """DataError naming the first of `rows` whose input alone `model` refuses (ValueError), with its reason."""
+    for row, one in zip(rows, inputs):
+        try:
+            model.embed_inputs([one], tower)
+        except ValueError as error:
+            raise DataError(f"--data {row.where}: {error}; every row is embedded in order, so shorten it (or "
+                            "lower --max-pixels) or remove it") from error
 
 
 def _shard_images(data: str, image_size: int) -> torch.Tensor:

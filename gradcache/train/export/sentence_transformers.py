@@ -26,6 +26,7 @@ from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME, rea
 _POOLING_KEYS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
 _POOLING_KEY = {"mean": "mean_tokens", "cls": "cls_token", "last": "lasttoken"}  # HuggingFaceEncoder's -> ST's
 PASSAGE_PROMPT_NAME = "document"  # the first name sentence-transformers' encode_document looks up
+ADAPTER_FOLDER = "adapter"  # a LoRA run's adapter alone: RUN/model/adapter (query/adapter, passage/adapter)
 _MODULE = "sentence_transformers.models."  # the module paths every sentence-transformers version reads
 
 

@@ -15,13 +15,16 @@ from gradcache.train.modes.multi_vector import MultiVector
 from gradcache.train.modes.simclr import SimCLR
 from gradcache.train.modes.sparse import SparseText
 from gradcache.train.modes.text import Text
+from gradcache.train.modes.vision_language import VisionLanguage
 
 if TYPE_CHECKING:
     from gradcache.train.config import RunConfig
 
 TEXT_KINDS: dict[str, Text] = Text.kinds  # the kinds read their own table without importing this module
 TEXT_KINDS.update({kind.kind: kind for kind in (Text(), MultiVector(), SparseText(), CrossEncoderText())})
-MODES: dict[str, Mode] = {mode.name: mode for mode in (SimCLR(), CLIP(), TEXT_KINDS[Text.kind])}
+# vlm before text: a VLM folder is also a Hugging Face or sentence-transformers folder, which text would claim, and
+# `folder_reader` asks every kind in this order
+MODES: dict[str, Mode] = {mode.name: mode for mode in (SimCLR(), CLIP(), VisionLanguage(), TEXT_KINDS[Text.kind])}
 DEFAULT_MODE = SimCLR.name  # `gradcache train` without a mode
 
 

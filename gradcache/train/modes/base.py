@@ -125,6 +125,11 @@ class Mode:
         `build_guide` model, the guide's inputs too (a frozen tower: encoded once, without a graph)."""
         raise NotImplementedError
 
+    def reused_modules(self, config: RunConfig, model: nn.Module) -> list[nn.Module]:
+        """Submodules of `model` that learn nothing and whose outputs the strategy keeps from phase (1) instead of
+        running them again (the library's `reuse_outputs`: a frozen vision tower); none by default."""
+        return []
+
     def initialise(self, config: RunConfig, model: nn.Module, loss: nn.Module) -> None:
         """Runs once on a new run's freshly built model and loss (not on a resume), e.g. to load pretrained
         weights."""

@@ -18,10 +18,15 @@ are compared, their tokenizer is not.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gradcache.train.errors import UsageError
+
+if TYPE_CHECKING:
+    from gradcache.train.config import RunConfig
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # What says how the model reads text and what its modules do, hashed whole: the tokenizers transformers and
@@ -29,12 +34,13 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 SETTINGS_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                   "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model",
                   "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json", "modules.json",
-                  "config_sentence_transformers.json", "sentence_bert_config.json")
+                  "config_sentence_transformers.json", "sentence_bert_config.json", "preprocessor_config.json",
+                  "processor_config.json")
 METHODS = ("sampled", "full")  # --fingerprint; "weights": what runs of version 17 recorded
 BLOCKS, BLOCK_BYTES = 64, 64 * 1024
 READ_BYTES = 2**20  # a whole file is hashed a MiB at a time
 
-__all__ = ["METHODS", "fingerprint", "check_fingerprint"]
+__all__ = ["METHODS", "fingerprint", "check_fingerprint", "with_base_fingerprint"]
 
 
 def fingerprint(folder: str | Path, method: str = "sampled") -> dict[str, str]:
@@ -78,3 +84,13 @@ def check_fingerprint(recorded: dict[str, str], folder: str | Path, option: str,
     raise UsageError(f"{option} {folder}: not the base model this LoRA run started from: {what} since the run "
                      "recorded the folder's fingerprint, so its adapter would sit on other weights. Put the run's "
                      "base model back at that path (the run's --model), or train a new run on this one")
+
+
+def with_base_fingerprint(config: RunConfig, folder: str | Path, option: str = "--model") -> RunConfig:
+    """A LoRA run's options with the fingerprint of its base `folder`: recorded when the run starts (or first
+    resumes from before fingerprints were recorded), else compared with the recorded one (`check_fingerprint`)."""
+    if config.base_fingerprint is None:
+        method = "sampled" if config.fingerprint == "weights" else config.fingerprint
+        return dataclasses.replace(config, fingerprint=method, base_fingerprint=fingerprint(folder, method))
+    check_fingerprint(config.base_fingerprint, folder, option, config.fingerprint)
+    return config

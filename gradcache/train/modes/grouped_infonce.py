@@ -48,3 +48,11 @@ class GroupedInfoNCE(nn.Module):
         guide_positive, guide_negatives = split_groups(guide_passages, self.negatives_per_query)  # (n, D'), ...
         guide = (guide_query, guide_positive) + (() if guide_negatives is None else (guide_negatives,))
         return self.infonce(query, positive, negatives, guide=guide)
+
+
+def grouped_matryoshka(loss: GroupedInfoNCE, dims: list[int]) -> GroupedInfoNCE:
+    """`loss` with the InfoNCE inside the grouping summed over `dims` (`--matryoshka-dims`): it is handed the
+    positives and hard negatives as they are split from the passages, so a queue keeps one full-width copy of
+    exactly those rows."""
+    loss.infonce = losses.Matryoshka(loss.infonce, dims)
+    return loss

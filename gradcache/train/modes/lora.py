@@ -43,11 +43,10 @@ from torch import nn
 from gradcache.models import HuggingFaceEncoder
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
-from gradcache.train.export.sentence_transformers import write_sentence_transformers_folder
+from gradcache.train.export.sentence_transformers import ADAPTER_FOLDER, write_sentence_transformers_folder
 from gradcache.train.modes.base_fingerprint import METHODS
 
 DEFAULT_DROPOUT = 0.05
-ADAPTER_FOLDER = "adapter"  # RUN/model/adapter (RUN/model/query/adapter and passage/adapter with two towers)
 LORA_OPTIONS = ("lora_alpha", "lora_dropout", "lora_targets")  # meaningful only with --lora-rank
 _ALL_LINEAR = "all-linear"  # peft's name for every Linear layer (a model without a head has no output layer)
 _SUPPORTED = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)  # and transformers' Conv1D, by name
@@ -115,21 +114,34 @@ def _targets(settings: LoraSettings, model: nn.Module) -> tuple[list[str] | str,
     """The target modules for `model`, and where they come from (for the run's first line)."""
     if settings.targets is not None:
         return settings.targets, "given"
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    defaults = peft_default_targets(model_type)
+    if defaults is not None:
+        return defaults, f"peft's default for {model_type}"
+    return _ALL_LINEAR, f"every Linear layer: peft has no default for {model_type}"
+
+
+def peft_default_targets(model_type: str | None) -> list[str] | None:
+    """The layers peft adapts by default in a model of `model_type` (Llama, Qwen2: q_proj, v_proj), or None."""
     from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in DEFAULTS:
-        return list(DEFAULTS[model_type]), f"peft's default for {model_type}"
-    return _ALL_LINEAR, f"every Linear layer: peft has no default for {model_type}"
+    return list(DEFAULTS[model_type]) if model_type in DEFAULTS else None
+
+
+def wrap_lora(model: nn.Module, settings: LoraSettings, targets: list[str] | str) -> nn.Module:
+    """`peft.get_peft_model(model, LoraConfig(...))` at `settings` on the layers `targets` (names as peft matches
+    them, or "all-linear"): the base weights frozen, B starting at zero."""
+    peft = import_peft()
+    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                             target_modules=targets)
+    return peft.get_peft_model(model, config)
 
 
 def add_lora(tower: HuggingFaceEncoder, settings: LoraSettings) -> HuggingFaceEncoder:
     """`tower` with its model wrapped by peft's LoRA (base weights frozen); returns `tower`."""
-    peft = import_peft()
+    import_peft()
     targets, _ = _targets(settings, tower.model)
-    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                             target_modules=targets)
-    tower.model = peft.get_peft_model(tower.model, config)
+    tower.model = wrap_lora(tower.model, settings, targets)
     tower.train(tower.training)
     return tower
 
@@ -137,9 +149,14 @@ def add_lora(tower: HuggingFaceEncoder, settings: LoraSettings) -> HuggingFaceEn
 def describe(tower: HuggingFaceEncoder, settings: LoraSettings) -> str:
     """One line: the settings, the layers adapted and why those, the share of parameters trained."""
     targets, source = _targets(settings, tower.model.get_base_model())
-    trained = sum(p.numel() for p in tower.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in tower.parameters())
-    names = ", ".join(targets) if isinstance(targets, list) else _ALL_LINEAR
+    return lora_line(tower, settings, ", ".join(targets) if isinstance(targets, list) else _ALL_LINEAR, source)
+
+
+def lora_line(module: nn.Module, settings: LoraSettings, names: str, source: str) -> str:
+    """The run's line about its adapters: `settings`, the layers adapted (`names`) and why those (`source`), the
+    share of `module`'s parameters trained."""
+    trained = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in module.parameters())
     return (f"LoRA rank {settings.rank}, alpha {settings.alpha:g}, dropout {settings.dropout:g} on {names} ({source}): "
             f"{trained:,} of {total:,} parameters trained per tower ({100 * trained / total:.2f}%)")
 

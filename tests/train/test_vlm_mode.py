@@ -225,6 +225,43 @@ def test_a_resume_after_a_kill_continues_with_the_same_losses(tmp_path, killed_a
     assert f"query_to_positive_recall@1{suffix}" in _run_metrics(tmp_path / "cut")
 
 
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_to_the_same_losses_and_weights(tmp_path):
+    """The same run at once and in a process of its own killed with SIGKILL (no handler runs) right after its first
+    checkpoint, then `--resume`d: the same losses, step for step, and the same weights."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from gradcache.train.checkpoints.atomic import load_checkpoint
+
+    argv = ["train", "vlm", *TINY_VLM, "--steps", "40", "--checkpoint-every", "3"]
+    assert main([*argv, "--output-dir", str(tmp_path / "whole")]) == 0
+    cut = tmp_path / "cut"
+    run = subprocess.Popen([sys.executable, "-m", "gradcache", *argv, "--output-dir", str(cut)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 240
+    try:
+        while not (cut / "last.pt").exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.kill(run.pid, signal.SIGKILL)
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == -signal.SIGKILL, err  # killed mid-run, not finished before the kill
+    step = load_checkpoint(cut)["step"]
+    assert 3 <= step < 40
+    assert main(["train", "vlm", "--resume", str(cut), "--quiet", "--threads", "1"]) == 0
+    assert _losses(cut) == _losses(tmp_path / "whole")
+    whole, resumed = (load_checkpoint(tmp_path / name)["model"] for name in ("whole", "cut"))
+    assert whole.keys() == resumed.keys()
+    for name in whole:
+        assert torch.equal(whole[name], resumed[name]), name
+
 def _brute_force(asked: np.ndarray, candidates: np.ndarray, relevant: np.ndarray) -> dict[str, float]:
     """recall@1, recall@10, mrr@10, ndcg@10 (%) by a loop over the rows: the 1-based rank of each row's relevant
     candidate among all candidates by inner product."""

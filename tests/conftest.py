@@ -76,6 +76,16 @@ def seeded() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module's tests (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny models
+    such as the width-32 VLMs gain nothing from a second thread, and on a busy 2-core machine lose seconds to it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def run_strategy(strategy: type, modules: tuple[nn.Module, ...], encoders, loss, inputs, chunk_size):
     """One step of `strategy` (CachedLoss through its backward) from zeroed gradients: (detached loss, grads)."""
     from gradcache import CachedLoss, FullBatch

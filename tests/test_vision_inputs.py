@@ -23,13 +23,7 @@ ROWS = 4  # one row of each kind: text only, image only, image + text, two image
 SLOW = pytest.mark.slow  # a sweep over chunk sizes: seconds on a loaded 2-core machine
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Width-32 models gain nothing from a second thread, and on a busy machine lose seconds to it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,7 @@ from gradcache.losses import InfoNCE  # noqa: E402
 from tests.vlm_models import images, write_tiny_qwen2_vl  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Width-32 models gain nothing from a second thread, and on a busy machine lose seconds to it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

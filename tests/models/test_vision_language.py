@@ -23,13 +23,7 @@ BUILDERS = {"qwen": tiny_qwen2_vl, "idefics": tiny_idefics3}
 MARKERS = {"qwen": QWEN_IMAGE, "idefics": IDEFICS_IMAGE}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Width-32 models gain nothing from a second thread, and on a busy machine lose seconds to it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def mixed_inputs(seed: int) -> list[VisionLanguageInput]:

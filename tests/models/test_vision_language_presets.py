@@ -19,12 +19,7 @@ from tests.vlm_models import images  # noqa: E402
 WORDS = ["a red star", "a blue circle at the top"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_the_tiny_preset_reads_its_words_and_embeds_each_kind_of_row():

@@ -30,12 +30,7 @@ TINY_VLM = ["--train-size", "64", "--test-size", "16", "--batch-size", "8", "--c
 METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,7 @@ from tests.vlm_models import images, tiny_qwen2_vl  # noqa: E402
 QUERY, PASSAGE = "photo of ", "the "  # words of the tiny vocabulary, a space before the text
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Width-32 models gain nothing from a second thread, and on a busy machine lose seconds to it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,7 @@ FAMILIES = {"qwen2-vl": (tiny_qwen2_vl, "last", 56 * 84), "idefics3": (tiny_idef
 PROMPTS = {"query": "photo of ", "document": "the "}  # words of the tiny vocabulary: they change the tokens
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Width-32 models gain nothing from a second thread, and on a busy machine lose seconds to it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def base_folder(family: str, folder):

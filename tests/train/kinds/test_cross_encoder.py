@@ -29,12 +29,7 @@ METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")
 KIND = ["--kind", "cross-encoder", "--threads", "1"]  # one thread: tiny models gain nothing from more
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

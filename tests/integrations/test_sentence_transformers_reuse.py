@@ -15,10 +15,11 @@ from sentence_transformers.sentence_transformer.losses import MultipleNegativesR
 from gradcache.integrations.sentence_transformers import GradCacheLoss  # noqa: E402
 from gradcache.losses import InfoNCE  # noqa: E402
 from tests.integrations.test_sentence_transformers_vision import (  # noqa: E402
-    assert_close, loss_and_grads, mixed_columns, one_thread, qwen_folder, vision_sentence_transformer,
+    assert_close, loss_and_grads, mixed_columns, qwen_folder, vision_sentence_transformer,
 )
 
-__all__ = ["one_thread", "qwen_folder"]  # the fixtures this module uses
+__all__ = ["qwen_folder"]  # the fixture this module uses
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.mark.slow  # about 3 s on 2 idle cores: three passes over a Qwen2-VL SentenceTransformer

@@ -33,7 +33,7 @@ import torch
 
 from benchmarks.flags import HelpFormatter, add_shared_options, integer_list, output_folder
 from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, reset_peak_rss, run_point
-from benchmarks.report import machine_context, plot_lines, print_table, write_csv
+from benchmarks.report import add_peak_ratios, machine_context, plot_lines, print_table, write_csv
 from benchmarks.round_robin import medians, per_round_ratio, round_robin
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only
@@ -191,10 +191,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             row.update(run_point(__spec__.name, point, args.time_budget_s, env=LIVE_TENSORS_ENV))
             point_rows[side] = row
             print(json.dumps({key: row.get(key) for key in TABLE if key in row}), flush=True)
-        theirs = point_rows.get("st_cached", {})
-        for row in point_rows.values():
-            if row.get("status") == "ok" and theirs.get("status") == "ok" and theirs["peak_mb"] > 0:
-                row["memory_ratio_to_st"] = row["peak_mb"] / theirs["peak_mb"]
+        add_peak_ratios(point_rows, "st_cached", "memory_ratio_to_st")
         rows.extend(point_rows.values())
     for n in integer_list(args.time_sizes, "--time-sizes") if args.time_sizes else []:
         context = machine_context(args.threads, args.device)

@@ -22,6 +22,17 @@ from benchmarks.atomic_output import replaced, save_figure  # noqa: E402
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
+def add_peak_ratios(rows: dict[str, dict[str, Any]], peer: str, column: str) -> None:
+    """row[column] = row's peak_mb / the `peer` row's, for each side's row (`rows`: side -> row) measured ok where
+    the peer's was too."""
+    theirs = rows.get(peer, {})
+    if theirs.get("status") != "ok" or not theirs.get("peak_mb"):
+        return
+    for row in rows.values():
+        if row.get("status") == "ok":
+            row[column] = row["peak_mb"] / theirs["peak_mb"]
+
+
 def machine_context(threads: int, device: str) -> dict[str, Any]:
     """Columns every row carries, so a figure can be judged later: load, threads, versions, time."""
     load_1m, load_5m, _ = os.getloadavg()

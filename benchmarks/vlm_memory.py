@@ -40,7 +40,7 @@ import torch
 
 from benchmarks.flags import HelpFormatter, add_shared_options, integer_list, output_folder
 from benchmarks.fresh_process import LIVE_TENSORS_ENV, PeakMemory, report, reset_peak_rss, run_point
-from benchmarks.report import machine_context, plot_lines, print_table, write_csv
+from benchmarks.report import add_peak_ratios, machine_context, plot_lines, print_table, write_csv
 from benchmarks.round_robin import medians, per_round_ratio, round_robin
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only
@@ -300,10 +300,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             row.update(run_point(__spec__.name, point, args.time_budget_s, env=LIVE_TENSORS_ENV))
             point_rows[side] = row
             print(json.dumps({key: row.get(key) for key in TABLE if key in row}), flush=True)
-        theirs = point_rows.get(PEER, {})
-        for row in point_rows.values():
-            if row.get("status") == "ok" and theirs.get("status") == "ok" and theirs["peak_mb"] > 0:
-                row["memory_ratio_to_st"] = row["peak_mb"] / theirs["peak_mb"]
+        add_peak_ratios(point_rows, PEER, "memory_ratio_to_st")
         rows.extend(point_rows.values())
     for n in integer_list(args.time_sizes, "--time-sizes") if args.time_sizes else []:
         context = machine_context(args.threads, args.device)
@@ -312,17 +309,17 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
     if args.point is not None:
         report(run_one_point(json.loads(args.point)))
         return []
     _sides(args.sides)  # refuse bad flags before any work
     if args.chunk < 1 or args.check_size < 0:
-        get_args_parser().error(f"--chunk must be at least 1 and --check-size at least 0, got {args.chunk} and "
-                                f"{args.check_size}")
+        parser.error(f"--chunk must be at least 1 and --check-size at least 0, got {args.chunk} and {args.check_size}")
     if 0 < args.check_size <= args.chunk:  # one chunk is the full batch: the check could not fail
-        get_args_parser().error(f"--check-size {args.check_size} is not more than --chunk {args.chunk}, so nothing "
-                                "is split and the check could not fail; give a larger --check-size, or 0 for none")
+        parser.error(f"--check-size {args.check_size} is not more than --chunk {args.chunk}, so nothing is split "
+                     "and the check could not fail; give a larger --check-size, or 0 for none")
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(args.model_dir or Path(scratch) / "tiny-qwen2-vl")
         args.model_dir = str(save_model(folder, args.width, args.text_layers, args.vision_width, args.vision_blocks))

@@ -40,7 +40,8 @@ class DataCase:
     slow: bool = False  # a case that trains to the end
 
 
-def _chunk(kind: bytes, data: bytes) -> bytes:
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    """One PNG chunk: its length, its kind, its data and their CRC."""
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
@@ -52,8 +53,8 @@ def sixteen_bit_thin_png(height: int) -> bytes:
     full, rest = divmod(height, 2**20)
     pixels = b"".join(compressor.compress(block) for _ in range(full)) + compressor.compress(block[:3 * rest])
     header = struct.pack(">IIBBBBB", 1, height, 16, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", pixels + compressor.flush())
-            + _chunk(b"IEND", b""))
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", pixels + compressor.flush())
+            + png_chunk(b"IEND", b""))
 
 
 def syntax_error_png() -> bytes:
@@ -63,7 +64,7 @@ def syntax_error_png() -> bytes:
     Image.new("RGB", (12, 12), (200, 10, 10)).save(image, "PNG")
     data = image.getvalue()
     end = data.rfind(b"IEND") - 4
-    return data[:end] + _chunk(b"zTXt", b"k\x00\x01xx") + data[end:]
+    return data[:end] + png_chunk(b"zTXt", b"k\x00\x01xx") + data[end:]
 
 
 def image_folder(root: Path, per_class: int = 24) -> Path:

@@ -17,28 +17,15 @@ from gradcache.train.data.images.decode_budget import ImageOverBudget, NotRegula
 from gradcache.train.data.images.files import list_image_folder
 from gradcache.train.data.images.lazy import LazyImageSet, decode_image
 from gradcache.train.errors import DataReadFailed
-
-
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+from tests.train.hostile_data_corpus import png_chunk, syntax_error_png
 
 
 def sixteen_bit_header_png(width: int, height: int) -> bytes:
     """A 16-bit greyscale PNG header of `width` x `height` with an IDAT of one row: what the budget reads is the
     header alone, so the pixels need not exist."""
     header = struct.pack(">IIBBBBB", width, height, 16, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(b"\x00" * (2 * width + 1)))
-            + _chunk(b"IEND", b""))
-
-
-def syntax_error_png() -> bytes:
-    """A valid 8 x 8 PNG followed by a zTXt chunk of an unknown compression method: PIL opens it, then raises
-    SyntaxError when the pixels are loaded."""
-    image = io.BytesIO()
-    Image.new("RGB", (8, 8), (10, 20, 30)).save(image, "PNG")
-    data = image.getvalue()
-    end = data.rfind(b"IEND") - 4
-    return data[:end] + _chunk(b"zTXt", b"k\x00\x01xx") + data[end:]
+    rows = zlib.compress(b"\x00" * (2 * width + 1))
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", rows) + png_chunk(b"IEND", b"")
 
 
 def test_the_thin_16_bit_bomb_is_refused_from_its_header_before_any_pixel_is_read(tmp_path, monkeypatch):

@@ -142,7 +142,8 @@ class GradCache(Strategy):
     # --- the phases --------------------------------------------------------------------------------------
     def _split_all(self, inputs: tuple[Any, ...]) -> tuple[list[list[Any]], list[torch.Tensor | None]]:
         """Each input's chunks (by rows, or by tokens over its rows sorted by length) and, for token chunks,
-        the order of its sorted rows. Under FSDP2 token-chunked inputs are cut into as many chunks on every rank."""
+        the order of its sorted rows. Under FSDP2 or ZeRO-3 token-chunked inputs are cut into as many chunks on
+        every rank."""
         tokened = [i for i in range(len(inputs)) if self.chunk_tokens_for(i) is not None]
         layouts = {i: self.vision_layout(i, inputs[i]) for i in tokened}  # a VLM batch's rows own their images
         plans = {i: token_plan(inputs[i], self.chunk_tokens_for(i), self.chunk_size_for(i), layouts[i],
@@ -215,7 +216,7 @@ class GradCache(Strategy):
             first.random_states.append(states)
             first.kept.append(graphs)
             first.reused.append(outputs_kept)
-        if self.options["memory_budget"] is not None:  # under FSDP2 every rank re-encodes as many chunks
+        if self.options["memory_budget"] is not None:  # sharded, every rank re-encodes as many chunks
             counts = agreed_under_fsdp(self.all_encoders(), [len(g) for g in first.kept], largest=False)
             first.kept = [graphs[:n] for graphs, n in zip(first.kept, counts)]
         return first

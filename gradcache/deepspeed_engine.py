@@ -37,6 +37,12 @@ def is_deepspeed_engine(module: object) -> bool:
     return engine_class is not None and isinstance(module, engine_class)
 
 
+def partitions_parameters(module: object) -> bool:
+    """Whether `module` is a DeepSpeed engine at ZeRO stage 3, whose forward and backward gather each submodule's
+    partitioned parameters as it runs: collectives every rank must join, as under FSDP2."""
+    return is_deepspeed_engine(module) and module.zero_optimization_stage() == 3
+
+
 def check_deepspeed_engine(engine: nn.Module) -> None:
     """Raise a ValueError naming the config key for an engine whose GradCache gradient cannot be exact, before
     any state is touched; nothing for any other module.

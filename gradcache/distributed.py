@@ -10,7 +10,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gradcache.deepspeed_engine import coalesced_reduction, is_deepspeed_engine, reduces_above_the_loss
+from gradcache.deepspeed_engine import (
+    coalesced_reduction,
+    is_deepspeed_engine,
+    partitions_parameters,
+    reduces_above_the_loss,
+)
 from gradcache.token_embeddings import Embedding, TokenEmbeddings, padded_to
 
 
@@ -191,12 +196,14 @@ def graph_leaves(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def check_same_chunk_counts(encoders: Sequence[nn.Module], chunk_counts: Sequence[int]) -> None:
-    """Under FSDP2 every rank must run as many chunk passes through each encoder as every other rank.
+    """Under FSDP2 or DeepSpeed ZeRO-3 every rank must run as many chunk passes through each encoder as every other
+    rank.
 
-    An FSDP2 module's forward all-gathers its parameters and its backward reduce-scatters its gradients: both are
-    collectives, so a rank with one chunk fewer (7 rows and 5 rows in chunks of 2) would leave the others waiting
-    or mix up collectives. DDP and plain encoders need nothing, and this costs nothing there; under FSDP2 it is
-    one small all-gather per step. `encoders[i]` encodes input i, split into `chunk_counts[i]` chunks.
+    An FSDP2 module's forward all-gathers its parameters and its backward reduce-scatters its gradients, and a
+    ZeRO-3 engine gathers each submodule's parameters as it runs: collectives, so a rank with one chunk fewer (7
+    rows and 5 rows in chunks of 2) would leave the others waiting or mix up collectives. DDP and plain encoders
+    need nothing, and this costs nothing there; sharded, it is one small all-gather per step. `encoders[i]`
+    encodes input i, split into `chunk_counts[i]` chunks.
 
     Raises:
         ValueError: on every rank alike (so none is left waiting), naming each rank's chunk counts.
@@ -210,15 +217,15 @@ def check_same_chunk_counts(encoders: Sequence[nn.Module], chunk_counts: Sequenc
     if any(counts != per_rank[0] for counts in per_rank):
         raise ValueError(
             f"ranks split their inputs into different numbers of chunks (per rank, per input: {per_rank}); with "
-            "encoders sharded by fully_shard every chunk's forward and backward is a collective, so every rank "
-            "must run as many. Give every rank the same local batch size (drop the last, uneven batch) or a "
+            "encoders sharded by fully_shard or ZeRO-3 every chunk's forward and backward is a collective, so every "
+            "rank must run as many. Give every rank the same local batch size (drop the last, uneven batch) or a "
             "chunk_size that splits every rank's batch into the same number of chunks."
         )
 
 
 def agreed_under_fsdp(encoders: Sequence[nn.Module], counts: Sequence[int], largest: bool) -> list[int]:
-    """Under FSDP2, the elementwise largest (or smallest) of every rank's `counts`, so that ranks run as many
-    chunks, or keep as many graphs, as each other; elsewhere `counts` unchanged, at no cost."""
+    """Under FSDP2 or ZeRO-3, the elementwise largest (or smallest) of every rank's `counts`, so that ranks run as
+    many chunks, or keep as many graphs, as each other; elsewhere `counts` unchanged, at no cost."""
     if not _sharded_run(encoders) or not counts:
         return list(counts)
     tensor = torch.tensor(list(counts), dtype=torch.long, device=_collective_device())
@@ -227,7 +234,9 @@ def agreed_under_fsdp(encoders: Sequence[nn.Module], counts: Sequence[int], larg
 
 
 def _sharded_run(encoders: Sequence[nn.Module]) -> bool:
-    return is_distributed() and world_size() > 1 and any(_fsdp_modules(e) for e in encoders)
+    """Whether the encoders' passes are collectives (FSDP2 modules, a ZeRO-3 engine) on several ranks."""
+    return is_distributed() and world_size() > 1 and any(_fsdp_modules(e) or partitions_parameters(e)
+                                                         for e in encoders)
 
 
 def _collective_device() -> torch.device:

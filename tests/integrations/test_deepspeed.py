@@ -43,9 +43,12 @@ GLOBAL, CHUNK, LR = 12, 2, 1e-2  # 6 rows per rank: 3 chunks per input, 6 chunk 
 STEPS = ("gradcache", "cached", "kept", "full", "ordinary")
 STAGES = (1, 2, 3)
 # ZeRO options passed through, one GradCache step each: CPU offload (ZeRO-3: parameters and optimizer; torch's
-# AdamW there, not DeepSpeed's compiled CPU Adam), and ZeRO-2's overlapped reduction in buckets smaller than one
-# weight matrix
+# AdamW there, not DeepSpeed's compiled CPU Adam), ZeRO-2's overlapped reduction in buckets smaller than one
+# weight matrix, and ZeRO-3 partitioning every parameter (by default one under 100,000 elements, every one of this
+# small model's, stays whole on each rank, and a forward gathers nothing)
+PARTITIONED = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
 ZERO_OPTIONS = {
+    "partitioned": PARTITIONED,
     "offload": {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
                                       "offload_optimizer": {"device": "cpu"}}, "zero_force_ds_cpu_optimizer": False},
     "buckets": {"zero_optimization": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 100}},
@@ -210,7 +213,22 @@ def all_stages_worker(rank, world_size):
         loss = GradCache(engine, loss_fn(), CHUNK).step(*local)
         engine.step()
         results[name] = {"loss": loss, "params": gathered(engine)}
+    results["uneven"] = uneven_ranks_worker(rank)
     return results
+
+
+def uneven_ranks_worker(rank):
+    """Partitioned ZeRO-3, whose every forward gathers: ranks of 7 and 5 rows in chunks of 4 (two chunks each) whose
+    memory budgets would keep no graph and every graph, one step, agree to re-encode alike and step as one process;
+    in chunks of 2 (four chunks and three) they are refused on every rank alike, not left waiting."""
+    x, y = batch()
+    mine = slice(0, 7) if rank == 0 else slice(7, GLOBAL)
+    engine = engine_for(3, **PARTITIONED)
+    loss = GradCache(engine, loss_fn(), 4, memory_budget=0 if rank == 0 else 10**12).step(x[mine], y[mine])
+    engine.step()
+    with pytest.raises(ValueError) as error:
+        GradCache(engine_for(3, **PARTITIONED), loss_fn(), CHUNK).step(x[mine], y[mine])
+    return {"loss": loss, "params": gathered(engine), "refused": str(error.value)}
 
 
 @pytest.fixture(scope="module")
@@ -296,6 +314,17 @@ def test_naive_accumulation_reduces_its_micro_batches_once(ranks):
         assert torch.allclose(got["loss"], want_loss, rtol=1e-5)
         assert_grads_close(got["grads"], {k: v for k, v in want.items() if k.startswith("0.")}, 1e-5)
         assert parameter_reductions(got["reductions"]) == parameter_reductions(result[2]["reductions"]["ordinary"])
+
+
+@pytest.mark.slow
+def test_partitioned_ranks_run_as_many_chunks_as_each_other(ranks):
+    want_losses, want_params = reference()
+    for result in ranks:
+        got = result["uneven"]
+        assert torch.allclose(got["loss"], want_losses[0], rtol=1e-6, atol=0)
+        for key, want in want_params[0].items():
+            assert (got["params"][key] - want).abs().max().item() < 1e-6, key
+        assert "different numbers of chunks (per rank, per input: [[4, 4], [3, 3]])" in got["refused"]
 
 
 @pytest.mark.slow

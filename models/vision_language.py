@@ -42,12 +42,20 @@ class VisionLanguageEncoder(nn.Module):
     ``reuse_outputs=[encoder.vision_tower]`` so it runs in phase (1) only. A ``...ForConditionalGeneration``
     model is read through its base model (no language-model head: an embedder never reads logits).
 
+    ``always_run_vision`` runs the vision tower (and Idefics3's connector) in every forward: where the inputs hold
+    no image it runs on a one-image stand-in (`stand_in_image`) just before the language model, where the real
+    images would have run, and adds 0 x its features' sum to the language model's input embeddings. The embedding
+    is unchanged (x + 0 = x), but every forward then runs the same modules in the same order and gives every
+    parameter a gradient, which several processes need: DeepSpeed ZeRO-3 and FSDP2 gather each module's
+    parameters as it runs (a collective every rank must join), and DDP reduces every trained parameter's gradient.
+
     Args:
         path_or_model: a local folder written by ``save_pretrained`` (``AutoModel``, local files only) or a
             built model.
         pooling: ``"last"`` or ``"mean"``.
         normalize: L2-normalise the pooled output.
         train_vision: leave the vision tower's parameters trainable.
+        always_run_vision: run the vision tower in every forward, on a stand-in image where the inputs hold none.
 
     Raises:
         ValueError: unknown ``pooling``; a model without a vision tower or a language model by the names
@@ -60,7 +68,7 @@ class VisionLanguageEncoder(nn.Module):
     """
 
     def __init__(self, path_or_model: str | os.PathLike | nn.Module, pooling: str = "last", normalize: bool = True,
-                 train_vision: bool = False) -> None:
+                 train_vision: bool = False, always_run_vision: bool = False) -> None:
         super().__init__()
         if pooling not in VLM_POOLINGS:
             raise ValueError(f"pooling={pooling!r} is not supported; choose one of {VLM_POOLINGS}")
@@ -78,6 +86,12 @@ class VisionLanguageEncoder(nn.Module):
         self.normalize = normalize
         config = getattr(self.model, "config", None)
         self.out_dim = getattr(getattr(config, "text_config", config), "hidden_size", None)
+        self.always_run_vision = always_run_vision
+        if always_run_vision:
+            stand_in_image(self.model)  # refuses a family it cannot build a stand-in for, before any forward
+        self._tower_ran = False
+        self.vision_tower.register_forward_hook(self._note_tower_ran)
+        self.language_model.register_forward_pre_hook(self._run_stand_in, with_kwargs=True, prepend=True)
         self.train()
 
     @property
@@ -93,7 +107,25 @@ class VisionLanguageEncoder(nn.Module):
         """Use the model's own activation checkpointing (non-reentrant); active in training mode only."""
         hugging_face_checkpointing(self.model, enabled)
 
+    def _note_tower_ran(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._tower_ran = True
+
+    def _run_stand_in(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
+        """Before the language model: where `always_run_vision` and the tower has not run in this forward, run it
+        on the stand-in image and add 0 x its features' sum to the input embeddings."""
+        embeds = kwargs.get("inputs_embeds")
+        if not self.always_run_vision or self._tower_ran or embeds is None:
+            return None
+        core = _vision_language_core(self.model)
+        features = core.get_image_features(**stand_in_image(core, embeds.device), return_dict=True).pooler_output
+        if isinstance(features, (list, tuple)):  # per image, as the model's own forward concatenates them
+            features = torch.cat(features, dim=0)
+        # only what the model's forward reads (the merged features): DeepSpeed runs a module's backward hook once
+        # per output that gets a gradient, so reading one more would change the order ZeRO-3 traces
+        return args, {**kwargs, "inputs_embeds": embeds + 0.0 * features.to(embeds.dtype).sum()}
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **vision: Any) -> torch.Tensor:
+        self._tower_ran = False
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **vision).last_hidden_state  # (B, L, H)
         if self.pooling == "last":
             pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_token(attention_mask)]  # (B, H)
@@ -101,6 +133,42 @@ class VisionLanguageEncoder(nn.Module):
             weights = attention_mask.ne(0).to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, H)
         return F.normalize(pooled, dim=-1) if self.normalize else pooled
+
+
+def stand_in_image(model: nn.Module, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The smallest image input `model`'s ``get_image_features`` takes (pixel values 1, never all 0: Idefics3 drops
+    all-zero images as padding): Qwen2-VL / Qwen2.5-VL: one image of merge x merge patches (its grid (1, merge,
+    merge)); Idefics3 / SmolVLM: one image of scale x scale patches, which its connector's pixel shuffle folds into
+    one token. A model of the VLM, or any module holding one.
+
+    Raises:
+        ValueError: `model` is of another family (its config has neither a spatial merge nor a scale factor).
+    """
+    core = _vision_language_core(model)
+    config = core.config
+    vision = config.vision_config
+    if hasattr(vision, "spatial_merge_size") and hasattr(vision, "temporal_patch_size"):  # Qwen2-VL, Qwen2.5-VL
+        merge = vision.spatial_merge_size
+        channels = getattr(vision, "in_channels", getattr(vision, "in_chans", 3))
+        width = channels * vision.temporal_patch_size * vision.patch_size ** 2
+        return {"pixel_values": torch.ones(merge * merge, width, device=device),
+                "image_grid_thw": torch.tensor([[1, merge, merge]], device=device)}
+    if hasattr(config, "scale_factor"):  # Idefics3, SmolVLM
+        side = config.scale_factor * vision.patch_size
+        return {"pixel_values": torch.ones(1, 1, getattr(vision, "num_channels", 3), side, side, device=device)}
+    raise ValueError(f"always_run_vision has no stand-in image for {type(core).__name__} (model_type "
+                     f"{getattr(config, 'model_type', None)!r}): it builds them for Qwen2-VL, Qwen2.5-VL and "
+                     "Idefics3 / SmolVLM; run it on one process, or leave always_run_vision off")
+
+
+def _vision_language_core(model: nn.Module) -> nn.Module:
+    """The module of `model` that holds both the vision tower and the language model (the one whose
+    ``get_image_features`` runs the tower and its merger or connector), under any wrapper (peft's)."""
+    for module in model.modules():
+        if hasattr(module, "get_image_features") and any(
+                isinstance(getattr(module, name, None), nn.Module) for name in LANGUAGE_MODELS):
+            return module
+    raise ValueError(f"{type(model).__name__} holds no vision-language model with get_image_features")
 
 
 def language_model_lora_targets(encoder: nn.Module, leaves: tuple[str, ...] | None = None) -> list[str]:

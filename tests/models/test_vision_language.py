@@ -5,6 +5,8 @@ the collator's text against the processor given the markers by hand; the LoRA ta
 modules."""
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -126,6 +128,38 @@ def test_max_pixels_resizes_through_the_processor_keeping_the_aspect():
     assert tiles[0] < tiles[1]
 
 
+@pytest.mark.parametrize("family,train_vision", [("qwen", True), ("qwen", False), ("idefics", True),
+                                                 ("idefics", False)])
+def test_always_run_vision_changes_nothing_but_gives_every_parameter_a_gradient(family, train_vision):
+    """Text-only chunks with `always_run_vision`: the same embeddings and gradients (bitwise) as without it, and a
+    zero gradient on each trainable parameter that text alone never reaches (the tower's; Idefics3's connector,
+    trained even with the tower frozen), so that DDP reduces the same parameters on every rank. The stand-in runs
+    where the images would, between the token embeddings and the language model, as the call order shows."""
+    model, processor = BUILDERS[family](seed=0)
+    encoder = VisionLanguageEncoder(model, train_vision=train_vision)
+    texts = VisionLanguageCollator(processor).queries([VisionLanguageInput("a cat on the mat"),
+                                                       VisionLanguageInput("the red dog")])
+    def reached(always_run_vision):
+        encoder.always_run_vision = always_run_vision
+        encoder.zero_grad(set_to_none=True)
+        loss = FullBatch(encoder, InfoNCE(temperature=0.1)).step(texts, texts)
+        return loss, {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
+
+    want_loss, want = reached(False)
+    order = []
+    for name, module in (("embed_tokens", encoder.language_model.get_input_embeddings()),
+                         ("vision", encoder.vision_tower), ("language", encoder.language_model)):
+        module.register_forward_pre_hook(lambda *_, name=name: order.append(name))
+    got_loss, got = reached(True)
+    assert torch.equal(got_loss, want_loss)
+    trained = {name for name, p in encoder.named_parameters() if p.requires_grad}
+    assert got.keys() == trained and want.keys() <= trained
+    assert (want.keys() < trained) == (train_vision or family == "idefics")  # Qwen2-VL's merger: in its tower
+    for name, gradient in got.items():
+        assert torch.equal(gradient, want[name]) if name in want else not gradient.any(), name
+    assert order == ["embed_tokens", "vision", "language"] * 2  # the query and passage forwards
+
+
 def test_bad_inputs_are_refused_by_name():
     _, processor = tiny_qwen2_vl(seed=0)
     collator = VisionLanguageCollator(processor, max_length=8)
@@ -140,6 +174,20 @@ def test_bad_inputs_are_refused_by_name():
         VisionLanguageCollator(processor, max_pixels=0)
     with pytest.raises(ValueError, match="pooling='cls'"):
         VisionLanguageEncoder(tiny_qwen2_vl(seed=0)[0], pooling="cls")
+    with pytest.raises(ValueError, match="always_run_vision has no stand-in image for OtherVLM .model_type 'other'"):
+        VisionLanguageEncoder(OtherVLM(), always_run_vision=True)
+
+
+class OtherVLM(torch.nn.Module):
+    """A VLM of a family without a stand-in image (its config has neither a spatial merge nor a scale factor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace(model_type="other", vision_config=types.SimpleNamespace(patch_size=14))
+        self.visual, self.language_model = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+    def get_image_features(self, pixel_values):
+        return self.visual(pixel_values)
 
 
 @pytest.mark.parametrize("family", ["qwen", "idefics"])

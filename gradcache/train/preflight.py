@@ -331,6 +331,9 @@ def _check_deepspeed(config: RunConfig) -> None:
                        (config.optimizer == "adamw8bit", "--optimizer adamw8bit: ZeRO steps flattened partitions, "
                         "which bitsandbytes does not read; use --optimizer adamw (ZeRO's offload_optimizer moves its "
                         "state to CPU memory)"),
+                       (config.optimizer in ("lars", "lamb"), f"--optimizer {config.optimizer}: ZeRO steps "
+                        "flattened partitions holding pieces of several parameters, so a layer-wise trust ratio "
+                        "would be taken over the wrong norms; use --optimizer adamw or sgd, or DDP or --fsdp"),
                        (config.precision == "fp16", "--precision fp16: a gradient scaler's scale does not reach "
                         "ZeRO's partitions; use --precision bf16 or fp32")):
         if given:

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -312,8 +312,7 @@ class DeepSpeedPlacement(Placement):
             finally:
                 _forget_world_group()
 
-    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device,
-              whole: Sequence[nn.Module] = ()) -> nn.Module | list[nn.Module]:
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         return encoders  # wrapped with the optimizer: `with_optimizer`
 
     def with_optimizer(self, encoders: nn.Module | list[nn.Module], optimizer: torch.optim.Optimizer,
@@ -333,6 +332,9 @@ class DeepSpeedPlacement(Placement):
         config = deepspeed_config(self.config.deepspeed, self.config.batch_size, distributed.world_size(),
                                   self.config.deepspeed_settings)
         check_program_config(config, self.config.deepspeed)
+        # DeepSpeed's own list of ZeRO optimizers has Adam and AdamW alone; SGD is elementwise too, so stepping it
+        # over ZeRO's flat partitions is exact (preflight refuses the layer-wise LARS and LAMB)
+        config["zero_allow_untested_optimizer"] = not isinstance(optimizer, torch.optim.AdamW)
         _forget_world_group(unless_registered=True)
         self.engine, *_ = deepspeed.initialize(model=encoder, optimizer=optimizer, config=config)
         placed = [self.engine if e is encoder else e for e in listed]

@@ -174,6 +174,8 @@ def test_a_missing_config_file_exits_2(tmp_path, capsys, tiny_args):
 @pytest.mark.parametrize(("mode", "options", "message"), [
     ("simclr", ["--fsdp"], "--deepspeed cannot run with --fsdp"),
     ("simclr", ["--optimizer", "adamw8bit"], "--deepspeed cannot run with --optimizer adamw8bit"),
+    ("simclr", ["--optimizer", "lars"], "--deepspeed cannot run with --optimizer lars: ZeRO steps flattened"),
+    ("simclr", ["--optimizer", "lamb"], "--deepspeed cannot run with --optimizer lamb: ZeRO steps flattened"),
     ("simclr", ["--precision", "fp16"], "--deepspeed cannot run with --precision fp16"),
     ("clip", [], "--deepspeed cannot run with gradcache train clip"),
 ])

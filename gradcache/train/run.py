@@ -91,10 +91,7 @@ class Run:
         # step 0 is evaluated before placing: one plain model on rank 0, whatever the placement
         self.progress = Progress() if saved is not None else self._step_zero()
         # compiled in place before placing: each wrapper holds the compiled module, the names stay the eager ones
-        # the frozen modules the strategy reuses run for some inputs alone (a vision tower): FSDP keeps them whole
-        self.reused = self.mode.reused_modules(config, self.model)
-        encoders = placement.place(compile_encoders(self.mode.encoders(self.model, self.guide), config), self.device,
-                                   whole=self.reused)
+        encoders = placement.place(compile_encoders(self.mode.encoders(self.model, self.guide), config), self.device)
         # after placing: the optimizer must hold the sharded parameters, not the ones fully_shard replaced
         lr = scaled_learning_rate(config.lr, config.batch_size, config.base_batch_size, config.lr_scaling)
         self.optimizer = build_optimizer(config.optimizer, [self.model, self.loss], lr, config.weight_decay,
@@ -104,7 +101,8 @@ class Run:
         self.scheduler = warmup_cosine(self.optimizer, self._warmup_steps(fresh=saved is None), self.steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.strategy = build_strategy(config, encoders, self.loss, self.scaler, self.mode.trim_padding,
-                                       self.mode.chunk_sizes(config), self.mode.sparse_cache, self.reused)
+                                       self.mode.chunk_sizes(config), self.mode.sparse_cache,
+                                       self.mode.reused_modules(config, self.model))
         self.checkpoint = placement.checkpoint(config.output_dir)
         self._parameters = [p for p in self.trained.parameters() if p.requires_grad]  # after placing: the shards
         self.last_saved: RunCheckpoint | None = None

@@ -52,7 +52,6 @@ def test_the_mode_is_registered_under_its_name():
 @pytest.mark.parametrize("extra, fragments", [
     (["--lora-alpha", "4"], ["--lora-alpha", "--lora-rank"]),
     (["--lora-rank", "4", "--train-vision"], ["--train-vision", "--lora-rank 4"]),
-    (["--train-vision", "--fsdp"], ["--train-vision under --fsdp", "--deepspeed"]),
     (["--query-prompt", "  "], ["--query-prompt", "is empty"]),
     (["--model", "no-such-preset"], ["--model no-such-preset", "tiny-qwen2-vl"]),
     (["--lora-rank", "4", "--lora-targets", "q_proj,qkv"], ["--lora-targets q_proj,qkv: 'qkv'", "language model",

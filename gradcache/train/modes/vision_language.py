@@ -135,23 +135,10 @@ class VisionLanguage(Mode):
 
     def check(self, config: RunConfig) -> None:
         """The LoRA options (modes/lora.py) and the prompts; `--train-vision` apart from `--lora-rank`, which adapts
-        the language model alone, and from DDP over several processes and `--fsdp`, whose ranks would all have to
-        run the tower at every chunk (under `--deepspeed` it trains); ZeRO-3 over several processes, which would
-        gather the tower's parameters on the ranks that run it alone."""
+        the language model alone. Every placement takes either: over several processes the tower runs in every
+        forward (`build_encoder`)."""
         check_lora_options(config)
         check_prompts(config)
-        if config.train_vision and (config.fsdp or (distributed.world_size() > 1 and config.deepspeed is None)):
-            placement = "--fsdp" if config.fsdp else f"DDP ({distributed.world_size()} processes)"
-            raise UsageError(f"--train-vision under {placement}: the vision tower runs for the rows with images "
-                             "alone, so on a rank whose chunk holds none its parameters get no gradient and the "
-                             "ranks' gradient collectives no longer match; train it under --deepspeed, or leave it "
-                             "frozen (drop --train-vision)")
-        zero = (config.deepspeed_settings or {}).get("zero_optimization")
-        if isinstance(zero, dict) and zero.get("stage") == 3 and distributed.world_size() > 1:
-            raise UsageError(f"--deepspeed {config.deepspeed} with ZeRO stage 3 over {distributed.world_size()} "
-                             "processes: ZeRO-3 gathers each module's partitioned parameters as it runs, and the "
-                             "vision tower runs for the rows with images alone, so the ranks would wait on different "
-                             "gathers; use ZeRO stage 1 or 2, or --fsdp (which keeps the frozen tower whole)")
         if config.train_vision and config.lora_rank is not None:
             raise UsageError(f"--train-vision with --lora-rank {config.lora_rank}: LoRA adapts the language model "
                              "alone and keeps every other weight frozen; drop --train-vision to train the adapter, or "

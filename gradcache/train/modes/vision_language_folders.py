@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gradcache import distributed
 from gradcache.models import VisionLanguageEncoder, build_vision_language_model
 from gradcache.models.sentence_transformers_folder import read_sentence_transformer_folder
 from gradcache.models.vision_language_presets import VISION_LANGUAGE_PRESETS
@@ -82,14 +83,16 @@ def check_vision_language_model(option: str, name: str) -> None:
 
 def build_encoder(config: RunConfig) -> VisionLanguageEncoder:
     """`--model`'s VLM as an embedder at `--pooling`, its vision tower frozen unless `--train-vision`; a preset's
-    random weights drawn from `--seed`."""
+    random weights drawn from `--seed`. Over several processes its tower runs in every forward (a stand-in image
+    where a chunk holds none: `always_run_vision`), so every rank gathers and reduces the same parameters."""
+    settings = dict(pooling=config.pooling, train_vision=config.train_vision,
+                    always_run_vision=distributed.world_size() > 1)
     if is_preset(config.model):
         model, _ = build_vision_language_model(config.model, caption_words(), seed=config.seed)
-        return VisionLanguageEncoder(model, pooling=config.pooling, train_vision=config.train_vision)
+        return VisionLanguageEncoder(model, **settings)
     quiet_transformers()
     try:
-        return VisionLanguageEncoder(model_path(config.model), pooling=config.pooling,
-                                     train_vision=config.train_vision)
+        return VisionLanguageEncoder(model_path(config.model), **settings)
     except (ValueError, OSError) as error:
         raise UsageError(f"--model {config.model}: {error}") from error
 

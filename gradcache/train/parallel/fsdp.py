@@ -8,7 +8,7 @@ parameters, gradients and optimizer state to CPU memory. Sharded checkpoints: gr
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -39,7 +39,6 @@ def shard_encoder(
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
     block: Callable[[nn.Module, nn.Module | None], bool] = is_block,
-    whole: Sequence[nn.Module] = (),
 ) -> nn.Module:
     """`fully_shard` every block of `encoder` (outermost blocks only), then `encoder` itself; returns `encoder`.
 
@@ -51,10 +50,6 @@ def shard_encoder(
             memory of the whole unsharded encoder. See benchmarks/results/sharding.md for measured counts.
         cpu_offload: see `offload_policy`.
         block: `block(module, parent) -> bool` picks the units of sharding; the default is `is_block`.
-        whole: submodules whose blocks are not units of their own: their parameters stay in `encoder`'s unit,
-            gathered at each call of `encoder`. For a module that runs for some inputs alone (a VLM's vision tower,
-            for rows with images): as a unit of its own it would all-gather only on the ranks whose chunk has
-            such inputs, and the ranks' collectives would no longer match.
 
     Raises:
         ValueError: no process group (run under `torchrun`), or `encoder` is already sharded.
@@ -66,24 +61,19 @@ def shard_encoder(
         raise ValueError(f"{type(encoder).__name__} is already sharded with fully_shard; shard each encoder once.")
     device = next((p.device for p in encoder.parameters()), torch.device("cpu"))
     options = dict(reshard_after_forward=reshard_after_forward, offload_policy=offload_policy(cpu_offload, device))
-    kept = {id(module) for module in whole}
-    for sub in _outermost_blocks(encoder, lambda child, parent: id(child) not in kept and block(child, parent),
-                                 kept):
+    for sub in _outermost_blocks(encoder, block):
         fully_shard(sub, **options)
     fully_shard(encoder, **options)  # what is left: embeddings, final norms, projections
     return encoder
 
 
-def _outermost_blocks(module: nn.Module, block: Callable, kept: set[int] = frozenset()) -> list[nn.Module]:
-    """The outermost modules under `module` that `block` picks, not looking inside the modules of `kept` (ids)."""
+def _outermost_blocks(module: nn.Module, block: Callable) -> list[nn.Module]:
     found = []
     for child in module.children():
-        if id(child) in kept:
-            continue  # its parameters stay in the enclosing unit
         if block(child, module):
             found.append(child)  # its inner containers stay inside this unit
         else:
-            found.extend(_outermost_blocks(child, block, kept))
+            found.extend(_outermost_blocks(child, block))
     return found
 
 

@@ -16,7 +16,7 @@ import contextlib
 import datetime
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -172,12 +172,8 @@ class Placement:
         """What the run needs around it (a one-process group for FSDP2 without torchrun)."""
         return contextlib.nullcontext()
 
-    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device,
-              whole: Sequence[nn.Module] = ()) -> nn.Module | list[nn.Module]:
-        """What the strategy encodes with (built before the optimizer). `whole`: submodules of the encoders that run
-        for some inputs alone (a vision tower, for rows with images): a sharding placement keeps their parameters
-        in the encoder's own unit, gathered at every call of the encoder, so ranks whose chunks differ still agree
-        on their collectives."""
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
+        """What the strategy encodes with (built before the optimizer)."""
         raise NotImplementedError
 
     def with_optimizer(self, encoders: nn.Module | list[nn.Module], optimizer: torch.optim.Optimizer,
@@ -221,8 +217,7 @@ class Replicated(Placement):
 
     sharded = False
 
-    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device,
-              whole: Sequence[nn.Module] = ()) -> nn.Module | list[nn.Module]:
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         """What the strategy encodes with (built before the optimizer): each distinct trained encoder wrapped
         once; a frozen one (a guide: nothing to synchronise, which DDP refuses) as it is."""
         if distributed.world_size() == 1:
@@ -252,14 +247,13 @@ class Sharded(Placement):
         """Without torchrun, a one-process group (FSDP2 needs one even on one rank), ended on the way out."""
         return one_process_group(self.config.device)
 
-    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device,
-              whole: Sequence[nn.Module] = ()) -> nn.Module | list[nn.Module]:
+    def place(self, encoders: nn.Module | list[nn.Module], device: torch.device) -> nn.Module | list[nn.Module]:
         from gradcache.train.parallel.fsdp import shard_encoder
 
         distinct = {id(e): e for e in ([encoders] if isinstance(encoders, nn.Module) else encoders)}
         for encoder in distinct.values():
             if _trains(encoder):  # a frozen guide stays whole on every rank
-                shard_encoder(encoder, cpu_offload=self.config.cpu_offload, whole=whole)
+                shard_encoder(encoder, cpu_offload=self.config.cpu_offload)
         return encoders
 
     def evaluates(self) -> bool:

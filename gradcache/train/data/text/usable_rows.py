@@ -127,16 +127,22 @@ class UnusedNegatives(UserWarning):
     """Columns named like hard negatives that no --negative-keys names (a command that keeps them silences it)."""
 
 
-def check_columns(names: set, keys: tuple[str, str, Sequence[str]], where: str, option: str) -> None:
-    """Refuse a key that names no column (field) of `names`, those of the rows `where` says, naming its option;
-    warn (once: the check runs once per data set) of columns named like hard negatives that no key names, which
-    the run would train without."""
+def warn_unused_negatives(names: set, keys: tuple[str, str, Sequence[str]], where: str) -> None:
+    """Warn (`UnusedNegatives`) of the columns of `names` (the rows of `where`) named like hard negatives that no
+    key of `keys` names: the run would train without them."""
     unused = unused_negatives(names, keys)
     if unused:
         columns = ", ".join(repr(name) for name in unused)
         warnings.warn(f"{where} has hard-negative columns that no --negative-keys names ({columns}): the run trains "
                       f"without them. To train with them, pass --negative-keys {' '.join(unused)}", UnusedNegatives,
-                      stacklevel=3)
+                      stacklevel=4)
+
+
+def check_columns(names: set, keys: tuple[str, str, Sequence[str]], where: str, option: str) -> None:
+    """Refuse a key that names no column (field) of `names`, those of the rows `where` says, naming its option;
+    warn (once: the check runs once per data set) of columns named like hard negatives that no key names, which
+    the run would train without."""
+    warn_unused_negatives(names, keys, where)
     query_key, positive_key, negative_keys = keys
     for flag, key in [("--query-key", query_key), ("--positive-key", positive_key),
                       *[("--negative-keys", key) for key in negative_keys]]:

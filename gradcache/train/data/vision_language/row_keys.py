@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gradcache.train.config import RunConfig
+from gradcache.train.data.text.usable_rows import warn_unused_negatives
 from gradcache.train.errors import DataError, UsageError
 
 NEGATIVE_IMAGES = "negative_images"  # the field of negatives' images when --negative-image-keys is not given
@@ -54,7 +55,9 @@ def row_keys(config: RunConfig, names: set) -> RowKeys:
 
 def check_row_columns(names: set, keys: RowKeys, where: str) -> None:
     """Refuse (DataError) a key given that names no field of `names` (the rows of `where`), and a side of which
-    neither the text key nor the image key names one."""
+    neither the text key nor the image key names one; warn of columns named like hard negatives that no
+    --negative-keys names (`UnusedNegatives`, as the text mode warns)."""
+    warn_unused_negatives(names, (keys.query, keys.positive, keys.negatives), where)
     defaults = {"--query-key": RunConfig.query_key, "--positive-key": RunConfig.positive_key,
                 "--query-image-key": RunConfig.query_image_key, "--positive-image-key": RunConfig.positive_image_key}
     given = [("--query-key", keys.query), ("--positive-key", keys.positive), ("--query-image-key", keys.query_image),

@@ -4,6 +4,7 @@ placeholders, the image root, the held-out split and the built-in shapes."""
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from PIL import Image
 from gradcache.train.data.held_out import held_out_order, held_out_size
 from gradcache.train.data.images.row_images import BadRowImage
 from gradcache.train.data.images.shapes import render_shapes
+from gradcache.train.data.text.usable_rows import UnusedNegatives
 from gradcache.train.data.vision_language import (
     BUILT_IN_VLM, RowSide, load_vision_language_splits, opened_input,
 )
@@ -154,6 +156,20 @@ def test_a_key_given_that_no_row_has_is_refused_naming_it_and_the_columns(tmp_pa
         load_vision_language_splits(vlm_config(neither))
     with pytest.raises(UsageError, match="--negatives-per-query 1 needs hard negatives"):
         load_vision_language_splits(vlm_config(path, negatives_per_query=1))
+
+
+def test_hard_negative_columns_no_key_names_are_warned_of_as_the_text_mode_does(tmp_path):
+    """A column named like hard negatives that --negative-keys leaves out: the run would train without it, so the
+    text mode's warning names it and the flag; named, or an image column (negative_images), no warning."""
+    rows = [{"query": "q", "positive": "p", "hard_negative": "n", "negative_images": None}] * 3
+    path = write_rows(tmp_path / "rows.jsonl", rows)
+    with pytest.warns(UnusedNegatives, match=r"hard-negative columns that no --negative-keys names \('hard_negative'\)"
+                      r".*--negative-keys hard_negative"):
+        read_rows(vlm_config(path), str(path), "--data", tmp_path.resolve())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedNegatives)
+        read = read_rows(vlm_config(path, negative_keys=["hard_negative"]), str(path), "--data", tmp_path.resolve())
+    assert read.negatives_per_query == 1
 
 
 def test_no_usable_row_is_refused(tmp_path):

@@ -160,6 +160,47 @@ def test_always_run_vision_changes_nothing_but_gives_every_parameter_a_gradient(
     assert order == ["embed_tokens", "vision", "language"] * 2  # the query and passage forwards
 
 
+def tiny_qwen2_5_vl():
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
+
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, vocab_size=100, bos_token_id=None, eos_token_id=None,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3, window_size=56,
+                  fullatt_block_indexes=[0])
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=90, video_token_id=91,
+                              vision_start_token_id=92, bos_token_id=None, eos_token_id=None)
+    return Qwen2_5_VLModel(config).float()
+
+
+def tiny_smolvlm():
+    from transformers import SmolVLMConfig, SmolVLMModel
+
+    config = SmolVLMConfig(text_config=dict(model_type="llama", hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                            vocab_size=100),
+                           vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                              num_attention_heads=2, image_size=32, patch_size=8),
+                           image_token_id=90, scale_factor=2)
+    return SmolVLMModel(config).float()
+
+
+@pytest.mark.parametrize("build", [tiny_qwen2_5_vl, tiny_smolvlm])
+def test_the_stand_in_image_reaches_every_parameter_of_the_other_families(build):
+    """Qwen2.5-VL (windowed attention) and SmolVLM, the mode's other two families: on text alone the stand-in
+    runs the whole trained tower, so every parameter gets a gradient, and the embedding is the one without it."""
+    torch.manual_seed(0)
+    encoder = VisionLanguageEncoder(build(), train_vision=True)
+    tokens = dict(input_ids=torch.randint(0, 80, (2, 5)), attention_mask=torch.ones(2, 5, dtype=torch.long))
+    want = encoder(**tokens)
+    encoder.always_run_vision = True
+    got = encoder(**tokens)
+    got.square().sum().backward()
+    assert torch.equal(got, want)
+    assert [name for name, p in encoder.named_parameters() if p.grad is None] == []
+
+
 def test_bad_inputs_are_refused_by_name():
     _, processor = tiny_qwen2_vl(seed=0)
     collator = VisionLanguageCollator(processor, max_length=8)

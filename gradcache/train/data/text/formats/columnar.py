@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from gradcache.train.data.text.formats.text_format import Keys, Record
 
-COLUMNAR_BATCH = 4_096
+COLUMNAR_BATCH = 256  # rows: of page images (about 500 KB each) a batch holds about 128 MB, not 2 GB at 4,096
 
 
 class ColumnarRecords:

@@ -18,6 +18,7 @@ import torch
 
 from gradcache.models import VisionLanguageInput
 from gradcache.train.data.vision_language import RowSide, VisionLanguageRow, opened_input
+from gradcache.train.data.vision_language.stored_images import StoredImage
 from gradcache.train.eval.retrieval import retrieval_metrics
 
 DIRECTIONS = ("query_to_positive", "positive_to_query")
@@ -25,9 +26,10 @@ EVAL_BATCH = 64  # inputs opened and embedded at a time
 
 
 def side_key(side: RowSide) -> Hashable:
-    """What makes two sides one candidate: the same text and the same image values (a path, datasets' bytes; an
-    image in memory, the built-in data's, by its identity), under the same root."""
+    """What makes two sides one candidate: the same text and the same image values (a path, datasets' bytes or, left
+    in their file, their digest; an image in memory, the built-in data's, by its identity), under the same root."""
     images = tuple(value if isinstance(value, (str, Path)) else
+                   (value.path, value.digest) if isinstance(value, StoredImage) else
                    (value.get("path"), value.get("bytes")) if isinstance(value, dict) else id(value)
                    for value in side.images)
     return side.text, images, side.root

@@ -10,6 +10,7 @@ from PIL import Image
 from gradcache.models.vision_language_collator import VisionLanguageInput
 from gradcache.train.data.images.row_images import BadRowImage, open_row_image
 from gradcache.train.data.vision_language.rows import RowSide, VisionLanguageRow
+from gradcache.train.data.vision_language.stored_images import StoredImage
 
 
 def opened_input(side: RowSide, root: Path | None) -> VisionLanguageInput:
@@ -22,6 +23,8 @@ def opened_input(side: RowSide, root: Path | None) -> VisionLanguageInput:
     folder = side.root if side.root is not None else root
     images = []
     for value in side.images:
+        if isinstance(value, StoredImage):
+            value = value.value()  # its bytes, read from its file
         if isinstance(value, Image.Image):
             images.append(value)
         elif folder is None and not (isinstance(value, dict) and value.get("bytes") is not None):

@@ -1,7 +1,8 @@
 """Every row of the files --data (or --eval-data) names, read into memory through the text formats' registry
 (data/text/formats/: JSONL, streamed JSONL.gz, CSV, TSV, Parquet, a datasets folder; data/text/files.py: a file,
 a folder, a glob or brace pattern of shards). A row holds texts and image *values*, not pixels, so a million rows
-take a few hundred MB; Parquet or datasets image bytes are held as the file stores them (encoded).
+take a few hundred MB; image bytes in a Parquet file or a datasets folder stay there, a row holding where they lie
+(stored_images.py).
 
 - The fields read are those the keys name (row_keys.py), a record's other fields dropped as it is read.
 - A row that cannot train (record_rows.py: a wrong type, a side with neither text nor image, placeholders that do
@@ -32,6 +33,7 @@ from gradcache.train.data.text.usable_rows import FIRST_ROWS
 from gradcache.train.data.vision_language.record_rows import Unusable, record_row, with_negatives
 from gradcache.train.data.vision_language.row_keys import NEGATIVE_IMAGES, check_row_columns, row_keys
 from gradcache.train.data.vision_language.rows import VisionLanguageRow
+from gradcache.train.data.vision_language.stored_images import with_stored_images
 from gradcache.train.errors import DataError
 
 
@@ -119,8 +121,8 @@ def _file_records(text_format: TextFormat, file: Path, wanted: tuple, names: set
         return
     records = text_format.records(file, wanted)
     try:
-        for _, line, record in records:
-            yield f"{file.name} {text_format.unit} {line}", record
+        for row, line, record in records:  # image bytes stay in the file (stored_images.py)
+            yield f"{file.name} {text_format.unit} {line}", with_stored_images(record, file, text_format.name, row)
     except DataError:
         raise
     except (OSError, ValueError, csv.Error) as error:  # UTF-8, csv and pyarrow's errors

@@ -23,6 +23,7 @@ from typing import Any
 from gradcache.models.vision_language_collator import PLACEHOLDER
 from gradcache.train.data.vision_language.row_keys import RowKeys
 from gradcache.train.data.vision_language.rows import RowSide, VisionLanguageRow
+from gradcache.train.data.vision_language.stored_images import StoredImage
 
 
 class Unusable(ValueError):
@@ -91,7 +92,9 @@ def image_values(value: Any, key: str) -> tuple[Any, ...]:
     for item in items:
         if item is None or item == "":
             continue
-        if isinstance(item, Mapping):
+        if isinstance(item, StoredImage):  # bytes left in their file (stored_images.py)
+            images.append(item)
+        elif isinstance(item, Mapping):
             if item.get("bytes") is None and not item.get("path"):
                 continue  # datasets' empty image
             if not isinstance(item.get("bytes"), (bytes, bytearray, type(None))) or not isinstance(

@@ -2,9 +2,10 @@
 images or both (`RowSide`); the training rows with what was left out (`TrainingRows`); a run's training and
 held-out rows (`VisionLanguageSplits`, which the loop reads through data/splits.py's `Splits`).
 
-A side holds image *values* as the data holds them (a path string, a list of them, datasets' `{"bytes", "path"}`
-mapping; PIL images for the built-in data), never pixels: images open when a batch draws the row
-(opened_input.py), so the rows in memory cost a few hundred bytes each.
+A side holds image *values* as the data holds them (a path string, a list of them; for datasets' `{"bytes", "path"}`
+in a Parquet file or a datasets folder, where its bytes lie: `StoredImage`; PIL images for the built-in data),
+never pixels nor image bytes: images open when a batch draws the row (opened_input.py), so the rows in memory cost
+a few hundred bytes each.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ and image keys, image values (paths, lists, datasets' bytes), hard negatives pai
 placeholders, the image root, the held-out split and the built-in shapes."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import warnings
 
@@ -19,6 +20,7 @@ from gradcache.train.data.vision_language import (
     BUILT_IN_VLM, RowSide, load_vision_language_splits, opened_input,
 )
 from gradcache.train.data.vision_language.read_rows import read_rows
+from gradcache.train.data.vision_language.stored_images import StoredImage
 from gradcache.train.errors import DataError, UsageError
 from tests.train.data.vision_language.row_files import png, row_of, vlm_config, write_rows
 
@@ -87,22 +89,65 @@ def test_several_negative_image_columns_hold_one_negative_each(tmp_path):
     assert row_of(read.rows[0])[2] == (("first", ("a.png", "b.png"), None), (None, ("c.png",), None))
 
 
-def test_image_bytes_in_parquet_open_as_the_image(tmp_path):
+def bytes_held(value) -> int:
+    """The image bytes anywhere in `value` (rows, sides, lists, mappings, dataclasses); a StoredImage holds where
+    its bytes lie and a 16-byte digest of them, none of the image."""
+    if isinstance(value, StoredImage):
+        return 0
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(bytes_held(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(bytes_held(item) for item in value)
+    if dataclasses.is_dataclass(value):
+        return sum(bytes_held(getattr(value, field.name)) for field in dataclasses.fields(value))
+    return 0
+
+
+def assert_opens_as(side, root, pictures):
+    opened = opened_input(side, root).images
+    assert len(opened) == len(pictures)
+    for image, picture in zip(opened, pictures):
+        assert np.array_equal(np.asarray(image), np.asarray(Image.open(picture).convert("RGB")))
+
+
+def test_image_bytes_in_parquet_stay_in_the_file_and_open_as_the_image(tmp_path):
+    """Sides with lists of one and two images, negatives holding a list of image lists: every image is a
+    StoredImage (no row holds bytes) that opens as the image, in a DataLoader worker too; the same image in two
+    rows is one held-out candidate (its digest), two images are two."""
     import pyarrow
     from pyarrow import parquet
 
-    picture = png(tmp_path / "made" / "p.png", 9, 5, seed=3)
-    table = pyarrow.Table.from_pylist([{"query": "a", "positive_image": {"bytes": picture.read_bytes(),
-                                                                         "path": "p.png"}},
-                                       {"query": "b", "positive_image": {"bytes": picture.read_bytes(),
-                                                                         "path": "p.png"}}])
-    parquet.write_table(table, tmp_path / "rows.parquet")
-    splits = load_vision_language_splits(vlm_config(tmp_path / "rows.parquet", test_size=1))
-    (image,) = opened_input(splits.train[0].positive, splits.image_root).images
-    assert np.array_equal(np.asarray(image), np.asarray(Image.open(picture).convert("RGB")))
+    from gradcache.train.eval.vision_language_retrieval import side_key
+
+    pictures = [png(tmp_path / "made" / f"{k}.png", 9, 5 + k, seed=k) for k in range(4)]
+    stored = [{"bytes": picture.read_bytes(), "path": picture.name} for picture in pictures]
+    rows = [{"query": "a", "positive_image": [stored[0]], "negative": "n", "negative_images": [[stored[1], stored[2]]]},
+            {"query": "b", "positive_image": [stored[3], stored[0]], "negative": "m",
+             "negative_images": [[stored[0]]]},
+            {"query": "c", "positive_image": [stored[0]], "negative": "o", "negative_images": [[stored[2]]]}]
+    parquet.write_table(pyarrow.Table.from_pylist(rows), tmp_path / "rows.parquet", row_group_size=2)
+    read = read_rows(vlm_config(tmp_path / "rows.parquet", negative_keys=["negative"]),
+                     str(tmp_path / "rows.parquet"), "--data", tmp_path.resolve())
+    assert bytes_held(read.rows) == 0
+    assert all(isinstance(value, StoredImage) for row in read.rows
+               for side in (row.query, row.positive, *row.negatives) for value in side.images)
+    first, second, third = read.rows
+    assert_opens_as(first.positive, tmp_path, pictures[:1])
+    assert_opens_as(first.negatives[0], tmp_path, pictures[1:3])
+    assert_opens_as(second.positive, tmp_path, [pictures[3], pictures[0]])
+    assert_opens_as(third.negatives[0], tmp_path, pictures[2:3])  # a row of the second row group
+    assert side_key(first.positive) == side_key(third.positive)
+    assert side_key(first.positive) != side_key(first.negatives[0])
+    worker = torch.utils.data.DataLoader(read.rows, batch_size=None, num_workers=1,
+                                         collate_fn=lambda row: np.asarray(opened_input(row.positive,
+                                                                                        tmp_path).images[0]))
+    assert [image.shape for image in worker] == [np.asarray(Image.open(pictures[k]).convert("RGB")).shape
+                                                  for k in (0, 3, 0)]
 
 
-def test_a_datasets_image_column_reads_as_bytes(tmp_path):
+def test_a_datasets_image_column_stays_in_the_folder_and_opens_as_the_image(tmp_path):
     import datasets
 
     pictures = [png(tmp_path / "made" / f"{k}.png", 6, 7, seed=k) for k in range(3)]
@@ -111,9 +156,9 @@ def test_a_datasets_image_column_reads_as_bytes(tmp_path):
     datasets.Dataset.from_dict({"query": ["a", "b", "c"], "positive_image": [
         {"bytes": path.read_bytes(), "path": None} for path in pictures]}, features=features).save_to_disk(str(folder))
     read = read_rows(vlm_config(folder), str(folder), "--data", tmp_path.resolve())
+    assert bytes_held(read.rows) == 0
     for row, path in zip(read.rows, pictures):
-        (image,) = opened_input(row.positive, tmp_path).images
-        assert np.array_equal(np.asarray(image), np.asarray(Image.open(path).convert("RGB")))
+        assert_opens_as(row.positive, tmp_path, [path])
 
 
 def test_paths_resolve_under_image_root_and_never_leave_it(tmp_path):

@@ -17,8 +17,8 @@ def vision_language_embedder(encoder: VisionLanguageEncoder, collator: VisionLan
                              batch_size: int) -> Callable[[Sequence[VisionLanguageInput], str], torch.Tensor]:
     """(inputs, tower) -> (N, D) float32 embeddings on the CPU, in the inputs' order: each input (a text, its
     images or both) collated as the `tower` side ("query": `collator.queries`, with the query prompt; "passage":
-    `collator.passages`) and embedded by `encoder` in eval mode without gradients, `batch_size` inputs at a time (the encoder's train or eval mode
-    restored after).
+    `collator.passages`) and embedded by `encoder` in eval mode without gradients, `batch_size` inputs at a time
+    (the encoder's train or eval mode restored after).
 
     The callable raises ValueError for a `tower` that is neither, and passes on the collator's (an input with
     neither text nor an image, one longer than its `max_length`: the message names its place in its batch).

@@ -125,6 +125,14 @@ def _put_back_pooler(model: nn.Module, source: Path) -> bool:
     return True
 
 
+def adapter_card(base: str) -> str:
+    """The model card's section on a LoRA run's adapter (`ADAPTER_FOLDER`): the model above is merged with it, and
+    the lines that load it alone on its base model `base`."""
+    return ("\n## The LoRA adapter\n\nThe model above is merged with its adapter. The adapter alone, on its base "
+            f"model:\n\n```python\nimport peft, transformers\nbase = transformers.AutoModel.from_pretrained("
+            f'"{base}")\nmodel = peft.PeftModel.from_pretrained(base, "RUN/model/{ADAPTER_FOLDER}")\n```\n')
+
+
 def write_json(path: Path, value: object) -> None:
     """A configuration file of the folder, indented as sentence-transformers writes them."""
     path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

@@ -24,7 +24,12 @@ from torch import nn
 from gradcache.models.sentence_transformers_folder import QUERY_PROMPT_NAME
 from gradcache.models.vision_language import VisionLanguageEncoder
 from gradcache.models.vision_language_collator import VisionLanguageCollator
-from gradcache.train.export.sentence_transformers import ADAPTER_FOLDER, PASSAGE_PROMPT_NAME, write_json
+from gradcache.train.export.sentence_transformers import (
+    ADAPTER_FOLDER,
+    PASSAGE_PROMPT_NAME,
+    adapter_card,
+    write_json,
+)
 
 _POOLING_MODE = {"last": "lasttoken", "mean": "mean"}  # VisionLanguageEncoder's pooling -> sentence-transformers'
 # The classes sentence-transformers 6.3 saves these modules as (what it writes in modules.json itself).
@@ -126,9 +131,4 @@ def _card(base: str, encoder: VisionLanguageEncoder, max_length: int | None, pro
         + (f" Inputs longer than {max_length} tokens, image tokens included, are cut (sentence-transformers) or "
            "refused (`gradcache encode`)." if max_length is not None else "") + "\n"
     )
-    if adapted:
-        text += ("\n## The LoRA adapter\n\nThe model above is merged with its adapter. The adapter alone, on its base "
-                 f'model:\n\n```python\nimport peft, transformers\n'
-                 f'base = transformers.AutoModel.from_pretrained("{base}")\n'
-                 f'model = peft.PeftModel.from_pretrained(base, "RUN/model/{ADAPTER_FOLDER}")\n```\n')
-    return text
+    return text + (adapter_card(base) if adapted else "")

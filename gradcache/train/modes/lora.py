@@ -43,7 +43,11 @@ from torch import nn
 from gradcache.models import HuggingFaceEncoder
 from gradcache.train.config import RunConfig
 from gradcache.train.errors import UsageError
-from gradcache.train.export.sentence_transformers import ADAPTER_FOLDER, write_sentence_transformers_folder
+from gradcache.train.export.sentence_transformers import (
+    ADAPTER_FOLDER,
+    adapter_card,
+    write_sentence_transformers_folder,
+)
 from gradcache.train.modes.base_fingerprint import METHODS
 
 DEFAULT_DROPOUT = 0.05
@@ -216,7 +220,4 @@ def write_lora_tower(tower: HuggingFaceEncoder, base_folder: Path, max_seq_lengt
     write_sentence_transformers_folder(merged, base_folder, max_seq_length, folder, **prompts)  # query_prompt ...
     base = tower.model.peft_config["default"].base_model_name_or_path
     with open(Path(folder) / "README.md", "a", encoding="utf-8") as readme:
-        readme.write("\n## The LoRA adapter\n\nThe model above is merged with its adapter. The adapter alone, on "
-                     f"its base model:\n\n```python\nimport peft, transformers\nbase = transformers.AutoModel."
-                     f'from_pretrained("{base}")\nmodel = peft.PeftModel.from_pretrained(base, "RUN/model/'
-                     f'{ADAPTER_FOLDER}")\n```\n')
+        readme.write(adapter_card(base))
